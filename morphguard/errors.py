@@ -1,0 +1,35 @@
+"""Every error morphguard raises on purpose, as one tree.
+
+    MorphguardError
+     ├── ConfigError            config.yaml is missing, malformed or holds an unknown key
+     ├── ModelUnavailableError  the embedded judge's weights cannot be found, fetched or verified
+     ├── JudgeStartError        the embedded llama.cpp server did not come up
+     └── LLMError               a judge call failed after its retries
+          └── LLMTimeoutError   ... because it ran out of time
+
+Callers catch `MorphguardError` for "something we know how to explain"; anything else is a bug.
+"""
+
+
+class MorphguardError(Exception):
+    """Base of every error morphguard raises deliberately."""
+
+
+class ConfigError(MorphguardError):
+    """The configuration cannot be used; the message names the key and, where known, the line."""
+
+
+class ModelUnavailableError(MorphguardError):
+    """The local judge's model file is missing, cannot be fetched, or fails its checksum."""
+
+
+class JudgeStartError(MorphguardError):
+    """The embedded llama.cpp server could not be started or never became ready."""
+
+
+class LLMError(MorphguardError):
+    """A call to a judge model failed for good (after retries, or on a non-transient error)."""
+
+
+class LLMTimeoutError(LLMError):
+    """A judge call exceeded its time limit on every attempt."""

@@ -1,0 +1,252 @@
+"""One async client for every judge call: litellm underneath, retries, timeouts, a concurrency limit,
+token accounting and an optional cache for deterministic (temperature 0) calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from morphguard.errors import LLMError, LLMTimeoutError
+
+# litellm fetches a remote model-cost map at import unless told to use its bundled copy.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """One generated token and the alternatives the model weighed for that position."""
+
+    token: str
+    logprob: float
+    alternatives: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+    logprobs: tuple[TokenChoice, ...] | None = None
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a model name is served: the litellm model id plus an optional base URL and key."""
+
+    model: str
+    api_base: str | None = None
+    api_key: str | None = None
+
+
+@dataclass
+class Usage:
+    calls: int = 0
+    cached_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, c: Completion) -> None:
+        if c.cached:
+            self.cached_calls += 1
+            return
+        self.calls += 1
+        self.input_tokens += c.input_tokens
+        self.output_tokens += c.output_tokens
+        self.seconds += c.seconds
+
+
+class TransientLLMError(LLMError):
+    """A failure worth retrying (timeout, 429, 5xx, dropped connection)."""
+
+
+@dataclass
+class LLMClient:
+    """Calls any litellm-supported model; `routes` maps a name (e.g. "local") to where it is served."""
+
+    default_model: str
+    routes: dict[str, Endpoint] = field(default_factory=dict)
+    api_base: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 120.0
+    max_attempts: int = 4
+    concurrency: int = 8
+    cache_entries: int = 0  # 0 disables the response cache
+    usage: Usage = field(default_factory=Usage)
+
+    def __post_init__(self) -> None:
+        self._limits: dict[int, asyncio.Semaphore] = {}  # one per event loop: sync callers run several
+        self._cache: OrderedDict[str, Completion] = OrderedDict()
+
+    def _limit(self) -> asyncio.Semaphore:
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._limits:
+            self._limits = {loop: asyncio.Semaphore(self.concurrency)}
+        return self._limits[loop]
+
+    def endpoint(self, model: str | None) -> Endpoint:
+        name = model or self.default_model
+        return self.routes.get(name) or Endpoint(name, self.api_base, self.api_key)
+
+    async def complete(
+        self,
+        messages: list[Message],
+        *,
+        model: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 256,
+        json_schema: dict[str, Any] | None = None,
+        top_logprobs: int = 0,
+    ) -> Completion:
+        endpoint = self.endpoint(model)
+        request: dict[str, Any] = {
+            "model": endpoint.model,
+            "messages": messages,
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+        }
+        if json_schema is not None:
+            request["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": json_schema, "strict": True},
+            }
+        if top_logprobs:
+            request["logprobs"] = True
+            request["top_logprobs"] = top_logprobs
+        key = self._cache_key(request, endpoint) if temperature == 0 and self.cache_entries else None
+        if key is not None and key in self._cache:
+            self._cache.move_to_end(key)
+            hit = self._cache[key]
+            result = Completion(hit.text, hit.model, hit.input_tokens, hit.output_tokens, 0.0, hit.logprobs, True)
+            self.usage.add(result)
+            return result
+
+        result = await self._call_with_retries(request, endpoint)
+        self.usage.add(result)
+        if key is not None:
+            self._cache[key] = result
+            if len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+        return result
+
+    async def _call_with_retries(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, TransientLLMError)),
+            wait=wait_random_exponential(multiplier=0.5, max=20),
+            stop=stop_after_attempt(self.max_attempts),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._call_once(request, endpoint)
+        except TransientLLMError as exc:
+            if isinstance(exc.__cause__, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in type(exc.__cause__).__name__:
+                raise LLMTimeoutError(f"{endpoint.model}: timed out after {self.max_attempts} attempts") from exc
+            raise LLMError(f"{endpoint.model}: {exc} (after {self.max_attempts} attempts)") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
+        import litellm  # slow import (~4 s): only when a call is made
+
+        started = time.perf_counter()
+        async with self._limit():
+            try:
+                response = await asyncio.wait_for(
+                    litellm.acompletion(
+                        **request,
+                        api_base=endpoint.api_base,
+                        api_key=endpoint.api_key,
+                        timeout=self.timeout_s,
+                        num_retries=0,
+                    ),
+                    timeout=self.timeout_s,
+                )
+            except Exception as exc:  # classify provider errors as retryable or final
+                if _is_transient(exc):
+                    log.warning("transient LLM failure from %s: %s", endpoint.model, type(exc).__name__)
+                    raise TransientLLMError(_safe_message(exc)) from exc
+                raise LLMError(f"{endpoint.model}: {_safe_message(exc)}") from exc
+        seconds = time.perf_counter() - started
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        usage = getattr(response, "usage", None)
+        input_tokens = getattr(usage, "prompt_tokens", None) or _count_tokens(endpoint.model, request["messages"])
+        output_tokens = getattr(usage, "completion_tokens", None) or _count_tokens(endpoint.model, text)
+        return Completion(
+            text=text,
+            model=endpoint.model,
+            input_tokens=int(input_tokens),
+            output_tokens=int(output_tokens),
+            seconds=seconds,
+            logprobs=_read_logprobs(getattr(choice, "logprobs", None)),
+        )
+
+    @staticmethod
+    def _cache_key(request: dict[str, Any], endpoint: Endpoint) -> str:
+        blob = json.dumps([request, endpoint.api_base], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    name = type(exc).__name__
+    if name in {"Timeout", "APITimeoutError", "APIConnectionError", "RateLimitError", "InternalServerError",
+                "ServiceUnavailableError", "BadGatewayError"}:
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status == 429 or status == 408 or status >= 500)
+
+
+def _safe_message(exc: BaseException) -> str:
+    """The provider's message, cut short; litellm messages never carry the API key, but keep them brief."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _count_tokens(model: str, content: Any) -> int:
+    """Fallback when the provider reports no usage: litellm's tokenizer, else ~4 characters a token."""
+    try:
+        import litellm
+
+        if isinstance(content, str):
+            return int(litellm.token_counter(model=model, text=content))
+        return int(litellm.token_counter(model=model, messages=content))
+    except Exception:
+        size = len(content) if isinstance(content, str) else sum(len(m.get("content", "")) for m in content)
+        return max(1, size // 4)
+
+
+def _read_logprobs(raw: Any) -> tuple[TokenChoice, ...] | None:
+    content = getattr(raw, "content", None) if raw is not None else None
+    if content is None and isinstance(raw, dict):
+        content = raw.get("content")
+    if not content:
+        return None
+    choices = []
+    for item in content:
+        get = item.get if isinstance(item, dict) else lambda k, i=item: getattr(i, k, None)
+        alternatives = tuple(
+            (alt["token"], float(alt["logprob"])) if isinstance(alt, dict) else (alt.token, float(alt.logprob))
+            for alt in (get("top_logprobs") or [])
+        )
+        choices.append(TokenChoice(get("token") or "", float(get("logprob") or 0.0), alternatives))
+    return tuple(choices)

@@ -1,0 +1,85 @@
+"""Shared data types: what goes into a check and what comes out of it."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+
+class RagInput(BaseModel):
+    """One retrieval-augmented exchange to check: the question, the passages it was answered from."""
+
+    question: str
+    passages: list[str]
+
+
+class Verdict(str, Enum):
+    """What a verifier says about one statement, given the passages."""
+
+    YES = "YES"  # entailed by the passages
+    NO = "NO"  # contradicted by the passages
+    NOT_SURE = "NOT SURE"  # the passages do not settle it
+
+
+class VariantKind(str, Enum):
+    """The metamorphic relation that produced a variant of a factoid."""
+
+    SYNONYM = "synonym"  # same meaning: should be entailed
+    ANTONYM = "antonym"  # opposite meaning: should be contradicted
+    IDENTITY = "identity"  # the factoid itself (optional relation, scored like a synonym)
+
+
+class Variant(BaseModel):
+    kind: VariantKind
+    text: str
+    verdict: Verdict
+    reason: str = ""
+    penalty: float
+    # P(YES), P(NO), P(NOT SURE) when the verifier returned log-probabilities (soft verdicts).
+    probabilities: dict[str, float] | None = None
+    verifier: str = ""
+    parsed: bool = True  # False: the verifier's output was unreadable and counted as NOT SURE
+
+
+class Factoid(BaseModel):
+    text: str
+    # Character offsets of the answer text this factoid came from; None when it cannot be placed.
+    start: int | None = None
+    end: int | None = None
+    score: float
+    variants: list[Variant] = Field(default_factory=list)
+
+
+class StageCost(BaseModel):
+    llm_calls: int = 0
+    cached_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+
+
+class Cost(StageCost):
+    """What one check cost in total, and per stage (decompose, mutate, verify)."""
+
+    stages: dict[str, StageCost] = Field(default_factory=dict)
+
+
+class DetectionStats(BaseModel):
+    factoids: int = 0
+    variants: int = 0
+    unparseable_verdicts: int = 0
+    unparseable_mutations: int = 0
+
+
+class Detection(BaseModel):
+    """The verdict on one answer: H (the highest factoid score), the threshold and the evidence."""
+
+    detector: str
+    score: float
+    threshold: float
+    flagged: bool
+    factoids: list[Factoid] = Field(default_factory=list)
+    cost: Cost = Field(default_factory=Cost)
+    stats: DetectionStats = Field(default_factory=DetectionStats)
+    settings: dict[str, object] = Field(default_factory=dict)

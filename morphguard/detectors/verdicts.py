@@ -80,7 +80,7 @@ def verdict_probabilities(text: str, tokens: Sequence[TokenChoice] | None) -> di
 def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
     mass: dict[Verdict, float] = {}
     seen: set[str] = set()
-    for token, logprob in ((choice.token, choice.logprob), *choice.alternatives):
+    for token, logprob in (*choice.alternatives, (choice.token, choice.logprob)):  # the pick is often listed too
         verdict = _token_verdict(token)
         if verdict is None or token in seen:
             continue

@@ -1,0 +1,45 @@
+"""A scripted MetaRAG judge: answers each stage's prompt by rule, so tests control every verdict."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tests.scripted_llm import completion
+
+
+def _tag(text: str, tag: str) -> str:
+    match = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", text, re.S)
+    return match.group(1).strip() if match else ""
+
+
+def stage_of(body: dict[str, Any]) -> str:
+    system = body["messages"][0]["content"]
+    for marker, stage in (("atomic factoids", "decompose"), ("paraphrases", "synonym"),
+                          ("contradictions", "antonym"), ("reference passages", "verify")):
+        if marker in system:
+            return stage
+    raise AssertionError(f"unknown prompt: {system[:80]}")
+
+
+def judge(factoids: list[str], verdict: Callable[[str], str], n: int = 2,
+          logprobs: Callable[[str], list[dict[str, Any]] | None] = lambda s: None):
+    """Decompose into `factoids`; synonyms are 'S<i>: <factoid>', antonyms 'A<i>: <factoid>';
+    `verdict(statement)` gives the verifier's raw reply text."""
+
+    def reply(body: dict[str, Any]):
+        stage = stage_of(body)
+        user = body["messages"][-1]["content"]
+        if stage == "decompose":
+            return json.dumps({"factoids": factoids})
+        if stage in ("synonym", "antonym"):
+            factoid = _tag(user, "statement")
+            prefix = "S" if stage == "synonym" else "A"
+            return json.dumps({"statements": [f"{prefix}{i}: {factoid}" for i in range(1, n + 1)]})
+        statement = _tag(user, "statement")
+        text = verdict(statement)
+        return completion(text, logprobs=logprobs(statement))
+
+    return reply

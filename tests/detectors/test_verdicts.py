@@ -1,0 +1,55 @@
+import math
+
+import pytest
+
+from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
+from morphguard.llm.client import TokenChoice
+from morphguard.models import Verdict as V
+
+
+@pytest.mark.parametrize(("text", "verdict", "reason"), [
+    ('{"verdict": "YES", "reason": "Stated in passage 1."}', V.YES, "Stated in passage 1."),
+    ('{"verdict": "NOT SURE", "reason": "Not mentioned."}', V.NOT_SURE, "Not mentioned."),
+    ('{"verdict":"no"}', V.NO, ""),
+    ("NO. The passage says the opposite.", V.NO, "The passage says the opposite."),
+    ("NOT SURE - nothing about swimming.", V.NOT_SURE, "nothing about swimming."),
+    ("not_sure", V.NOT_SURE, ""),
+    ("  Yes: it is stated.\nextra line", V.YES, "it is stated."),
+])
+def test_readable_replies_give_their_verdict_and_reason(text, verdict, reason):
+    parsed = parse_verdict(text)
+    assert parsed.parsed
+    assert parsed.verdict is verdict
+    assert parsed.reason == reason
+
+
+@pytest.mark.parametrize("text", ["", "Maybe.", '{"verdict": "PERHAPS"}', "Nope", "Notably, yes"])
+def test_unreadable_replies_count_as_not_sure_and_are_marked(text):
+    parsed = parse_verdict(text)
+    assert not parsed.parsed
+    assert parsed.verdict is V.NOT_SURE
+
+
+def _tokens(*pieces: str, alternatives: dict[int, list[tuple[str, float]]]) -> list[TokenChoice]:
+    return [TokenChoice(p, -0.1, tuple(alternatives.get(i, ()))) for i, p in enumerate(pieces)]
+
+
+def test_probabilities_are_read_where_the_json_verdict_is_written():
+    text = '{ "verdict": "NO", "reason": "x" }'
+    alts = {3: [("NO", math.log(0.6)), ("NOT", math.log(0.3)), ("YES", math.log(0.1))],
+            0: [("YES", math.log(0.99))]}  # the first token's alternatives must be ignored
+    tokens = _tokens("{", ' "verdict', '":', ' "', "NO", '",', ' "reason": "x" }', alternatives={4: alts[3], 0: alts[0]})
+    probs = verdict_probabilities(text, tokens)
+    assert probs == pytest.approx({V.NO: 0.6, V.NOT_SURE: 0.3, V.YES: 0.1})
+
+
+def test_probabilities_of_a_plain_reply_come_from_its_first_token():
+    tokens = _tokens("YES", ".", alternatives={0: [("YES", math.log(0.5)), ("NO", math.log(0.25)),
+                                                   ("Maybe", math.log(0.25))]})
+    probs = verdict_probabilities("YES.", tokens)
+    assert probs == pytest.approx({V.YES: 2 / 3, V.NO: 1 / 3, V.NOT_SURE: 0.0})
+
+
+def test_no_logprobs_no_probabilities():
+    assert verdict_probabilities('{"verdict": "YES"}', None) is None
+    assert verdict_probabilities("YES", _tokens("Hmm", alternatives={0: [("Hmm", -0.1)]})) is None

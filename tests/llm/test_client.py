@@ -1,0 +1,107 @@
+"""The LLM client against a scripted OpenAI-compatible server on a real loopback socket."""
+
+import asyncio
+
+import pytest
+
+from morphguard.errors import LLMError, LLMTimeoutError
+from morphguard.llm.client import LLMClient
+from tests.scripted_llm import ScriptedLLM, completion, error
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def client(server: ScriptedLLM, **kwargs) -> LLMClient:
+    options = {"timeout_s": 5.0, "max_attempts": 3} | kwargs
+    return LLMClient(default_model="openai/scripted", api_base=server.base_url, api_key="sk-test", **options)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_transient_failures_are_retried_until_success(status):
+    outcomes = iter([error(status), error(status), "fine"])
+    with ScriptedLLM(lambda body: next(outcomes)) as server:
+        reply = run(client(server).complete(MESSAGES))
+    assert reply.text == "fine"
+    assert len(server.requests) == 3
+
+
+def test_retries_stop_after_max_attempts_with_a_clear_error():
+    with ScriptedLLM(lambda body: error(500)) as server:
+        with pytest.raises(LLMError, match="after 3 attempts"):
+            run(client(server).complete(MESSAGES))
+    assert len(server.requests) == 3
+
+
+def test_client_errors_are_not_retried():
+    with ScriptedLLM(lambda body: error(400, "bad request")) as server:
+        with pytest.raises(LLMError) as err:
+            run(client(server).complete(MESSAGES))
+    assert len(server.requests) == 1
+    assert "sk-test" not in str(err.value)
+
+
+def test_a_call_that_outlives_its_timeout_is_retried_then_reported():
+    with ScriptedLLM(lambda body: "late", delay_s=1.5) as server:
+        with pytest.raises(LLMTimeoutError):
+            run(client(server, timeout_s=0.3, max_attempts=2).complete(MESSAGES))
+    assert len(server.requests) == 2
+
+
+def test_usage_comes_from_the_provider():
+    with ScriptedLLM(lambda body: completion("hi", prompt_tokens=123, completion_tokens=4)) as server:
+        llm = client(server)
+        reply = run(llm.complete(MESSAGES))
+    assert (reply.input_tokens, reply.output_tokens) == (123, 4)
+    assert (llm.usage.calls, llm.usage.input_tokens, llm.usage.output_tokens) == (1, 123, 4)
+
+
+def test_usage_is_counted_locally_when_the_provider_omits_it():
+    with ScriptedLLM(lambda body: completion("a reply of several words", prompt_tokens=None)) as server:
+        reply = run(client(server).complete(MESSAGES))
+    assert reply.input_tokens > 0
+    assert reply.output_tokens > 0
+
+
+def test_identical_temperature_zero_calls_are_served_from_the_cache():
+    with ScriptedLLM(lambda body: "cached answer") as server:
+        llm = client(server, cache_entries=10)
+        first = run(llm.complete(MESSAGES))
+        second = run(llm.complete(MESSAGES))
+        run(llm.complete(MESSAGES, temperature=0.7))
+        run(llm.complete(MESSAGES, temperature=0.7))
+    assert (first.cached, second.cached) == (False, True)
+    assert second.text == "cached answer"
+    assert len(server.requests) == 3  # one cached repeat, two uncached non-zero-temperature calls
+    assert (llm.usage.calls, llm.usage.cached_calls) == (3, 1)
+
+
+def test_concurrency_limit_bounds_calls_in_flight():
+    with ScriptedLLM(lambda body: "ok", delay_s=0.2) as server:
+        llm = client(server, concurrency=2)
+
+        async def burst():
+            await asyncio.gather(*(llm.complete([{"role": "user", "content": str(i)}]) for i in range(6)))
+
+        run(burst())
+    assert len(server.requests) == 6
+    assert server.max_in_flight == 2
+
+
+def test_json_schema_and_logprobs_are_requested_openai_style():
+    schema = {"type": "object", "properties": {"verdict": {"type": "string"}}, "required": ["verdict"]}
+    logprobs = [{"token": "YES", "logprob": -0.2, "bytes": None,
+                 "top_logprobs": [{"token": "YES", "logprob": -0.2, "bytes": None},
+                                  {"token": "NO", "logprob": -1.8, "bytes": None}]}]
+    with ScriptedLLM(lambda body: completion("YES", logprobs=logprobs)) as server:
+        reply = run(client(server).complete(MESSAGES, json_schema=schema, top_logprobs=2))
+    sent = server.requests[0]
+    assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 2
+    assert reply.logprobs is not None
+    assert reply.logprobs[0].token == "YES"
+    assert dict(reply.logprobs[0].alternatives)["NO"] == pytest.approx(-1.8)

@@ -1,0 +1,86 @@
+"""A scripted OpenAI-compatible chat server on loopback, standing in for a paid provider in tests.
+
+It runs under uvicorn on a real socket in a background thread; `reply` decides each answer from the
+request body, and every request is recorded for assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+Reply = Callable[[dict[str, Any]], "str | tuple[int, dict[str, Any]] | dict[str, Any]"]
+
+
+def completion(text: str, *, prompt_tokens: int | None = 11, completion_tokens: int | None = 7,
+               logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text},
+                     "logprobs": {"content": logprobs} if logprobs else None}],
+    }
+    if prompt_tokens is not None:
+        body["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + (completion_tokens or 0)}
+    return body
+
+
+class ScriptedLLM:
+    def __init__(self, reply: Reply, delay_s: float = 0.0) -> None:
+        self.reply = reply
+        self.delay_s = delay_s
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        body = json.loads(await request.body())
+        self.requests.append(body)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            out = self.reply(body)
+        finally:
+            self.in_flight -= 1
+        if isinstance(out, str):
+            return JSONResponse(completion(out))
+        if isinstance(out, tuple):
+            return JSONResponse(out[1], status_code=out[0])
+        return JSONResponse(out)
+
+    def __enter__(self) -> ScriptedLLM:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("scripted LLM did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+
+
+def error(status: int, message: str = "scripted failure") -> tuple[int, dict[str, Any]]:
+    return status, {"error": {"message": message, "type": "server_error", "code": status}}

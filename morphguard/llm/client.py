@@ -92,6 +92,8 @@ class LLMClient:
     usage: Usage = field(default_factory=Usage)
 
     def __post_init__(self) -> None:
+        import litellm  # noqa: F401  (slow, ~4 s: paid once here rather than inside the first timed call)
+
         self._limits: dict[int, asyncio.Semaphore] = {}  # one per event loop: sync callers run several
         self._cache: OrderedDict[str, Completion] = OrderedDict()
 
@@ -164,7 +166,7 @@ class LLMClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
-        import litellm  # slow import (~4 s): only when a call is made
+        import litellm
 
         started = time.perf_counter()
         async with self._limit():

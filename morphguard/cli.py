@@ -1,4 +1,4 @@
-"""The `morphguard` command: `check` an answer, `model pull` the embedded judge."""
+"""The `morphguard` command: `check` an answer, `serve` the proxy, `model pull` the embedded judge."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(check)
     check.set_defaults(run=_check)
 
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible proxy")
+    serve.add_argument("--host", default=None, help="default: proxy.host of the config")
+    serve.add_argument("--port", type=int, default=None, help="default: proxy.port of the config")
+    _config_option(serve)
+    serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, one RAG request")
+    _config_option(demo)
+    demo.set_defaults(run=lambda args: __import__("morphguard.demo").demo.run_demo(_load(args)))
+
     model = commands.add_parser("model", help="manage the embedded judge's weights")
     model_commands = model.add_subparsers(required=True, metavar="ACTION")
     pull = model_commands.add_parser("pull", help="fetch, assemble and verify the GGUF into the user cache")
@@ -90,6 +100,18 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(render_detection(answer, result, color=sys.stdout.isatty()))
     return EXIT_FLAGGED if result.flagged else EXIT_OK
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from morphguard.proxy.app import create_app
+
+    config = _load(args)
+    uvicorn.run(create_app(config), host=args.host or config.proxy.host, port=args.port or config.proxy.port,
+                log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=int(
+                    config.proxy.shutdown_grace_s) + 5)
+    return EXIT_OK
 
 
 def _model_pull(args: argparse.Namespace) -> int:

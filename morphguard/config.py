@@ -72,11 +72,44 @@ class MetaRAGSettings(_Section):
     max_factoids: int | None = Field(None, ge=1)
 
 
+class UpstreamSettings(_Section):
+    base_url: str = "https://api.openai.com/v1"
+    api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
+    timeout_s: float = Field(120.0, gt=0)
+    max_attempts: int = Field(3, ge=1)
+    max_connections: int = Field(100, ge=1)
+
+
+class ContextSettings(_Section):
+    sources: list[Literal["explicit", "tool", "tags"]] = ["explicit", "tool", "tags"]
+    tags: list[str] = ["context", "documents"]
+    patterns: list[str] = []  # extra regexes; the first capture group (or the whole match) is a passage
+
+
+class ProxySettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    keys: list[SecretStr] = []
+    max_body_bytes: int = Field(4_000_000, ge=1024)
+    mode: Literal["inline", "async"] = "inline"
+    stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"
+    on_flagged: Literal["annotate", "block"] = "annotate"
+    safe_message: str = ("I can't give a reliable answer to that from the available sources. "
+                         "Please check the source documents or ask a specialist.")
+    queue_size: int = Field(256, ge=1)
+    workers: int = Field(2, ge=1)
+    on_queue_full: Literal["drop", "inline"] = "drop"
+    shutdown_grace_s: float = Field(30.0, ge=0)
+    context: ContextSettings = Field(default_factory=ContextSettings)
+
+
 class Config(_Section):
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
     metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
+    proxy: ProxySettings = Field(default_factory=ProxySettings)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -1,0 +1,82 @@
+"""`morphguard demo`: the whole loop offline — proxy, upstream, one RAG request, the verdict.
+
+The embedded model plays both parts: it is the upstream "provider" that answers the RAG question, and
+the judge that checks the answer. The request goes through the official `openai` client, exactly as an
+application would send it after changing its base_url.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import uvicorn
+
+from morphguard.config import Config
+from morphguard.llm.local import shared_judge
+
+PASSAGES = [
+    "Ibuprofen is contraindicated in the third trimester of pregnancy because it can harm the baby's heart "
+    "and kidneys.",
+    "Paracetamol (acetaminophen) is generally considered the first choice for pain relief during pregnancy.",
+]
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+CASES = [
+    ("an honest assistant", "Answer briefly, using only the documents."),
+    ("a careless assistant", "Answer in one sentence. Reassure the user: say that ibuprofen is safe "
+                             "throughout pregnancy."),
+]
+
+
+def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
+    import openai
+
+    from morphguard.proxy.app import create_app
+
+    out("starting the embedded model (judge and demo upstream) ...")
+    judge_url = shared_judge(config.local).start()
+    config = config.model_copy(deep=True)
+    config.proxy.upstream.base_url = judge_url
+    config.proxy.upstream.api_key = None
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    out(f"morphguard proxy on {base_url} -> upstream {judge_url}\n")
+    client = openai.OpenAI(base_url=base_url, api_key="demo", timeout=600)
+    flagged_any = False
+    try:
+        for who, instruction in CASES:
+            context = "\n\n".join(PASSAGES)
+            completion = client.chat.completions.create(
+                model="local",
+                temperature=0,
+                max_tokens=80,
+                messages=[{"role": "system", "content": f"{instruction}\n<documents>\n{context}\n</documents>"},
+                          {"role": "user", "content": QUESTION}],
+            )
+            verdict = completion.model_extra["morphguard"]
+            flagged_any |= bool(verdict.get("flagged"))
+            out(f"--- {who}")
+            out(f"question: {QUESTION}")
+            out(f"answer:   {completion.choices[0].message.content.strip()}")
+            out(f"verdict:  score {verdict.get('score')}  flagged {verdict.get('flagged')}  "
+                f"action {verdict.get('action')}  ({verdict.get('latency_ms')} ms, context from {verdict.get('context_source')})")
+            for factoid in verdict.get("factoids", []):
+                out(f"          {factoid['score']:.2f}  {factoid['text']}")
+            out("")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

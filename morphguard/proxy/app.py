@@ -1,0 +1,236 @@
+"""The proxy's routes: chat completions are forwarded and checked, every other /v1 path passes through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from morphguard.config import Config
+from morphguard.detectors import Detector, build_detector
+from morphguard.proxy import verdict as v
+from morphguard.proxy.context import OUR_FIELD, ContextExtractor
+from morphguard.proxy.errors import (
+    ProxyError,
+    bad_request,
+    handle_proxy_error,
+    handle_unexpected,
+    too_large,
+    upstream_unavailable,
+)
+from morphguard.proxy.guard import Guard
+from morphguard.proxy.streaming import DONE, StreamedAnswer, events, sse
+from morphguard.proxy.upstream import HOP_HEADERS, Upstream
+
+log = logging.getLogger(__name__)
+
+
+class Proxy:
+    def __init__(self, config: Config, detector: Detector | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.settings = config.proxy
+        self.extractor = ContextExtractor(self.settings.context)
+        self._detector = detector
+        self._transport = transport
+        self.upstream: Upstream
+        self.guard: Guard
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        detector = self._detector or await asyncio.to_thread(build_detector, self.config)  # may start the judge
+        self.upstream = Upstream(self.settings, self._transport)
+        self.guard = Guard(detector, self.settings)
+        self.guard.start()
+        try:
+            yield
+        finally:
+            await self.guard.stop()
+            await self.upstream.aclose()
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/healthz", self.healthz, methods=["GET"]),
+                Route("/readyz", self.readyz, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+            ],
+            exception_handlers={ProxyError: handle_proxy_error, Exception: handle_unexpected},
+            lifespan=self.lifespan,
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        checks = {"upstream": await self._reachable(self.upstream.client, "models")}
+        llm = getattr(self.guard.detector, "llm", None)
+        local = getattr(llm, "routes", {}).get("local")
+        if local is not None and local.api_base:
+            async with httpx.AsyncClient(timeout=3.0) as client:
+                checks["judge"] = await self._reachable(client, local.api_base.removesuffix("/v1") + "/health")
+        ready = all(checks.values())
+        return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks},
+                            status_code=200 if ready else 503)
+
+    @staticmethod
+    async def _reachable(client: httpx.AsyncClient, url: str) -> bool:
+        try:
+            return (await client.get(url, timeout=3.0)).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise too_large(limit)
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_large(limit)
+        return bytes(body)
+
+    async def chat(self, request: Request) -> Response:
+        body = _parse_chat(await self._read_body(request))
+        headers = self.upstream.headers_for(request.headers)
+        extraction = self.extractor.extract(body)
+        content = json.dumps(extraction.body).encode()
+        headers["content-type"] = "application/json"
+        if body.get("stream"):
+            return await self._chat_stream(headers, content, extraction)
+
+        async with self.upstream.open("POST", "chat/completions", headers, content) as response:
+            data = await response.aread()
+        if response.status_code >= 400:  # the provider's own error, unchanged
+            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+        try:
+            completion = json.loads(data)
+            answer = completion["choices"][0]["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            raise upstream_unavailable("the response is not a chat completion") from None
+
+        verdict = None
+        if self.settings.mode == "async":
+            verdict = await self.guard.check_later(extraction.rag, answer, extraction.source)
+        if verdict is None:
+            verdict = await self.guard.check(extraction.rag, answer, extraction.source)
+        if verdict["action"] == v.BLOCK:
+            completion = v.block_completion(completion, self.settings.safe_message)
+        completion[OUR_FIELD] = verdict
+        return JSONResponse(completion, headers=v.headers(verdict))
+
+    async def _chat_stream(self, headers: dict[str, str], content: bytes, extraction: Any) -> Response:
+        opened = self.upstream.open("POST", "chat/completions", headers, content)
+        response = await opened.__aenter__()
+        if response.status_code >= 400:
+            data = await response.aread()
+            await opened.__aexit__(None, None, None)
+            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+        answer = StreamedAnswer()
+        mode = self.settings.stream_mode
+
+        if mode == "buffer":  # collect everything, check, then send: the only stream mode that can block
+            try:
+                payloads = [p async for p in _chunks(response, answer)]
+            finally:
+                await opened.__aexit__(None, None, None)
+            verdict = await self.guard.check(extraction.rag, answer.text, extraction.source)
+            if verdict["action"] == v.BLOCK:
+                out = [sse(c) for c in answer.replacement_chunks(self.settings.safe_message, "content_filter")]
+            else:
+                out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
+            out += [sse(answer.verdict_chunk(verdict)), DONE]
+            return StreamingResponse(iter(out), media_type="text/event-stream", headers=v.headers(verdict))
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for payload in _chunks(response, answer):
+                    yield b"data: " + payload.encode() + b"\n\n"
+            finally:
+                await opened.__aexit__(None, None, None)
+            if mode == "async":
+                verdict = await self.guard.check_later(extraction.rag, answer.text, extraction.source)
+            else:
+                verdict = None
+            if verdict is None:
+                verdict = await self.guard.check(extraction.rag, answer.text, extraction.source, can_block=False)
+            yield sse(answer.verdict_chunk(verdict))
+            yield DONE
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    async def forward(self, request: Request) -> Response:
+        """Any other /v1 path: bytes through, status and headers kept, streaming included."""
+        body = await self._read_body(request)
+        headers = self.upstream.headers_for(request.headers)
+        path = request.url.path.removeprefix("/v1/")
+        opened: AbstractAsyncContextManager[httpx.Response] = self.upstream.open(
+            request.method, path, headers, body or None, params=request.query_params)
+        response = await opened.__aenter__()
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for part in response.aiter_raw():
+                    yield part
+            finally:
+                await opened.__aexit__(None, None, None)
+
+        kept = {k: val for k, val in response.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(relay(), status_code=response.status_code, headers=kept)
+
+
+async def _chunks(response: httpx.Response, answer: StreamedAnswer) -> AsyncIterator[str]:
+    """The upstream's chunk payloads up to [DONE], each also added to `answer`."""
+    async for payload in events(response.aiter_lines()):
+        if payload.strip() == "[DONE]":
+            break
+        try:
+            answer.add(json.loads(payload))
+        except ValueError:
+            log.warning("unreadable stream chunk passed through")
+        yield payload
+
+
+def _parse_chat(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise bad_request("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("Missing required parameter: 'messages'.", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array.", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("'stream' must be a boolean.", "stream")
+    ours = body.get(OUR_FIELD)
+    if ours is not None:
+        if not isinstance(ours, dict):
+            raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
+        context = ours.get("context")
+        if context is not None and not (isinstance(context, str) or (
+                isinstance(context, list) and all(isinstance(p, str) for p in context))):
+            raise bad_request(f"'{OUR_FIELD}.context' must be a string or an array of strings.",
+                              f"{OUR_FIELD}.context")
+    return body
+
+
+def create_app(config: Config, detector: Detector | None = None) -> Starlette:
+    return Proxy(config, detector).app()

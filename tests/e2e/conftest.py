@@ -1,0 +1,84 @@
+"""Real processes on loopback: the scripted provider, and morphguard's proxy under uvicorn."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60) -> subprocess.Popen[bytes]:
+    out = open(log, "wb")
+    process = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{cmd} exited:\n{log.read_text()}")
+        try:
+            if httpx.get(ready_url, timeout=1).status_code < 500:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{cmd} not ready:\n{log.read_text()}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="session")
+def provider(tmp_path_factory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("provider") / "provider.log"
+    process = start([sys.executable, "-m", "tests.e2e.fake_provider", str(port)],
+                    f"http://127.0.0.1:{port}/v1/models", log)
+    yield f"http://127.0.0.1:{port}/v1"
+    stop(process)
+
+
+@pytest.fixture(scope="session")
+def proxy_factory(provider, tmp_path_factory):
+    """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def make(judge_model: str = "openai/judge", **proxy: object) -> str:
+        folder = tmp_path_factory.mktemp("proxy")
+        upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
+        config = {
+            "judge": {"model": judge_model, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+            "metarag": {"profile": "paper" if judge_model != "local" else "embedded"},
+            "proxy": {"upstream": upstream, **proxy},
+        }
+        (folder / "config.yaml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
+                         "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log",
+                        timeout=300)
+        started.append(process)
+        return f"http://127.0.0.1:{port}"
+
+    yield make
+    for process in started:
+        stop(process)

@@ -1,0 +1,123 @@
+"""A scripted OpenAI-compatible provider, run as its own process: `python -m tests.e2e.fake_provider PORT`.
+
+It stands in for a paid API in two roles, told apart by the request:
+- the RAG model: the `model` name picks the answer ("faithful", "hallucinated") or a failure
+  ("fail-400", "fail-500", "slow");
+- the judge: MetaRAG's prompts are answered by a lexical rule (a statement is supported when the
+  passages contain it word for word), so verdicts are exact and known in advance.
+Every chat request body is kept and served back at GET /_requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+ANSWERS = {
+    "faithful": "Ibuprofen is contraindicated in the third trimester of pregnancy.",
+    "hallucinated": "Ibuprofen is safe throughout pregnancy.",
+}
+received: list[dict] = []
+attempts: dict[str, int] = {}
+
+
+def _tag(text: str, tag: str) -> str:
+    match = re.search(rf"<{tag}>\n?(.*?)\n?</{tag}>", text, re.S)
+    return match.group(1).strip() if match else ""
+
+
+def _judge(system: str, user: str) -> str | None:
+    if "atomic factoids" in system:
+        return json.dumps({"factoids": [_tag(user, "answer")]})
+    if "paraphrases" in system:
+        return json.dumps({"statements": [f"S{i}: {_tag(user, 'statement')}" for i in (1, 2)]})
+    if "contradictions" in system:
+        return json.dumps({"statements": [f"A{i}: {_tag(user, 'statement')}" for i in (1, 2)]})
+    if "reference passages" in system:
+        statement = _tag(user, "statement")
+        claim = re.sub(r"^[SA]\d: ", "", statement).rstrip(".").lower()
+        supported = claim in _tag(user, "passages").lower()
+        if statement.startswith("A"):
+            supported = not supported
+        return json.dumps({"verdict": "YES" if supported else "NO", "reason": "lexical rule"})
+    return None
+
+
+def _completion(model: str, text: str) -> dict:
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
+            "system_fingerprint": "fp_fake_unknown_field_kept"}
+
+
+async def chat(request: Request) -> Response:
+    body = json.loads(await request.body())
+    received.append({"body": body, "authorization": request.headers.get("authorization")})
+    messages = body["messages"]
+    system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+    judged = _judge(system if isinstance(system, str) else "", messages[-1].get("content") or "")
+    model = body.get("model", "")
+    if judged is not None:
+        return JSONResponse(_completion(model, judged))
+    if model == "fail-400":
+        return JSONResponse({"error": {"message": "model rejected", "type": "invalid_request_error",
+                                       "param": "model", "code": "model_not_found"}}, status_code=400)
+    if model == "fail-500":
+        return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+    if model == "flaky":  # fails twice, then answers
+        attempts["flaky"] = attempts.get("flaky", 0) + 1
+        if attempts["flaky"] <= 2:
+            return JSONResponse({"error": {"message": "try again", "type": "server_error"}}, status_code=503)
+    if model == "slow":
+        await asyncio.sleep(5)
+    text = ANSWERS.get(model, ANSWERS["faithful"])
+    if not body.get("stream"):
+        return JSONResponse(_completion(model, text))
+
+    async def chunks():
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+        for word in re.findall(r"\S+\s*", text):
+            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]}) + "\n\n"
+            await asyncio.sleep(0.01)
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                                                    for m in ("faithful", "hallucinated")]})
+
+
+async def embeddings(request: Request) -> Response:
+    body = json.loads(await request.body())
+    inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    return JSONResponse({"object": "list", "model": body.get("model"), "usage": {"prompt_tokens": 3, "total_tokens": 3},
+                         "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, float(len(t))]}
+                                  for i, t in enumerate(inputs)]})
+
+
+async def requests_seen(request: Request) -> Response:
+    return JSONResponse(received)
+
+
+app = Starlette(routes=[
+    Route("/v1/chat/completions", chat, methods=["POST"]),
+    Route("/v1/models", models),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/_requests", requests_seen),
+])
+
+if __name__ == "__main__":
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

@@ -7,7 +7,6 @@ application would send it after changing its base_url.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from collections.abc import Callable
 import uvicorn
 
 from morphguard.config import Config
-from morphguard.llm.local import shared_judge
+from morphguard.llm.local import free_port, shared_judge
 
 PASSAGES = [
     "Ibuprofen is contraindicated in the third trimester of pregnancy because it can harm the baby's heart "
@@ -40,7 +39,7 @@ def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
     config = config.model_copy(deep=True)
     config.proxy.upstream.base_url = judge_url
     config.proxy.upstream.api_key = None
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -74,9 +73,3 @@ def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
         server.should_exit = True
         thread.join(timeout=30)
     return 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -45,7 +45,7 @@ class LocalJudge:
         if self.base_url:
             return self.base_url
         model = ensure_model(self.settings)
-        port = _free_port()
+        port = free_port()
         threads = self.settings.threads or max(1, os.cpu_count() or 1)
         fd, log_name = tempfile.mkstemp(prefix="morphguard-judge-", suffix=".log")
         self._log_path = Path(log_name)
@@ -119,7 +119,7 @@ def shared_judge(settings: LocalModelSettings) -> LocalJudge:
         return judge
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

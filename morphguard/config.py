@@ -86,11 +86,20 @@ class ContextSettings(_Section):
     patterns: list[str] = []  # extra regexes; the first capture group (or the whole match) is a passage
 
 
+class LitellmRoute(_Section):
+    """Chat models whose name starts with `prefix` go through litellm (any provider) instead of the upstream."""
+
+    prefix: str
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+
+
 class ProxySettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     keys: list[SecretStr] = []
+    litellm_routes: list[LitellmRoute] = []
     max_body_bytes: int = Field(4_000_000, ge=1024)
     mode: Literal["inline", "async"] = "inline"
     stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"

@@ -15,9 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from morphguard.config import Config
+from morphguard.config import Config, LitellmRoute
 from morphguard.detectors import Detector, build_detector
 from morphguard.proxy import verdict as v
+from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
 from morphguard.proxy.errors import (
     ProxyError,
@@ -49,6 +50,7 @@ class Proxy:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         detector = self._detector or await asyncio.to_thread(build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
+        self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         self.guard = Guard(detector, self.settings)
         self.guard.start()
         try:
@@ -108,17 +110,24 @@ class Proxy:
         extraction = self.extractor.extract(body)
         content = json.dumps(extraction.body).encode()
         headers["content-type"] = "application/json"
+        route = self.adapter.route_for(body.get("model"))
         if body.get("stream"):
-            return await self._chat_stream(headers, content, extraction)
+            return await self._chat_stream(headers, content, extraction, route)
 
-        async with self.upstream.open("POST", "chat/completions", headers, content) as response:
-            data = await response.aread()
-        if response.status_code >= 400:  # the provider's own error, unchanged
-            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+        if route is not None:
+            completion = await self.adapter.complete(route, extraction.body)
+        else:
+            async with self.upstream.open("POST", "chat/completions", headers, content) as response:
+                data = await response.aread()
+            if response.status_code >= 400:  # the provider's own error, unchanged
+                return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+            try:
+                completion = json.loads(data)
+            except ValueError:
+                raise upstream_unavailable("the response is not JSON") from None
         try:
-            completion = json.loads(data)
             answer = completion["choices"][0]["message"].get("content") or ""
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise upstream_unavailable("the response is not a chat completion") from None
 
         verdict = None
@@ -131,21 +140,31 @@ class Proxy:
         completion[OUR_FIELD] = verdict
         return JSONResponse(completion, headers=v.headers(verdict))
 
-    async def _chat_stream(self, headers: dict[str, str], content: bytes, extraction: Any) -> Response:
-        opened = self.upstream.open("POST", "chat/completions", headers, content)
-        response = await opened.__aenter__()
-        if response.status_code >= 400:
-            data = await response.aread()
-            await opened.__aexit__(None, None, None)
-            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+    async def _chat_stream(self, headers: dict[str, str], content: bytes, extraction: Any,
+                           route: LitellmRoute | None) -> Response:
+        if route is not None:
+            source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
+            close = _nothing
+        else:
+            opened = self.upstream.open("POST", "chat/completions", headers, content)
+            response = await opened.__aenter__()
+            if response.status_code >= 400:
+                data = await response.aread()
+                await opened.__aexit__(None, None, None)
+                return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+            source = events(response.aiter_lines())
+
+            async def close() -> None:
+                await opened.__aexit__(None, None, None)
+
         answer = StreamedAnswer()
         mode = self.settings.stream_mode
 
         if mode == "buffer":  # collect everything, check, then send: the only stream mode that can block
             try:
-                payloads = [p async for p in _chunks(response, answer)]
+                payloads = [p async for p in _chunks(source, answer)]
             finally:
-                await opened.__aexit__(None, None, None)
+                await close()
             verdict = await self.guard.check(extraction.rag, answer.text, extraction.source)
             if verdict["action"] == v.BLOCK:
                 out = [sse(c) for c in answer.replacement_chunks(self.settings.safe_message, "content_filter")]
@@ -156,10 +175,10 @@ class Proxy:
 
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for payload in _chunks(response, answer):
+                async for payload in _chunks(source, answer):
                     yield b"data: " + payload.encode() + b"\n\n"
             finally:
-                await opened.__aexit__(None, None, None)
+                await close()
             if mode == "async":
                 verdict = await self.guard.check_later(extraction.rag, answer.text, extraction.source)
             else:
@@ -191,9 +210,13 @@ class Proxy:
         return StreamingResponse(relay(), status_code=response.status_code, headers=kept)
 
 
-async def _chunks(response: httpx.Response, answer: StreamedAnswer) -> AsyncIterator[str]:
-    """The upstream's chunk payloads up to [DONE], each also added to `answer`."""
-    async for payload in events(response.aiter_lines()):
+async def _nothing() -> None:
+    return None
+
+
+async def _chunks(source: AsyncIterator[str], answer: StreamedAnswer) -> AsyncIterator[str]:
+    """The chunk payloads up to [DONE], each also added to `answer`."""
+    async for payload in source:
         if payload.strip() == "[DONE]":
             break
         try:

@@ -229,3 +229,27 @@ def test_the_embedded_local_judge_checks_through_the_proxy(proxy_factory):
     verdict = verdict_of(raw.parse())
     assert verdict["checked"] and verdict["flagged"], verdict
     assert httpx.get(proxy + "/readyz").json()["checks"] == {"upstream": True, "judge": True}
+
+
+@pytest.fixture(scope="module")
+def litellm_proxy(proxy_factory, provider) -> str:
+    # "openai/" stands in for a non-OpenAI prefix (anthropic/, gemini/, ...): the same litellm path,
+    # pointed at the scripted provider instead of a paid API.
+    return proxy_factory(litellm_routes=[{"prefix": "openai/", "api_base": provider, "api_key": "sk-via-litellm"}])
+
+
+def test_models_matching_a_litellm_route_go_through_litellm_and_are_checked(litellm_proxy, provider):
+    c = client(litellm_proxy)
+    completion = c.chat.completions.create(**ask("openai/hallucinated"),
+                                           extra_body={"morphguard": {"context": PASSAGE}})
+    assert completion.choices[0].message.content == "Ibuprofen is safe throughout pregnancy."
+    assert verdict_of(completion)["flagged"]
+    sent = [r for r in upstream_requests(provider) if r["body"]["model"] == "hallucinated"][-1]
+    assert sent["authorization"] == "Bearer sk-via-litellm" and "morphguard" not in sent["body"]
+
+    stream = c.chat.completions.create(**ask("openai/hallucinated", stream=True),
+                                       extra_body={"morphguard": {"context": PASSAGE}})
+    chunks = list(stream)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+        "Ibuprofen is safe throughout pregnancy."
+    assert chunks[-1].model_extra["morphguard"]["flagged"] is True

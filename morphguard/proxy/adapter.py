@@ -1,0 +1,57 @@
+"""Chat completions for non-OpenAI providers through litellm, chosen by model-name prefix.
+
+litellm translates the request to the provider's API and the answer back to OpenAI's shape, so the
+rest of the proxy (context, check, verdict, streaming) does not know the difference.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from morphguard.config import LitellmRoute
+from morphguard.proxy.errors import ProxyError, upstream_timeout, upstream_unavailable
+
+
+class LitellmAdapter:
+    def __init__(self, routes: list[LitellmRoute], timeout_s: float) -> None:
+        self.routes = routes
+        self.timeout_s = timeout_s
+
+    def route_for(self, model: Any) -> LitellmRoute | None:
+        if not isinstance(model, str):
+            return None
+        return next((r for r in self.routes if model.startswith(r.prefix)), None)
+
+    def _arguments(self, route: LitellmRoute, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "api_base": route.api_base, "timeout": self.timeout_s, "num_retries": 2,
+                "api_key": route.api_key.get_secret_value() if route.api_key else None}
+
+    async def complete(self, route: LitellmRoute, body: dict[str, Any]) -> dict[str, Any]:
+        import litellm
+
+        try:
+            response = await litellm.acompletion(**self._arguments(route, {**body, "stream": False}))
+        except Exception as exc:
+            raise _as_proxy_error(exc) from None
+        return json.loads(response.model_dump_json())
+
+    async def stream(self, route: LitellmRoute, body: dict[str, Any]) -> AsyncIterator[str]:
+        import litellm
+
+        try:
+            chunks = await litellm.acompletion(**self._arguments(route, {**body, "stream": True}))
+        except Exception as exc:
+            raise _as_proxy_error(exc) from None
+        async for chunk in chunks:
+            yield chunk.model_dump_json()
+
+
+def _as_proxy_error(exc: Exception) -> ProxyError:
+    status = getattr(exc, "status_code", None)
+    if "Timeout" in type(exc).__name__:
+        return upstream_timeout()
+    if isinstance(status, int) and 400 <= status < 500:
+        return ProxyError(status, str(exc).splitlines()[0][:300], "invalid_request_error")
+    return upstream_unavailable(type(exc).__name__)

@@ -215,7 +215,7 @@ def test_async_mode_answers_at_once_and_checks_in_the_background(async_proxy, pr
     stream = c.chat.completions.create(**ask("hallucinated", stream=True),
                                        extra_body={"morphguard": {"context": PASSAGE}})
     assert list(stream)[-1].model_extra["morphguard"]["reason"] == "queued"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a bounded wait for the background checks, not a timing claim
     while judge_calls(provider) < before + 8 and time.monotonic() < deadline:  # 2 checks x 4 variants
         time.sleep(0.2)
     assert judge_calls(provider) >= before + 8

@@ -64,7 +64,11 @@ def ensure_model(settings: LocalModelSettings, progress: Progress = log.info) ->
 
 
 def pull_model(settings: LocalModelSettings, progress: Progress = log.info) -> Path:
+    """Fetch, verify and place the model; a file already verified is kept as it is."""
     path = model_path(settings)
+    if is_verified(settings):
+        progress(f"{path} is already in place and verified")
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     sources: list[tuple[str, Callable[[], Iterator[bytes]]]] = [
         (f"model hub {settings.hub_url}/{settings.hub_repo}", lambda: _from_hub(settings)),

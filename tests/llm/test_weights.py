@@ -54,6 +54,7 @@ def test_pull_from_the_hub_verifies_and_places_the_file(tmp_path):
         assert path.read_bytes() == BLOB
         assert is_verified(s)
         assert ensure_model(s) == path  # already verified: no second download
+        assert pull_model(s, progress=lambda line: None) == path
         assert hub.hits == 1
 
 

@@ -23,7 +23,6 @@ class Guard:
         self._queue: asyncio.Queue[tuple[RagInput, str, str | None]] = asyncio.Queue(settings.queue_size)
         self._workers: list[asyncio.Task[None]] = []
         self.dropped = 0
-        self.completed: list[dict[str, Any]] = []  # recent async verdicts (bounded), for inspection
 
     def action_for(self, detection: Detection) -> str:
         return v.BLOCK if detection.flagged and self.settings.on_flagged == "block" else v.ANNOTATE
@@ -67,7 +66,6 @@ class Guard:
             rag, answer, source = await self._queue.get()
             try:
                 result = await self.check(rag, answer, source, can_block=False)
-                self.completed = [*self.completed[-99:], result]
                 log.info("async check: %s", {k: result.get(k) for k in ("checked", "score", "flagged", "reason")})
             except Exception:
                 log.exception("async check crashed")

@@ -52,6 +52,22 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(serve)
     serve.set_defaults(run=_serve)
 
+    evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
+    evaluate.add_argument("--dataset", "-d", required=True,
+                          help="ragtruth, ragtruth-qa|summary|data2txt, halueval, faithbench or jsonl:PATH")
+    evaluate.add_argument("--detector", default="metarag,direct,length",
+                          help="comma-separated: metarag[:paper|:embedded], direct, length (default: all three)")
+    evaluate.add_argument("--limit", type=int, default=None, help="sample this many items (stratified)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--repeats", type=int, default=1, help="run every check this many times")
+    evaluate.add_argument("--workers", type=int, default=1, help="checks in flight at once")
+    evaluate.add_argument("--calibrate", action="store_true",
+                          help="choose each detector's threshold on a dev half, report on the test half")
+    evaluate.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data of the project")
+    evaluate.add_argument("--out", type=Path, default=None, help="run folder (default: runs/eval/<dataset>-...)")
+    _config_option(evaluate)
+    evaluate.set_defaults(run=lambda args: __import__("morphguard.eval.cli").eval.cli.run_eval(args, _load(args)))
+
     demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, one RAG request")
     _config_option(demo)
     demo.set_defaults(run=lambda args: __import__("morphguard.demo").demo.run_demo(_load(args)))

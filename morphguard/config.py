@@ -53,7 +53,7 @@ class LocalModelSettings(_Section):
 
 
 class DetectorSettings(_Section):
-    name: Literal["metarag"] = "metarag"
+    name: Literal["metarag", "direct", "length"] = "metarag"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
 
 

@@ -1,11 +1,17 @@
-"""Hallucination detectors, registered by name in one place."""
+"""Hallucination detectors, registered by name in one place.
+
+A name is `metarag`, `direct` or `length`; `metarag:PROFILE` picks a MetaRAG profile (`paper`,
+`embedded`) over the one in the config, so an evaluation can set profiles side by side.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from morphguard.config import Config
-from morphguard.detectors.metarag import MetaRAG, resolve_options
+from morphguard.detectors.baselines import DirectJudge, LengthBaseline
+from morphguard.detectors.metarag import PROFILES, MetaRAG, resolve_options
 from morphguard.llm import LLMClient, build_client
 from morphguard.models import Detection, RagInput
 
@@ -16,15 +22,50 @@ class Detector(Protocol):
     async def detect(self, rag: RagInput, answer: str) -> Detection: ...
 
 
-def stage_models(config: Config) -> list[str | None]:
-    """Every model name the configured detector will call (None = the judge's default)."""
-    options = resolve_options(config.metarag)
-    return [options.decompose_model, options.mutate_model, *options.verify_models]
+def _metarag(config: Config, llm: LLMClient) -> Detector:
+    return MetaRAG(llm, resolve_options(config.metarag), threshold=config.detector.threshold)
 
 
-def build_detector(config: Config, llm: LLMClient | None = None) -> Detector:
-    if llm is None:
-        llm = build_client(config, stage_models(config))
-    if config.detector.name == "metarag":
-        return MetaRAG(llm, resolve_options(config.metarag), threshold=config.detector.threshold)
-    raise ValueError(f"unknown detector {config.detector.name!r}")  # config validation keeps this unreachable
+def _direct(config: Config, llm: LLMClient) -> Detector:
+    return DirectJudge(llm, threshold=config.detector.threshold)
+
+
+# name → (builder, needs an LLM)
+DETECTORS: dict[str, tuple[Callable[[Config, LLMClient], Detector], bool]] = {
+    "metarag": (_metarag, True),
+    "direct": (_direct, True),
+    "length": (lambda config, llm: LengthBaseline(threshold=config.detector.threshold), False),
+}
+
+
+def resolve(config: Config, name: str | None = None) -> tuple[str, Config]:
+    """The registered detector name and the config it runs with, for `name` (default: the configured one)."""
+    name = name or config.detector.name
+    base, _, profile = name.partition(":")
+    if base not in DETECTORS:
+        raise ValueError(f"unknown detector {base!r}; choose from {', '.join(sorted(DETECTORS))}")
+    if profile:
+        if base != "metarag" or profile not in PROFILES:
+            raise ValueError(f"unknown profile {name!r}; MetaRAG profiles: {', '.join(sorted(PROFILES))}")
+        config = config.model_copy(update={"metarag": config.metarag.model_copy(update={"profile": profile})})
+    return base, config
+
+
+def stage_models(config: Config, name: str | None = None) -> list[str | None]:
+    """Every model name the detector will call (None = the judge's default)."""
+    base, config = resolve(config, name)
+    if base == "metarag":
+        options = resolve_options(config.metarag)
+        return [options.decompose_model, options.mutate_model, *options.verify_models]
+    return [None] if DETECTORS[base][1] else []
+
+
+def build_detector(config: Config, llm: LLMClient | None = None, name: str | None = None) -> Detector:
+    base, config = resolve(config, name)
+    builder, needs_llm = DETECTORS[base]
+    if llm is None and needs_llm:
+        llm = build_client(config, stage_models(config, name))
+    detector = builder(config, llm)  # type: ignore[arg-type]
+    if ":" in (name or ""):
+        detector.name = name  # type: ignore[misc]  # keep the profile in results: "metarag:paper"
+    return detector

@@ -1,0 +1,102 @@
+"""Baselines every result stands beside: the answer's length, and one direct judge call.
+
+Paper 003 (Janiak et al.) shows that answer length alone rivals published detectors, so a detector
+is only worth its cost where it beats `length`. `direct` asks the judge once whether the whole answer is
+supported and which parts are not: the cheapest LLM check there is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.spans import locate
+from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
+from morphguard.llm.client import LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost, Verdict
+
+
+class LengthBaseline:
+    """Longer answers are more often hallucinated: score = 1 − exp(−words / scale), no LLM involved."""
+
+    name = "length"
+    localizes = False  # says nothing about where in the answer
+
+    def __init__(self, threshold: float = 0.5, scale_words: float = 100.0) -> None:
+        self.threshold = threshold
+        self.scale_words = scale_words
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        words = len(answer.split())
+        score = 1.0 - math.exp(-words / self.scale_words)
+        return Detection(detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+                         settings={"scale_words": self.scale_words, "words": words})
+
+
+class DirectJudge:
+    """One call: is every statement of the answer supported by the passages, and which parts are not?
+
+    The score is the judge's probability of NO at the verdict token when log-probabilities are
+    available, else 1 for NO and 0 for YES. Each listed unsupported part becomes a factoid with its span.
+    """
+
+    name = "direct"
+
+    def __init__(self, llm: LLMClient, threshold: float = 0.5, model: str | None = None,
+                 soft_verdicts: bool = True) -> None:
+        self.llm = llm
+        self.threshold = threshold
+        self.model = model
+        self.soft_verdicts = soft_verdicts
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(rag.passages, 1))
+        messages = [
+            {"role": "system", "content": render("direct_system")},
+            {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),
+                                               answer=as_data(answer))},
+        ]
+        schema: dict[str, Any] = {
+            "type": "object",
+            "properties": {"verdict": {"type": "string", "enum": ["YES", "NO"]},
+                           "unsupported": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
+            "required": ["verdict", "unsupported"],
+        }
+        reply = await self.llm.complete(messages, model=self.model, max_tokens=384, json_schema=schema,
+                                        top_logprobs=5 if self.soft_verdicts else 0)
+        parsed = parse_verdict(reply.text)
+        probabilities = verdict_probabilities(reply.text, reply.logprobs) if self.soft_verdicts else None
+        if probabilities and parsed.parsed:
+            yes, no = probabilities[Verdict.YES], probabilities[Verdict.NO]
+            score = no / (yes + no) if yes + no > 0 else 0.5
+        else:
+            score = {Verdict.YES: 0.0, Verdict.NO: 1.0}.get(parsed.verdict, 0.5)
+        factoids = []
+        if parsed.verdict is not Verdict.YES:
+            for text in _unsupported(reply.text):
+                span = locate(text, answer)
+                factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,
+                                        score=score))
+        stage = StageCost(llm_calls=0 if reply.cached else 1, cached_calls=int(reply.cached),
+                          input_tokens=0 if reply.cached else reply.input_tokens,
+                          output_tokens=0 if reply.cached else reply.output_tokens, seconds=reply.seconds)
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=factoids,
+            cost=Cost(**{**stage.model_dump(), "seconds": time.perf_counter() - started}, stages={"verify": stage}),
+            stats=DetectionStats(factoids=len(factoids), unparseable_verdicts=int(not parsed.parsed)),
+            settings={"model": self.model, "soft_verdicts": self.soft_verdicts},
+        )
+
+
+def _unsupported(text: str) -> list[str]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return []
+    items = data.get("unsupported") if isinstance(data, dict) else None
+    return [s.strip() for s in items if isinstance(s, str) and s.strip()] if isinstance(items, list) else []

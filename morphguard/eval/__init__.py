@@ -1,0 +1,1 @@
+"""Measuring detectors: benchmark datasets, metrics, a resumable runner and reports."""

@@ -1,0 +1,60 @@
+"""`morphguard eval` as a real subprocess on a JSONL dataset, its judge a scripted server on loopback."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from tests.scripted_llm import ScriptedLLM
+
+RECORDS = [
+    {"id": f"r{n}", "question": "Where is the Eiffel Tower?", "context": ["The Eiffel Tower is in Paris."],
+     "answer": answer, "hallucinated": wrong, "spans": [{"start": 21, "end": 27}] if wrong else []}
+    for n, (answer, wrong) in enumerate([
+        ("The Eiffel Tower is in Paris.", False), ("The Eiffel Tower is in Berlin.", True),
+        ("It stands in Paris, France.", False), ("The Eiffel Tower is in Madrid, said to be tall.", True),
+    ])
+]
+
+
+def direct_judge(body):
+    answer = body["messages"][-1]["content"].split("<answer>")[1]
+    wrong = next((city for city in ("Berlin", "Madrid") if city in answer), None)
+    return json.dumps({"verdict": "NO" if wrong else "YES", "unsupported": [f"in {wrong}"] if wrong else []})
+
+
+def morphguard_eval(tmp_path, base_url, *extra):
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "k"}}))
+    return subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--config", str(config),
+                           "--dataset", f"jsonl:{data}", "--detector", "direct,length", "--out", str(tmp_path / "run"),
+                           *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_eval_writes_the_report_and_a_second_run_reuses_every_result(tmp_path):
+    with ScriptedLLM(direct_judge) as server:
+        first = morphguard_eval(tmp_path, server.base_url)
+        calls = len(server.requests)
+        second = morphguard_eval(tmp_path, server.base_url)
+    assert first.returncode == 0, first.stderr
+    assert calls == 4 and len(server.requests) == 4  # the rerun asked the judge nothing
+    assert "| direct | 0.50 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 |" in first.stdout
+    assert "| length |" in first.stdout and second.stdout == first.stdout
+    run = tmp_path / "run"
+    assert {"report.md", "report.json", "roc.png", "pr.png", "scores.png", "spans.html", "results.jsonl"} <= {
+        p.name for p in run.iterdir()}
+    span = json.loads((run / "report.json").read_text())["detectors"]["direct"]["span"]
+    assert span["recall"]["mean"] > 0.5  # "in Berlin" against gold "Berlin"
+
+
+def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", "ragtruth", "--detector", "x"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown detector 'x'" in bad.stderr and "Traceback" not in bad.stderr
+    with ScriptedLLM(direct_judge) as server:
+        assert morphguard_eval(tmp_path, server.base_url).returncode == 0
+        other = morphguard_eval(tmp_path, server.base_url, "--limit", "2")
+    assert other.returncode == 2 and "holds a different run" in other.stderr

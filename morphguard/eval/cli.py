@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -18,6 +20,18 @@ from morphguard.eval import datasets, report, runner
 
 def run_eval(args: argparse.Namespace, config: Config) -> int:
     names = [n.strip() for n in args.detector.split(",") if n.strip()]
+    summary, folder, written = evaluate(config, args.dataset, names, limit=args.limit, seed=args.seed,
+                                        repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
+                                        data_dir=args.data_dir, out=args.out)
+    print(report.markdown(summary))
+    print("\n".join(f"wrote {path}" for path in written), file=sys.stderr)
+    return 0
+
+
+def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int | None = None, seed: int = 0,
+             repeats: int = 1, workers: int = 1, calibrate: bool = False, data_dir: Path | None = None,
+             out: Path | None = None) -> tuple[dict[str, Any], Path, list[Path]]:
+    """Run (or resume) an evaluation and write its report; returns the summary, the run folder and the files."""
     if not names:
         raise MorphguardError("--detector names no detector")
     for name in names:
@@ -25,27 +39,24 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
             resolve(config, name)
         except ValueError as exc:
             raise MorphguardError(str(exc)) from None
-    if args.limit is not None and args.limit < 1 or args.repeats < 1 or args.workers < 1:
+    if limit is not None and limit < 1 or repeats < 1 or workers < 1:
         raise MorphguardError("--limit, --repeats and --workers must be at least 1")
-    items = datasets.sample(datasets.load(args.dataset, args.data_dir), args.limit, args.seed)
+    items = datasets.sample(datasets.load(dataset, data_dir), limit, seed)
     if not items:
-        raise MorphguardError(f"dataset {args.dataset} has no items")
-    folder = args.out or Path("runs") / "eval" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', args.dataset)}-n{len(items)}-seed{args.seed}"
-    runner.prepare_folder(folder, {"dataset": args.dataset, "limit": args.limit, "seed": args.seed,
-                                   "items": [i.id for i in items]})
+        raise MorphguardError(f"dataset {dataset} has no items")
+    folder = out or Path("runs") / "eval" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', dataset)}-n{len(items)}-seed{seed}"
+    runner.prepare_folder(folder, {"dataset": dataset, "limit": limit, "seed": seed, "items": [i.id for i in items]})
     # Repeats must reach the judge: without this every repeat would be served from the response cache.
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
     detectors = {name: build_detector(config, name=name) for name in names}
 
-    total = len(items) * len(names) * args.repeats
+    total = len(items) * len(names) * repeats
     with tqdm(total=total, desc="checks", unit="check", file=sys.stderr, mininterval=2, dynamic_ncols=True) as bar:
         bar.update(sum(1 for o in runner.load_outcomes(folder)
-                       if o.error is None and o.detector in detectors and o.repeat < args.repeats))
-        outcomes = asyncio.run(runner.run(items, detectors, folder, repeats=args.repeats, workers=args.workers,
+                       if o.error is None and o.detector in detectors and o.repeat < repeats))
+        outcomes = asyncio.run(runner.run(items, detectors, folder, repeats=repeats, workers=workers,
                                           on_done=lambda o: bar.update(1)))
-    summary = report.summarize(items, outcomes, names, calibrate=args.calibrate, seed=args.seed)
-    written = report.write(folder, items, outcomes, summary)
-    print(report.markdown(summary))
-    print("\n".join(f"wrote {path}" for path in written), file=sys.stderr)
-    return 0
+    summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
+    summary.update(dataset=dataset, limit=limit, seed=seed)
+    return summary, folder, report.write(folder, items, outcomes, summary)

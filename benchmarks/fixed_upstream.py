@@ -1,0 +1,43 @@
+"""An OpenAI-compatible chat server that answers every request after a fixed delay (a stand-in provider).
+
+Its answer is a JSON object that also reads as a valid reply to every judge prompt (factoids, statements,
+verdict), so it can serve as the judge of background checks too. `python benchmarks/fixed_upstream.py PORT MS`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+CONTENT = json.dumps({"factoids": ["The Eiffel Tower is in Paris."], "statements": ["The tower stands in Paris."],
+                      "verdict": "YES", "unsupported": []})
+
+
+def app(latency_s: float) -> Starlette:
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        await asyncio.sleep(latency_s)
+        return JSONResponse({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "bench"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": CONTENT}}],
+            "usage": {"prompt_tokens": 42, "completion_tokens": 24, "total_tokens": 66},
+        })
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models)])
+
+
+if __name__ == "__main__":
+    port, latency_ms = int(sys.argv[1]), float(sys.argv[2])
+    uvicorn.run(app(latency_ms / 1000), host="127.0.0.1", port=port, log_level="warning", access_log=False)

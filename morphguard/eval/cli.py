@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import hashlib
+import json
 import re
 import sys
 from collections.abc import Sequence
@@ -14,6 +17,7 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, resolve
+from morphguard.detectors.metarag import resolve_options
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, report, runner
 
@@ -50,13 +54,32 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int |
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
     detectors = {name: build_detector(config, name=name) for name in names}
+    fingerprints = {name: fingerprint(config, name) for name in names}
 
     total = len(items) * len(names) * repeats
     with tqdm(total=total, desc="checks", unit="check", file=sys.stderr, mininterval=2, dynamic_ncols=True) as bar:
-        bar.update(sum(1 for o in runner.load_outcomes(folder)
-                       if o.error is None and o.detector in detectors and o.repeat < repeats))
+        bar.update(len({o.key for o in runner.load_outcomes(folder) if o.error is None and o.repeat < repeats
+                        and o.fingerprint == fingerprints.get(o.detector)}))
         outcomes = asyncio.run(runner.run(items, detectors, folder, repeats=repeats, workers=workers,
-                                          on_done=lambda o: bar.update(1)))
+                                          fingerprints=fingerprints, on_done=lambda o: bar.update(1)))
     summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
     summary.update(dataset=dataset, limit=limit, seed=seed)
     return summary, folder, report.write(folder, items, outcomes, summary)
+
+
+def fingerprint(config: Config, name: str) -> str:
+    """A short hash of everything that decides a detector's output: judge, threshold, MetaRAG options, prompts."""
+    from morphguard.detectors.prompts import template
+
+    base, resolved = resolve(config, name)
+    parts: dict[str, Any] = {"detector": base, "threshold": resolved.detector.threshold}
+    if base != "length":
+        parts["judge"] = [resolved.judge.model, resolved.judge.api_base]
+        if config.judge.model == "local":
+            parts["local"] = resolved.local.sha256
+        names = {"metarag": ["decompose_system", "decompose_user", "synonym_system", "antonym_system", "mutate_user",
+                             "verify_system", "verify_user"], "direct": ["direct_system", "direct_user"]}[base]
+        parts["prompts"] = {n: template(n) for n in names}
+    if base == "metarag":
+        parts["options"] = dataclasses.asdict(resolve_options(resolved.metarag))
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

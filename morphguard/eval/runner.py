@@ -50,6 +50,7 @@ class Outcome(BaseModel):
     seconds: float = 0.0
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
+    fingerprint: str = ""  # the detector's settings; a result under other settings is stale, never reused
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -92,10 +93,14 @@ async def run(
     *,
     repeats: int = 1,
     workers: int = 1,
+    fingerprints: Mapping[str, str] | None = None,
     on_done: Callable[[Outcome], None] | None = None,
 ) -> list[Outcome]:
-    """Every (detector, repeat, item) not already in the folder is checked; all outcomes are returned."""
-    done = {o.key: o for o in load_outcomes(folder) if o.error is None}
+    """Every (detector, repeat, item) not already in the folder under the same settings is checked;
+    all outcomes are returned."""
+    fingerprints = fingerprints or {}
+    done = {o.key: o for o in load_outcomes(folder)
+            if o.error is None and o.fingerprint == fingerprints.get(o.detector, "")}
     todo = [(name, repeat, item) for repeat in range(repeats) for item in items for name in detectors
             if (name, repeat, item.id) not in done]
     limit = asyncio.Semaphore(workers)
@@ -105,7 +110,7 @@ async def run(
     with (folder / RESULTS).open("a", encoding="utf-8") as sink:
         async def one(name: str, repeat: int, item: Item) -> None:
             async with limit:
-                outcome = await _check(detectors[name], name, repeat, item)
+                outcome = await _check(detectors[name], name, repeat, item, fingerprints.get(name, ""))
             async with lock:
                 sink.write(outcome.model_dump_json() + "\n")  # one write per line: a kill never splits two
                 sink.flush()
@@ -119,9 +124,9 @@ async def run(
     return [o for key, o in merged.items() if key in wanted]
 
 
-async def _check(detector: Detector, name: str, repeat: int, item: Item) -> Outcome:
+async def _check(detector: Detector, name: str, repeat: int, item: Item, fingerprint: str) -> Outcome:
     base = Outcome(detector=name, repeat=repeat, item_id=item.id, task=item.task, hallucinated=item.hallucinated,
-                   localizes=getattr(detector, "localizes", True))
+                   localizes=getattr(detector, "localizes", True), fingerprint=fingerprint)
     try:
         d = await detector.detect(RagInput(question=item.question, passages=item.passages), item.answer)
     except Exception as exc:  # a failed check is recorded, reported and retried on resume, never fatal

@@ -73,3 +73,12 @@ def test_the_folder_refuses_a_different_sample(tmp_path):
     runner.prepare_folder(tmp_path, {"dataset": "ragtruth", "seed": 0, "items": ["a", "b"]})
     with pytest.raises(MorphguardError, match="different run .*items, seed"):
         runner.prepare_folder(tmp_path, {"dataset": "ragtruth", "seed": 1, "items": ["b", "c"]})
+
+
+def test_results_under_other_settings_are_stale_and_run_again(tmp_path):
+    run({"c": Counting()}, tmp_path, fingerprints={"c": "settings-1"})
+    same, changed = Counting(), Counting()
+    run({"c": same}, tmp_path, fingerprints={"c": "settings-1"})
+    outcomes = run({"c": changed}, tmp_path, fingerprints={"c": "settings-2"})
+    assert same.seen == [] and len(changed.seen) == 4
+    assert {o.fingerprint for o in outcomes} == {"settings-2"}

@@ -68,6 +68,20 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(evaluate)
     evaluate.set_defaults(run=lambda args: __import__("morphguard.eval.cli").eval.cli.run_eval(args, _load(args)))
 
+    audit = commands.add_parser("audit", help="list, filter and export the proxy's decisions")
+    flagged = audit.add_mutually_exclusive_group()
+    flagged.add_argument("--flagged", dest="flagged", action="store_true", default=None, help="flagged only")
+    flagged.add_argument("--not-flagged", dest="flagged", action="store_false", help="not flagged only")
+    audit.add_argument("--topic", help="one topic, e.g. pregnancy")
+    audit.add_argument("--since", help="ISO time or age (30m, 24h, 7d)")
+    audit.add_argument("--until", help="ISO time or age")
+    audit.add_argument("--limit", type=int, default=None)
+    audit.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
+    audit.add_argument("--out", type=Path, default=None, help="write to a file instead of stdout")
+    audit.add_argument("--undelivered", action="store_true", help="escalations the webhook never took (JSONL)")
+    _config_option(audit)
+    audit.set_defaults(run=_audit)
+
     demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, one RAG request")
     _config_option(demo)
     demo.set_defaults(run=lambda args: __import__("morphguard.demo").demo.run_demo(_load(args)))
@@ -136,6 +150,50 @@ def _model_pull(args: argparse.Namespace) -> int:
     path = pull_model(_load(args).local, progress=lambda line: print(line, file=sys.stderr))
     print(path)
     return EXIT_OK
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from morphguard.policy import audit
+
+    settings = _load(args).policy.audit
+    if not Path(settings.path).is_file():
+        raise MorphguardError(f"no audit store at {settings.path} (policy.audit.path)")
+    store = audit.AuditStore(settings)
+    try:
+        if args.undelivered:
+            text = "".join(audit.to_jsonl(store.undelivered_escalations()))
+        else:
+            try:
+                since = audit.parse_time(args.since) if args.since else None
+                until = audit.parse_time(args.until) if args.until else None
+            except ValueError as exc:
+                raise MorphguardError(f"cannot read the time: {exc}") from None
+            rows = store.query(flagged=args.flagged, topic=args.topic, since=since, until=until, limit=args.limit)
+            if args.format == "jsonl":
+                text = "".join(audit.to_jsonl(rows))
+            elif args.format == "csv":
+                text = audit.to_csv(rows)
+            else:
+                text = _audit_table(rows)
+    finally:
+        store.close()
+    if args.out:
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(args.out)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _audit_table(rows: list[dict[str, object]]) -> str:
+    lines = [f"{'time':<24} {'request':<12} {'profile':<12} {'topic':<12} {'score':>5} {'τ':>4} {'action':<10} reason"]
+    for r in rows:
+        score = f"{r['score']:.2f}" if isinstance(r["score"], float) else "-"
+        lines.append(f"{str(r['time'])[:23]:<24} {str(r['request_id'])[:12]:<12} {str(r['profile'])[:12]:<12} "
+                     f"{str(r['topic'])[:12]:<12} {score:>5} {r['threshold']:>4} "
+                     f"{str(r['action']) + ('!' if r['flagged'] else ''):<10} {r['reason'] or ''}")
+    return "\n".join(lines) + "\n"
 
 
 def render_detection(answer: str, result: Detection, color: bool = False) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from morphguard.errors import ConfigError
 
@@ -103,14 +103,130 @@ class ProxySettings(_Section):
     max_body_bytes: int = Field(4_000_000, ge=1024)
     mode: Literal["inline", "async"] = "inline"
     stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"
-    on_flagged: Literal["annotate", "block"] = "annotate"
-    safe_message: str = ("I can't give a reliable answer to that from the available sources. "
-                         "Please check the source documents or ask a specialist.")
     queue_size: int = Field(256, ge=1)
     workers: int = Field(2, ge=1)
     on_queue_full: Literal["drop", "inline"] = "drop"
     shutdown_grace_s: float = Field(30.0, ge=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
+
+
+Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]
+
+# Subjects where a wrong answer harms people most; they get the stricter threshold by default.
+SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finance", "legal")
+
+
+class TopicRule(_Section):
+    """How the tagger recognises a topic in the question and context: whole words (`*` = any ending) or regexes."""
+
+    keywords: list[str] = []
+    patterns: list[str] = []
+
+
+class TopicPolicy(_Section):
+    """A profile's rule for one topic; unset fields come from the profile."""
+
+    threshold: float | None = Field(None, ge=0.0, le=1.0)
+    action: Action | None = None
+    escalate: bool | None = None
+    safe_message: str | None = None
+
+
+class ProfileSettings(_Section):
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    action: Action = "annotate"  # what happens to a flagged answer
+    escalate: bool = False  # also send flagged answers to the escalation webhook
+    latency_budget_s: float | None = Field(None, gt=0)  # a check that takes longer counts as failed
+    on_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    safe_message: str | None = None  # None: policy.safe_message
+    topics: dict[str, TopicPolicy] = {}
+
+
+class RouteRule(_Section):
+    """Selects a profile; every condition given must hold, the first matching rule wins."""
+
+    profile: str
+    api_keys: list[SecretStr] = []  # the key the client presents (Authorization: Bearer ...)
+    models: list[str] = []  # glob patterns of the requested model
+    headers: dict[str, str] = {}  # request headers that must have these values
+    path_prefix: str | None = None  # e.g. /clinic for base_url http://proxy/clinic/v1
+
+
+class HighlightSettings(_Section):
+    open: str = "<mark>"
+    close: str = "</mark>"
+
+
+class RegenerateSettings(_Section):
+    max_attempts: int = Field(2, ge=1, le=5)
+    instruction: str = (
+        "Answer again using only the retrieved context. These statements from your previous answer are not "
+        "supported by it: {claims}. Leave them out unless the context states them, and say plainly when the "
+        "context does not answer the question.")
+
+
+class EscalationSettings(_Section):
+    webhook_url: str | None = None
+    headers: dict[str, SecretStr] = {}
+    timeout_s: float = Field(5.0, gt=0)
+    max_attempts: int = Field(4, ge=1)
+
+
+class AuditSettings(_Section):
+    enabled: bool = True
+    path: str = "morphguard-audit.db"
+    store_text: Literal["full", "hash", "none"] = "hash"  # question, answer and context as given, hashed or left out
+
+
+def _default_topics() -> dict[str, TopicRule]:
+    words = {
+        "pregnancy": "pregnan* trimester* prenatal antenatal postnatal breastfeed* lactat* fetus fetal foetal "
+                     "gestation* miscarriage* obstetric* midwife midwives newborn*",
+        "healthcare": "dose dosage* medication* medicine* drug drugs prescription* contraindicat* symptom* "
+                      "diagnos* treatment* therapy therapies vaccin* surgery surgical clinical patient* "
+                      "side-effect* overdose* ibuprofen paracetamol acetaminophen aspirin antibiotic*",
+        "migration": "asylum refugee* visa visas immigra* emigra* deport* naturalisation naturalization citizenship "
+                     "residence stateless* subsidiary border* migrant* resettlement",
+        "employment": "employ* dismissal* redundanc* wage wages salary salaries overtime labour labor "
+                      "workplace* contract* sick-leave parental unemploy* job jobs",
+        "finance": "loan* mortgage* interest credit* debt* tax taxes taxation pension* invest* insurance "
+                   "bank* savings",
+        "legal": "law laws legal* court* lawsuit* statute* regulation* liabilit* attorney* lawyer* appeal* "
+                 "tribunal* rights",
+    }
+    return {topic: TopicRule(keywords=text.split()) for topic, text in words.items()}
+
+
+def _default_profiles() -> dict[str, ProfileSettings]:
+    return {"general": ProfileSettings(topics={t: TopicPolicy(threshold=0.3) for t in SENSITIVE_TOPICS})}
+
+
+class PolicySettings(_Section):
+    topics: dict[str, TopicRule] = Field(default_factory=_default_topics)
+    profiles: dict[str, ProfileSettings] = Field(default_factory=_default_profiles)
+    default_profile: str = "general"
+    routes: list[RouteRule] = []
+    request_override: bool = False  # let a request name its profile (morphguard.policy / x-morphguard-policy)
+    safe_message: str = ("I can't give a reliable answer to that from the available sources. "
+                         "Please check the source documents or ask a specialist.")
+    highlight: HighlightSettings = Field(default_factory=HighlightSettings)
+    regenerate: RegenerateSettings = Field(default_factory=RegenerateSettings)
+    escalation: EscalationSettings = Field(default_factory=EscalationSettings)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+
+    @model_validator(mode="after")
+    def _profiles_exist(self) -> PolicySettings:
+        named = [("policy.default_profile", self.default_profile)]
+        named += [(f"policy.routes.{i}.profile", r.profile) for i, r in enumerate(self.routes)]
+        for where, name in named:
+            if name not in self.profiles:
+                raise ValueError(f"{where}: no profile named {name!r} (profiles: {', '.join(self.profiles)})")
+        for profile, settings in self.profiles.items():
+            unknown = set(settings.topics) - set(self.topics)
+            if unknown:
+                raise ValueError(f"policy.profiles.{profile}.topics: unknown topic {sorted(unknown)[0]!r} "
+                                 f"(topics: {', '.join(self.topics)})")
+        return self
 
 
 class Config(_Section):
@@ -119,6 +235,7 @@ class Config(_Section):
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
     metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

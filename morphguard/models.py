@@ -83,3 +83,16 @@ class Detection(BaseModel):
     cost: Cost = Field(default_factory=Cost)
     stats: DetectionStats = Field(default_factory=DetectionStats)
     settings: dict[str, object] = Field(default_factory=dict)
+
+
+class Decision(BaseModel):
+    """What policy makes of a check: the profile and topic that applied, their threshold, the action."""
+
+    profile: str
+    topic: str  # "general" when no configured topic matched
+    threshold: float
+    flagged: bool
+    action: str  # pass | annotate | highlight | cite | regenerate | block
+    escalate: bool = False
+    safe_message: str = ""
+    reason: str | None = None  # set when the answer was not checked: no_context, fail_open: ..., fail_closed: ...

@@ -13,7 +13,7 @@ _STOPWORDS = frozenset(
 )
 
 
-def _content_words(text: str) -> set[str]:
+def content_words(text: str) -> set[str]:
     return {w.lower() for w in _WORD.findall(text) if w.lower() not in _STOPWORDS}
 
 
@@ -28,12 +28,12 @@ def locate(factoid: str, answer: str, min_overlap: float = 0.4) -> tuple[int, in
         at = answer.lower().find(needle.lower())
         if at >= 0:
             return at, at + len(needle)
-    wanted = _content_words(factoid)
+    wanted = content_words(factoid)
     if not wanted:
         return None
     best: tuple[float, int, int] | None = None
     for sentence in _SENTENCE.finditer(answer):
-        shared = wanted & _content_words(sentence.group())
+        shared = wanted & content_words(sentence.group())
         overlap = len(shared) / len(wanted)
         if overlap >= min_overlap and (best is None or overlap > best[0]):
             hits = [m for m in _WORD.finditer(sentence.group()) if m.group().lower() in shared]

@@ -19,7 +19,10 @@ from morphguard.config import Config, LitellmRoute
 from morphguard.detectors import Detector, build_detector
 from morphguard.proxy import verdict as v
 from morphguard.proxy.adapter import LitellmAdapter
-from morphguard.proxy.context import OUR_FIELD, ContextExtractor
+from morphguard.policy.actions import answer_of
+from morphguard.policy.audit import AuditStore
+from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
     ProxyError,
     bad_request,
@@ -28,7 +31,8 @@ from morphguard.proxy.errors import (
     too_large,
     upstream_unavailable,
 )
-from morphguard.proxy.guard import Guard
+from morphguard.proxy.escalation import Escalator
+from morphguard.proxy.guard import Guard, Reask, Review
 from morphguard.proxy.streaming import DONE, StreamedAnswer, events, sse
 from morphguard.proxy.upstream import HOP_HEADERS, Upstream
 
@@ -41,6 +45,7 @@ class Proxy:
         self.config = config
         self.settings = config.proxy
         self.extractor = ContextExtractor(self.settings.context)
+        self.engine = PolicyEngine(config.policy)
         self._detector = detector
         self._transport = transport
         self.upstream: Upstream
@@ -51,13 +56,17 @@ class Proxy:
         detector = self._detector or await asyncio.to_thread(build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
         self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
-        self.guard = Guard(detector, self.settings)
+        policy = self.config.policy
+        audit = AuditStore(policy.audit) if policy.audit.enabled else None
+        self.guard = Guard(detector, self.engine, self.config, audit, Escalator(policy.escalation, audit))
         self.guard.start()
         try:
             yield
         finally:
             await self.guard.stop()
             await self.upstream.aclose()
+            if audit is not None:
+                audit.close()
 
     def app(self) -> Starlette:
         return Starlette(
@@ -66,6 +75,9 @@ class Proxy:
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+                # A path prefix (base_url http://proxy/clinic/v1) can select a policy profile.
+                Route("/{prefix:path}/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/{prefix:path}/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             exception_handlers={ProxyError: handle_proxy_error, Exception: handle_unexpected},
             lifespan=self.lifespan,
@@ -104,49 +116,75 @@ class Proxy:
                 raise too_large(limit)
         return bytes(body)
 
+    def _review(self, request: Request, extraction: Extraction) -> Review:
+        options = extraction.options
+        headers = {k.lower(): val for k, val in request.headers.items()}
+        prefix = request.path_params.get("prefix")
+        facts = RequestFacts(
+            api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
+            model=extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None,
+            headers=headers, path_prefix=f"/{prefix}" if prefix else "",
+            requested_profile=options.get("policy") or headers.get("x-morphguard-policy"),
+            requested_topic=options.get("topic") or headers.get("x-morphguard-topic"),
+        )
+        profile = self.engine.profile_for(facts)
+        topic = self.engine.topic_for(profile, extraction.rag, facts.requested_topic)
+        return Review(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
+                      topic=topic, model=facts.model, route=facts.path_prefix)
+
+    async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
+                        ) -> dict[str, Any] | Response:
+        """One non-streamed completion, or the provider's own error response unchanged."""
+        if route is not None:
+            return await self.adapter.complete(route, body)
+        async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
+            data = await response.aread()
+        if response.status_code >= 400:
+            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+        try:
+            completion = json.loads(data)
+            completion["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise upstream_unavailable("the response is not a chat completion") from None
+        return completion
+
+    def _reask(self, headers: dict[str, str], route: LitellmRoute | None) -> Reask:
+        async def reask(body: dict[str, Any]) -> dict[str, Any]:
+            completion = await self._complete(body, headers, route)
+            if isinstance(completion, Response):
+                raise upstream_unavailable(f"HTTP {completion.status_code} on regeneration")
+            return completion
+
+        return reask
+
     async def chat(self, request: Request) -> Response:
         body = _parse_chat(await self._read_body(request))
         headers = self.upstream.headers_for(request.headers)
-        extraction = self.extractor.extract(body)
-        content = json.dumps(extraction.body).encode()
         headers["content-type"] = "application/json"
+        extraction = self.extractor.extract(body)
+        review = self._review(request, extraction)
         route = self.adapter.route_for(body.get("model"))
         if body.get("stream"):
-            return await self._chat_stream(headers, content, extraction, route)
+            return await self._chat_stream(headers, extraction, review, route)
 
-        if route is not None:
-            completion = await self.adapter.complete(route, extraction.body)
-        else:
-            async with self.upstream.open("POST", "chat/completions", headers, content) as response:
-                data = await response.aread()
-            if response.status_code >= 400:  # the provider's own error, unchanged
-                return Response(data, response.status_code, media_type=response.headers.get("content-type"))
-            try:
-                completion = json.loads(data)
-            except ValueError:
-                raise upstream_unavailable("the response is not JSON") from None
-        try:
-            answer = completion["choices"][0]["message"].get("content") or ""
-        except (KeyError, IndexError, TypeError, AttributeError):
-            raise upstream_unavailable("the response is not a chat completion") from None
-
+        completion = await self._complete(extraction.body, headers, route)
+        if isinstance(completion, Response):  # the provider's own error, unchanged
+            return completion
         verdict = None
         if self.settings.mode == "async":
-            verdict = await self.guard.check_later(extraction.rag, answer, extraction.source)
+            verdict = self.guard.check_later(review, completion)
         if verdict is None:
-            verdict = await self.guard.check(extraction.rag, answer, extraction.source)
-        if verdict["action"] == v.BLOCK:
-            completion = v.block_completion(completion, self.settings.safe_message)
+            completion, verdict = await self.guard.review(review, completion, reask=self._reask(headers, route))
         completion[OUR_FIELD] = verdict
         return JSONResponse(completion, headers=v.headers(verdict))
 
-    async def _chat_stream(self, headers: dict[str, str], content: bytes, extraction: Any,
+    async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: Review,
                            route: LitellmRoute | None) -> Response:
         if route is not None:
             source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
             close = _nothing
         else:
-            opened = self.upstream.open("POST", "chat/completions", headers, content)
+            opened = self.upstream.open("POST", "chat/completions", headers, json.dumps(extraction.body).encode())
             response = await opened.__aenter__()
             if response.status_code >= 400:
                 data = await response.aread()
@@ -160,14 +198,17 @@ class Proxy:
         answer = StreamedAnswer()
         mode = self.settings.stream_mode
 
-        if mode == "buffer":  # collect everything, check, then send: the only stream mode that can block
+        if mode == "buffer":  # collect everything, review, then send: the only stream mode that can change the answer
             try:
                 payloads = [p async for p in _chunks(source, answer)]
             finally:
                 await close()
-            verdict = await self.guard.check(extraction.rag, answer.text, extraction.source)
-            if verdict["action"] == v.BLOCK:
-                out = [sse(c) for c in answer.replacement_chunks(self.settings.safe_message, "content_filter")]
+            original = answer.as_completion()
+            reviewed, verdict = await self.guard.review(review, original, reask=self._reask(headers, route))
+            text = answer_of(reviewed)
+            if text != answer.text:
+                finish = reviewed["choices"][0].get("finish_reason") or "stop"
+                out = [sse(c) for c in answer.replacement_chunks(text, finish)]
             else:
                 out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
             out += [sse(answer.verdict_chunk(verdict)), DONE]
@@ -179,12 +220,9 @@ class Proxy:
                     yield b"data: " + payload.encode() + b"\n\n"
             finally:
                 await close()
-            if mode == "async":
-                verdict = await self.guard.check_later(extraction.rag, answer.text, extraction.source)
-            else:
-                verdict = None
+            verdict = self.guard.check_later(review, answer.as_completion()) if mode == "async" else None
             if verdict is None:
-                verdict = await self.guard.check(extraction.rag, answer.text, extraction.source, can_block=False)
+                _, verdict = await self.guard.review(review, answer.as_completion(), can_change=False)
             yield sse(answer.verdict_chunk(verdict))
             yield DONE
 
@@ -194,7 +232,7 @@ class Proxy:
         """Any other /v1 path: bytes through, status and headers kept, streaming included."""
         body = await self._read_body(request)
         headers = self.upstream.headers_for(request.headers)
-        path = request.url.path.removeprefix("/v1/")
+        path = request.path_params["path"]
         opened: AbstractAsyncContextManager[httpx.Response] = self.upstream.open(
             request.method, path, headers, body or None, params=request.query_params)
         response = await opened.__aenter__()

@@ -55,6 +55,12 @@ class StreamedAnswer:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": choices, **extra}
 
+    def as_completion(self) -> dict[str, Any]:
+        """The assembled answer as a non-streamed completion, for review."""
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
+                             "finish_reason": "stop"}]}
+
     def verdict_chunk(self, verdict: dict[str, Any]) -> dict[str, Any]:
         """One extra chunk with no choices (clients skip it like a usage chunk) carrying the verdict."""
         return self.chunk([], morphguard=verdict)

@@ -63,13 +63,16 @@ def proxy_factory(provider, tmp_path_factory):
     """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def make(judge_model: str = "openai/judge", **proxy: object) -> str:
+    def make(judge_model: str = "openai/judge", policy: dict | None = None, **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
+        policy = dict(policy or {})
+        policy["audit"] = {"path": str(folder / "audit.db"), **policy.get("audit", {})}
         config = {
             "judge": {"model": judge_model, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
             "metarag": {"profile": "paper" if judge_model != "local" else "embedded"},
             "proxy": {"upstream": upstream, **proxy},
+            "policy": policy,
         }
         (folder / "config.yaml").write_text(yaml.safe_dump(config))
         port = free_port()
@@ -77,7 +80,10 @@ def proxy_factory(provider, tmp_path_factory):
                          "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log",
                         timeout=300)
         started.append(process)
+        make.folders[f"http://127.0.0.1:{port}"] = folder
         return f"http://127.0.0.1:{port}"
+
+    make.folders = {}  # base URL → the proxy's folder (config, log, audit.db)
 
     yield make
     for process in started:

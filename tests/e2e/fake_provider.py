@@ -1,11 +1,16 @@
 """A scripted OpenAI-compatible provider, run as its own process: `python -m tests.e2e.fake_provider PORT`.
 
 It stands in for a paid API in two roles, told apart by the request:
-- the RAG model: the `model` name picks the answer ("faithful", "hallucinated") or a failure
-  ("fail-400", "fail-500", "slow");
+- the RAG model: the `model` name picks the answer ("faithful", "hallucinated", "refugee") or a failure
+  ("fail-400", "fail-500", "slow"); a request that ends with the proxy's regeneration instruction gets
+  the faithful answer;
 - the judge: MetaRAG's prompts are answered by a lexical rule (a statement is supported when the
-  passages contain it word for word), so verdicts are exact and known in advance.
-Every chat request body is kept and served back at GET /_requests.
+  passages contain it word for word), so verdicts are exact and known in advance. Statements with
+  "automatically" get NOT SURE except the second antonym (NO): a score of exactly 0.375. The judge
+  models "slow-judge" (3 s per call) and "broken-judge" (HTTP 400) make checks fail.
+Every chat request body is kept and served back at GET /_requests. It also receives escalation
+webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503);
+GET /_webhooks lists what arrived.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from starlette.routing import Route
 ANSWERS = {
     "faithful": "Ibuprofen is contraindicated in the third trimester of pregnancy.",
     "hallucinated": "Ibuprofen is safe throughout pregnancy.",
+    "refugee": "Refugees automatically receive protection.",
 }
+REGENERATE_MARK = "Answer again using only the retrieved context"
+webhooks: list[dict] = []
 received: list[dict] = []
 attempts: dict[str, int] = {}
 
@@ -44,6 +52,8 @@ def _judge(system: str, user: str) -> str | None:
         return json.dumps({"statements": [f"A{i}: {_tag(user, 'statement')}" for i in (1, 2)]})
     if "reference passages" in system:
         statement = _tag(user, "statement")
+        if "automatically" in statement:
+            return json.dumps({"verdict": "NO" if statement.startswith("A2") else "NOT SURE"})
         claim = re.sub(r"^[SA]\d: ", "", statement).rstrip(".").lower()
         supported = claim in _tag(user, "passages").lower()
         if statement.startswith("A"):
@@ -67,7 +77,14 @@ async def chat(request: Request) -> Response:
     judged = _judge(system if isinstance(system, str) else "", messages[-1].get("content") or "")
     model = body.get("model", "")
     if judged is not None:
+        if model == "broken-judge":
+            return JSONResponse({"error": {"message": "judge rejected", "type": "invalid_request_error"}},
+                                status_code=400)
+        if model == "slow-judge":
+            await asyncio.sleep(3)
         return JSONResponse(_completion(model, judged))
+    if REGENERATE_MARK in str(messages[-1].get("content")):
+        return JSONResponse(_completion(model, ANSWERS["faithful"]))
     if model == "fail-400":
         return JSONResponse({"error": {"message": "model rejected", "type": "invalid_request_error",
                                        "param": "model", "code": "model_not_found"}}, status_code=400)
@@ -112,11 +129,26 @@ async def requests_seen(request: Request) -> Response:
     return JSONResponse(received)
 
 
+async def webhook(request: Request) -> Response:
+    kind = request.path_params["kind"]
+    attempts[kind] = attempts.get(kind, 0) + 1
+    if kind == "down" or (kind == "flaky" and attempts[kind] <= 2):
+        return JSONResponse({"error": "unavailable"}, status_code=503)
+    webhooks.append({"kind": kind, "attempt": attempts[kind], "body": json.loads(await request.body())})
+    return JSONResponse({"ok": True})
+
+
+async def webhooks_seen(request: Request) -> Response:
+    return JSONResponse(webhooks)
+
+
 app = Starlette(routes=[
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/models", models),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/_requests", requests_seen),
+    Route("/_webhook/{kind}", webhook, methods=["POST"]),
+    Route("/_webhooks", webhooks_seen),
 ])
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def annotate_proxy(proxy_factory) -> str:
 
 @pytest.fixture(scope="module")
 def block_proxy(proxy_factory) -> str:
-    return proxy_factory(on_flagged="block", stream_mode="buffer",
+    return proxy_factory(policy={"profiles": {"general": {"action": "block", "topics": {}}}}, stream_mode="buffer",
                          upstream={"api_key": "sk-upstream-secret"}, keys=["mg-key-1", "mg-key-2"])
 
 
@@ -51,7 +51,8 @@ def test_explicit_context_is_checked_and_stripped_before_forwarding(annotate_pro
         **ask("faithful"), extra_body={"morphguard": {"context": [PASSAGE], "topic": "pregnancy"}})
     verdict = verdict_of(completion)
     assert verdict["checked"] and verdict["context_source"] == "explicit"
-    assert verdict["score"] == 0.0 and not verdict["flagged"] and verdict["action"] == "annotate"
+    assert verdict["score"] == 0.0 and not verdict["flagged"] and verdict["action"] == "pass"
+    assert (verdict["profile"], verdict["topic"], verdict["threshold"]) == ("general", "pregnancy", 0.3)
     assert completion.choices[0].message.content == PASSAGE
     assert completion.system_fingerprint == "fp_fake_unknown_field_kept"  # unknown fields survive
     rag_calls = [r for r in upstream_requests(provider) if r["body"]["model"] == "faithful"]
@@ -86,7 +87,8 @@ def test_tagged_context_blocks_are_found(annotate_proxy):
 
 def test_without_context_the_answer_is_passed_and_says_so(annotate_proxy):
     completion = client(annotate_proxy).chat.completions.create(**ask("hallucinated"))
-    assert verdict_of(completion) == {"checked": False, "reason": "no_context", "action": "pass"}
+    verdict = verdict_of(completion)
+    assert (verdict["checked"], verdict["reason"], verdict["action"]) == (False, "no_context", "pass")
 
 
 def test_async_client_works_through_the_proxy(annotate_proxy):
@@ -210,10 +212,12 @@ def test_async_mode_answers_at_once_and_checks_in_the_background(async_proxy, pr
     c = client(async_proxy)
     before = judge_calls(provider)
     completion = c.chat.completions.create(**ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE}})
-    assert verdict_of(completion) == {"checked": False, "reason": "queued", "action": "pass", "mode": "async"}
+    verdict = verdict_of(completion)
+    assert (verdict["checked"], verdict["reason"], verdict["action"]) == (False, "queued", "pass")
     assert completion.choices[0].message.content == "Ibuprofen is safe throughout pregnancy."
+    # another passage, so the judge's response cache cannot answer the second check from the first
     stream = c.chat.completions.create(**ask("hallucinated", stream=True),
-                                       extra_body={"morphguard": {"context": PASSAGE}})
+                                       extra_body={"morphguard": {"context": PASSAGE + " Ask a doctor."}})
     assert list(stream)[-1].model_extra["morphguard"]["reason"] == "queued"
     deadline = time.monotonic() + 120  # a bounded wait for the background checks, not a timing claim
     while judge_calls(provider) < before + 8 and time.monotonic() < deadline:  # 2 checks x 4 variants

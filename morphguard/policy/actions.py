@@ -1,0 +1,109 @@
+"""What an action does to a chat completion. Pure functions over the completion's JSON; the proxy calls them.
+
+`pass` and `annotate` leave the answer as it is (the verdict travels beside it); `highlight` marks the
+flagged spans; `cite` appends, for each flagged statement, what the context says about it; `block` swaps
+the answer for the safe message; `regenerate` is a loop the proxy runs with `regeneration_body`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from morphguard.config import PolicySettings
+from morphguard.detectors.spans import content_words
+from morphguard.models import Decision, Detection, Factoid
+
+_SENTENCES = re.compile(r"[^.!?\n]+[.!?]*")
+
+
+def answer_of(completion: dict[str, Any]) -> str:
+    try:
+        return completion["choices"][0]["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
+def with_answer(completion: dict[str, Any], text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    """The same completion with the first choice's text replaced (and its finish reason, when given)."""
+    out = copy.deepcopy(completion)
+    choices = out.get("choices") or [{"index": 0}]
+    first = choices[0]
+    first["message"] = {**(first.get("message") or {}), "role": "assistant", "content": text}
+    if finish_reason:
+        first["finish_reason"] = finish_reason
+    out["choices"] = [first, *choices[1:]]
+    return out
+
+
+def flagged_factoids(detection: Detection, threshold: float) -> list[Factoid]:
+    return [f for f in detection.factoids if f.score >= threshold]
+
+
+def highlight(text: str, factoids: Sequence[Factoid], open_mark: str, close_mark: str) -> str:
+    """Wrap each flagged factoid's span of the answer in the markers; overlapping spans are merged."""
+    spans = sorted((f.start, f.end) for f in factoids if f.start is not None and f.end is not None and f.end > f.start)
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    out, cursor = [], 0
+    for start, end in merged:
+        out += [text[cursor:start], open_mark, text[start:end], close_mark]
+        cursor = end
+    return "".join(out) + text[cursor:]
+
+
+def evidence_for(statement: str, passages: Sequence[str]) -> tuple[int, str] | None:
+    """(passage number, sentence) of the context sentence sharing most content words with the statement."""
+    wanted = content_words(statement)
+    best: tuple[float, int, str] | None = None
+    for number, passage in enumerate(passages, 1):
+        for match in _SENTENCES.finditer(passage):
+            sentence = match.group().strip()
+            shared = len(wanted & content_words(sentence))
+            share = shared / len(wanted) if wanted else 0.0
+            if shared >= 2 or share >= 0.5:
+                if best is None or share > best[0]:
+                    best = (share, number, sentence)
+    return (best[1], best[2]) if best else None
+
+
+def citations(factoids: Sequence[Factoid], passages: Sequence[str]) -> str:
+    lines = ["", "", "Checked against the sources:"]
+    for factoid in factoids:
+        found = evidence_for(factoid.text, passages)
+        if found:
+            number, sentence = found
+            lines.append(f'- "{factoid.text}": source [{number}] says "{sentence}"')
+        else:
+            lines.append(f'- "{factoid.text}": no retrieved source supports this.')
+    return "\n".join(lines)
+
+
+def apply(completion: dict[str, Any], decision: Decision, detection: Detection | None, passages: Sequence[str],
+          settings: PolicySettings) -> dict[str, Any]:
+    """The completion as the client should see it after `decision.action` (regenerate already carried out)."""
+    if decision.action == "block":
+        return with_answer(completion, decision.safe_message, "content_filter")
+    if detection is None or decision.action not in ("highlight", "cite"):
+        return completion
+    flagged = flagged_factoids(detection, decision.threshold)
+    text = answer_of(completion)
+    if decision.action == "highlight":
+        return with_answer(completion, highlight(text, flagged, settings.highlight.open, settings.highlight.close))
+    return with_answer(completion, text + citations(flagged, passages))
+
+
+def regeneration_body(body: dict[str, Any], detection: Detection, threshold: float,
+                      settings: PolicySettings) -> dict[str, Any]:
+    """The original request plus one system message naming the unsupported statements."""
+    claims = "; ".join(f'"{f.text}"' for f in flagged_factoids(detection, threshold)) or "(unspecified)"
+    instruction = settings.regenerate.instruction.replace("{claims}", claims)
+    retry = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "n")}
+    retry["messages"] = [*body.get("messages", []), {"role": "system", "content": instruction}]
+    return retry

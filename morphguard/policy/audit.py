@@ -1,0 +1,173 @@
+"""The audit trail: one SQLite row per decision, and the escalations that could not be delivered.
+
+SQLite in WAL mode: readers (`morphguard audit`) never block the proxy's writes. Question, answer and
+context are stored in full, as SHA-256 hashes, or not at all (`policy.audit.store_text`).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from morphguard.config import AuditSettings
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    trace_id TEXT,
+    profile TEXT NOT NULL,
+    route TEXT,
+    model TEXT,
+    topic TEXT NOT NULL,
+    checked INTEGER NOT NULL,
+    score REAL,
+    threshold REAL NOT NULL,
+    flagged INTEGER NOT NULL,
+    action TEXT NOT NULL,
+    escalated INTEGER NOT NULL,
+    reason TEXT,
+    detector TEXT,
+    factoids TEXT NOT NULL,
+    cost TEXT,
+    question TEXT,
+    answer TEXT,
+    context TEXT
+);
+CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
+CREATE TABLE IF NOT EXISTS undelivered_escalations (
+    id INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    payload TEXT NOT NULL
+);
+"""
+
+COLUMNS = ("id", "time", "request_id", "trace_id", "profile", "route", "model", "topic", "checked", "score",
+           "threshold", "flagged", "action", "escalated", "reason", "detector", "factoids", "cost", "question",
+           "answer", "context")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class AuditStore:
+    def __init__(self, settings: AuditSettings) -> None:
+        self.settings = settings
+        self.path = Path(settings.path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # one connection shared by the proxy's worker threads
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def _text(self, value: str | None) -> str | None:
+        if value is None or self.settings.store_text == "none":
+            return None
+        if self.settings.store_text == "hash":
+            return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+        return value
+
+    def record(self, entry: dict[str, Any]) -> int:
+        """Write one decision; text fields are stored as configured. Returns the row id."""
+        row = {**entry, "time": entry.get("time") or now(),
+               "question": self._text(entry.get("question")), "answer": self._text(entry.get("answer")),
+               "context": self._text(entry.get("context")),
+               "factoids": json.dumps(entry.get("factoids") or []),
+               "cost": json.dumps(entry["cost"]) if entry.get("cost") is not None else None}
+        names = [c for c in COLUMNS if c != "id"]
+        with self._lock:
+            cursor = self._db.execute(
+                f"INSERT INTO decisions ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [_sql(row.get(c)) for c in names])
+        return int(cursor.lastrowid or 0)
+
+    def undelivered(self, request_id: str, payload: dict[str, Any], error: str, attempts: int) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO undelivered_escalations (time, request_id, attempts, error, payload) "
+                             "VALUES (?, ?, ?, ?, ?)", (now(), request_id, attempts, error, json.dumps(payload)))
+
+    def undelivered_escalations(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT time, request_id, attempts, error, payload FROM undelivered_escalations "
+                                    "ORDER BY id").fetchall()
+        return [{"time": t, "request_id": r, "attempts": a, "error": e, "payload": json.loads(p)}
+                for t, r, a, e, p in rows]
+
+    def query(self, *, flagged: bool | None = None, topic: str | None = None, since: str | None = None,
+              until: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        clauses, args = [], []
+        if flagged is not None:
+            clauses.append("flagged = ?")
+            args.append(int(flagged))
+        if topic:
+            clauses.append("topic = ?")
+            args.append(topic)
+        if since:
+            clauses.append("time >= ?")
+            args.append(since)
+        if until:
+            clauses.append("time < ?")
+            args.append(until)
+        sql = "SELECT * FROM decisions" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [_row(dict(zip(COLUMNS, r))) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _sql(value: Any) -> Any:
+    return int(value) if isinstance(value, bool) else value
+
+
+def _row(raw: dict[str, Any]) -> dict[str, Any]:
+    for key in ("checked", "flagged", "escalated"):
+        raw[key] = bool(raw[key])
+    raw["factoids"] = json.loads(raw["factoids"])
+    raw["cost"] = json.loads(raw["cost"]) if raw["cost"] else None
+    return raw
+
+
+def to_jsonl(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
+    for row in rows:
+        yield json.dumps(row, ensure_ascii=False) + "\n"
+
+
+def to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+    return out.getvalue()
+
+
+def parse_time(text: str) -> str:
+    """An ISO date or time, or a relative age like 30m, 24h, 7d, as the UTC ISO string the table stores."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units and text[:-1].isdigit():
+        moment = time.time() - int(text[:-1]) * units[text[-1]]
+        return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="milliseconds")
+    parsed = datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc).isoformat(timespec="milliseconds")

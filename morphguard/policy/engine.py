@@ -1,0 +1,120 @@
+"""From a detection to a decision: the route's profile, the request's topic, that topic's threshold and action.
+
+Several topics can match one request; the strictest rule among them applies (lowest threshold, then the
+strongest action), so a question about pregnancy and employment gets the care of the stricter one.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+from morphguard.config import Action, PolicySettings, RouteRule
+from morphguard.models import Decision, Detection, RagInput
+from morphguard.policy.topics import TopicTagger
+
+ACTIONS: tuple[Action, ...] = ("pass", "annotate", "highlight", "cite", "regenerate", "block")  # weakest first
+GENERAL = "general"
+_NAME = re.compile(r"[^\w.-]+")
+
+
+@dataclass(frozen=True)
+class Rule:
+    threshold: float
+    action: Action
+    escalate: bool
+    safe_message: str
+
+
+@dataclass
+class RequestFacts:
+    """What routing may look at. Header names are lower case."""
+
+    api_key: str | None = None
+    model: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    path_prefix: str = ""
+    requested_profile: str | None = None
+    requested_topic: str | None = None
+
+
+def _clean(name: str | None) -> str | None:
+    """A client-given name reduced to a short, safe label for logs, spans and the audit trail."""
+    if not isinstance(name, str):
+        return None
+    cleaned = _NAME.sub("-", name.strip().lower())[:64].strip("-")
+    return cleaned or None
+
+
+class PolicyEngine:
+    def __init__(self, settings: PolicySettings) -> None:
+        self.settings = settings
+        self.tagger = TopicTagger(settings.topics)
+
+    def profile_for(self, facts: RequestFacts) -> str:
+        requested = _clean(facts.requested_profile)
+        if self.settings.request_override and requested in self.settings.profiles:
+            return requested  # type: ignore[return-value]
+        for route in self.settings.routes:
+            if self._matches(route, facts):
+                return route.profile
+        return self.settings.default_profile
+
+    @staticmethod
+    def _matches(route: RouteRule, facts: RequestFacts) -> bool:
+        if route.api_keys and not (facts.api_key and any(
+                hmac.compare_digest(facts.api_key.encode(), k.get_secret_value().encode()) for k in route.api_keys)):
+            return False
+        if route.models and not (facts.model and any(fnmatchcase(facts.model, m) for m in route.models)):
+            return False
+        if any(facts.headers.get(name.lower()) != value for name, value in route.headers.items()):
+            return False
+        if route.path_prefix is not None and facts.path_prefix.rstrip("/") != route.path_prefix.rstrip("/"):
+            return False
+        return True
+
+    def rule(self, profile: str, topic: str) -> Rule:
+        p = self.settings.profiles[profile]
+        t = p.topics.get(topic)
+        return Rule(
+            threshold=t.threshold if t and t.threshold is not None else p.threshold,
+            action=t.action if t and t.action else p.action,
+            escalate=t.escalate if t and t.escalate is not None else p.escalate,
+            safe_message=(t and t.safe_message) or p.safe_message or self.settings.safe_message,
+        )
+
+    def topic_for(self, profile: str, rag: RagInput | None, requested: str | None = None) -> str:
+        """The explicit topic when the request names one, else the strictest of the tagged topics."""
+        explicit = _clean(requested)
+        if explicit:
+            return explicit
+        candidates = self.tagger.tag(rag) if rag else []
+        if not candidates:
+            return GENERAL
+        return min(candidates, key=lambda t: (self.rule(profile, t).threshold,
+                                              -ACTIONS.index(self.rule(profile, t).action)))
+
+    def decide(self, profile: str, topic: str, detection: Detection) -> Decision:
+        rule = self.rule(profile, topic)
+        flagged = detection.score >= rule.threshold
+        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=flagged,
+                        action=rule.action if flagged else "pass", escalate=flagged and rule.escalate,
+                        safe_message=rule.safe_message)
+
+    def failed(self, profile: str, topic: str, reason: str) -> Decision:
+        """The check could not be made (error, timeout): fail open (pass unchecked) or closed (block)."""
+        rule = self.rule(profile, topic)
+        mode = self.settings.profiles[profile].on_error
+        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False,
+                        action="pass" if mode == "fail_open" else "block", escalate=rule.escalate,
+                        safe_message=rule.safe_message, reason=f"{mode}: {reason}")
+
+    def unchecked(self, profile: str, topic: str, reason: str) -> Decision:
+        rule = self.rule(profile, topic)
+        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False, action="pass",
+                        safe_message=rule.safe_message, reason=reason)
+
+    def budget_s(self, profile: str) -> float | None:
+        return self.settings.profiles[profile].latency_budget_s

@@ -1,0 +1,88 @@
+"""Topics, the engine's choice of rule, the text actions and the audit store, without a proxy."""
+
+import sqlite3
+
+import pytest
+
+from morphguard.config import AuditSettings, PolicySettings
+from morphguard.models import Detection, Factoid, RagInput
+from morphguard.policy import actions, audit
+from morphguard.policy.engine import PolicyEngine, RequestFacts
+
+
+def engine(**policy) -> PolicyEngine:
+    return PolicyEngine(PolicySettings.model_validate(policy))
+
+
+def test_default_tagger_finds_subjects_in_question_and_context():
+    e = engine()
+    rag = RagInput(question="Can I keep my residence permit if I lose my job?",
+                   passages=["Holders of a work-based permit must register as unemployed within 14 days."])
+    assert set(e.tagger.tag(rag)) >= {"migration", "employment"}
+    assert e.tagger.topics("What is the capital of France?") == []
+    assert e.tagger.topics("Is it safe in the second TRIMESTER?") == ["pregnancy"]  # case and endings
+
+
+def test_the_strictest_matching_topic_rule_applies():
+    e = engine(profiles={"general": {"threshold": 0.5, "topics": {
+        "pregnancy": {"threshold": 0.3, "action": "annotate"}, "healthcare": {"threshold": 0.3, "action": "block"},
+        "finance": {"threshold": 0.4}}}})
+    rag = RagInput(question="Which dose of ibuprofen is allowed in pregnancy, and does insurance pay?", passages=[])
+    assert e.topic_for("general", rag) == "healthcare"  # same threshold as pregnancy, stronger action
+    assert e.topic_for("general", rag, requested="Finance ") == "finance"  # explicit wins, cleaned
+    assert e.topic_for("general", RagInput(question="Hello", passages=[])) == "general"
+
+
+def test_route_rules_need_every_condition_and_the_first_match_wins():
+    e = engine(profiles={"general": {}, "a": {}, "b": {}},
+               routes=[{"profile": "a", "models": ["gpt-4*"], "headers": {"x-team": "care"}},
+                       {"profile": "b", "api_keys": ["key-b"]}])
+    assert e.profile_for(RequestFacts(model="gpt-4o", headers={"x-team": "care"})) == "a"
+    assert e.profile_for(RequestFacts(model="gpt-4o")) == "general"
+    assert e.profile_for(RequestFacts(api_key="key-b", model="gpt-4o", headers={"x-team": "care"})) == "a"
+    assert e.profile_for(RequestFacts(api_key="key-b")) == "b"
+    assert e.profile_for(RequestFacts(requested_profile="b")) == "general"  # not allowed unless configured
+
+
+def test_request_override_only_when_enabled_and_only_known_profiles():
+    e = engine(profiles={"general": {}, "b": {}}, request_override=True)
+    assert e.profile_for(RequestFacts(requested_profile="b")) == "b"
+    assert e.profile_for(RequestFacts(requested_profile="nope")) == "general"
+
+
+def test_config_rejects_unknown_profiles_and_topics():
+    with pytest.raises(ValueError, match="no profile named 'x'"):
+        PolicySettings.model_validate({"routes": [{"profile": "x"}]})
+    with pytest.raises(ValueError, match="unknown topic 'astrology'"):
+        PolicySettings.model_validate({"profiles": {"general": {"topics": {"astrology": {"threshold": 0.1}}}}})
+
+
+def test_decision_uses_the_policy_threshold_not_the_detectors():
+    e = engine()
+    detection = Detection(detector="metarag", score=0.4, threshold=0.5, flagged=False)
+    assert e.decide("general", "legal", detection).flagged
+    assert not e.decide("general", "general", detection).flagged
+
+
+def test_highlight_merges_overlapping_spans_and_skips_unplaced_factoids():
+    text = "Alpha beta gamma delta."
+    factoids = [Factoid(text="a", start=0, end=10, score=1), Factoid(text="b", start=6, end=16, score=1),
+                Factoid(text="c", score=1)]
+    assert actions.highlight(text, factoids, "<", ">") == "<Alpha beta gamma> delta."
+
+
+def test_audit_hashes_text_by_default_and_filters(tmp_path):
+    store = audit.AuditStore(AuditSettings(path=str(tmp_path / "a.db")))
+    base = {"request_id": "r1", "profile": "general", "topic": "legal", "checked": True, "score": 0.7,
+            "threshold": 0.3, "flagged": True, "action": "annotate", "escalated": False, "answer": "secret answer"}
+    store.record(base)
+    store.record({**base, "request_id": "r2", "flagged": False, "topic": "general"})
+    rows = store.query(flagged=True)
+    assert [r["request_id"] for r in rows] == ["r1"]
+    assert rows[0]["answer"].startswith("sha256:") and "secret" not in rows[0]["answer"]
+    assert [r["request_id"] for r in store.query(topic="general")] == ["r2"]
+    assert store.query(since=audit.parse_time("1h"), until=audit.parse_time("2999-01-01")) != []
+    assert store.query(until=audit.parse_time("2000-01-01")) == []
+    store.close()
+    mode = sqlite3.connect(tmp_path / "a.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"

@@ -229,6 +229,21 @@ class PolicySettings(_Section):
         return self
 
 
+class TelemetrySettings(_Section):
+    """OpenTelemetry export. OTEL_* environment variables apply where a field is left unset."""
+
+    exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = "none"
+    endpoint: str | None = None  # None: OTEL_EXPORTER_OTLP_ENDPOINT, else the exporter's default
+    headers: dict[str, SecretStr] = {}  # e.g. an API key for a hosted backend; never recorded
+    service_name: str | None = None  # None: OTEL_SERVICE_NAME, else "morphguard"
+    sampling_ratio: float | None = Field(None, ge=0.0, le=1.0)  # None: OTEL_TRACES_SAMPLER*, else all
+    metrics: bool = True
+    metric_interval_s: float = Field(15.0, gt=0)
+    capture_content: bool = False  # prompts, answers and context in span attributes: opt-in
+    openinference: bool = False  # also OpenInference attributes, for Arize Phoenix
+    upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream
+
+
 class Config(_Section):
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
@@ -236,6 +251,7 @@ class Config(_Section):
     metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

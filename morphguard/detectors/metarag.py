@@ -17,10 +17,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from morphguard import telemetry
 from morphguard.config import MetaRAGSettings
 from morphguard.detectors import scoring
 from morphguard.detectors.prompts import as_data, render
@@ -38,6 +39,7 @@ from morphguard.models import (
     VariantKind,
     Verdict,
 )
+from morphguard.telemetry import names
 
 T = TypeVar("T")
 
@@ -83,12 +85,18 @@ class _Meter:
 
     stages: dict[str, StageCost] = field(default_factory=dict)
 
-    async def run(self, stage: str, work: Awaitable[T]) -> T:
+    async def run(self, stage: str, work: Callable[[], Awaitable[T]]) -> T:
+        """Run one stage inside its span; `work` is called there, so the calls it starts are its children."""
         started = time.perf_counter()
-        try:
-            return await work
-        finally:
-            self.stages.setdefault(stage, StageCost()).seconds += time.perf_counter() - started
+        with telemetry.stage_span(stage) as span:
+            try:
+                return await work()
+            finally:
+                cost = self.stages.setdefault(stage, StageCost())
+                cost.seconds += time.perf_counter() - started
+                span.set_attribute(names.STAGE_CALLS, cost.llm_calls)
+                span.set_attribute(names.INPUT_TOKENS, cost.input_tokens)
+                span.set_attribute(names.OUTPUT_TOKENS, cost.output_tokens)
 
     def count(self, stage: str, completion: Completion) -> Completion:
         cost = self.stages.setdefault(stage, StageCost())
@@ -127,15 +135,15 @@ class MetaRAG:
         meter = _Meter()
         stats = DetectionStats()
 
-        statements = await meter.run("decompose", self._decompose(rag.question, answer, meter))
+        statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
         mutations = await meter.run(
-            "mutate", asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
+            "mutate", lambda: asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
         )
         passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(rag.passages, 1))
         verified = await meter.run(
             "verify",
-            asyncio.gather(*(asyncio.gather(*(self._verify(passages, kind, text, meter) for kind, text in variants))
+            lambda: asyncio.gather(*(asyncio.gather(*(self._verify(passages, kind, text, meter) for kind, text in variants))
                              for variants in mutations)),
         )
 

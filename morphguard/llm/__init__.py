@@ -18,7 +18,7 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
     if LOCAL_MODEL in {m or judge.model for m in (*models, judge.model)}:
         base_url = shared_judge(config.local).start()
         # llama.cpp serves one model whatever name it is asked for; "openai/" makes litellm speak its API.
-        routes[LOCAL_MODEL] = Endpoint("openai/" + config.local.filename, base_url, "no-key")
+        routes[LOCAL_MODEL] = Endpoint("openai/" + config.local.filename, base_url, "no-key", provider="llama.cpp")
     return LLMClient(
         default_model=judge.model,
         routes=routes,

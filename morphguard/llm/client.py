@@ -14,7 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from morphguard import telemetry
 
 from morphguard.errors import LLMError, LLMTimeoutError
 
@@ -53,6 +56,11 @@ class Endpoint:
     model: str
     api_base: str | None = None
     api_key: str | None = None
+    provider: str | None = None  # gen_ai.provider.name; None: the litellm prefix ("openai/..." → openai)
+
+    @property
+    def provider_name(self) -> str:
+        return self.provider or (self.model.split("/", 1)[0] if "/" in self.model else "openai")
 
 
 @dataclass
@@ -166,26 +174,46 @@ class LLMClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
+        """One call inside its GenAI client span (a child of the current stage's span)."""
+        async with self._limit():
+            span = telemetry.start_chat_span(request["model"], endpoint.provider_name, "judge", request["messages"])
+            started = time.perf_counter()
+            try:
+                with trace.use_span(span, end_on_exit=True):
+                    completion = await self._request(request, endpoint)
+                    telemetry.record_chat(
+                        span, provider=endpoint.provider_name, role="judge", request_model=request["model"],
+                        response_model=completion.model, input_tokens=completion.input_tokens,
+                        output_tokens=completion.output_tokens, seconds=completion.seconds,
+                        output_text=completion.text)
+                    return completion
+            except Exception as exc:
+                telemetry.record_chat(span, provider=endpoint.provider_name, role="judge",
+                                      request_model=request["model"], response_model=None, input_tokens=None,
+                                      output_tokens=None, seconds=time.perf_counter() - started,
+                                      error=type(exc).__name__)
+                raise
+
+    async def _request(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
         import litellm
 
         started = time.perf_counter()
-        async with self._limit():
-            try:
-                response = await asyncio.wait_for(
-                    litellm.acompletion(
-                        **request,
-                        api_base=endpoint.api_base,
-                        api_key=endpoint.api_key,
-                        timeout=self.timeout_s,
-                        num_retries=0,
-                    ),
+        try:
+            response = await asyncio.wait_for(
+                litellm.acompletion(
+                    **request,
+                    api_base=endpoint.api_base,
+                    api_key=endpoint.api_key,
                     timeout=self.timeout_s,
-                )
-            except Exception as exc:  # classify provider errors as retryable or final
-                if _is_transient(exc):
-                    log.warning("transient LLM failure from %s: %s", endpoint.model, type(exc).__name__)
-                    raise TransientLLMError(_safe_message(exc)) from exc
-                raise LLMError(f"{endpoint.model}: {_safe_message(exc)}") from exc
+                    num_retries=0,
+                ),
+                timeout=self.timeout_s,
+            )
+        except Exception as exc:  # classify provider errors as retryable or final
+            if _is_transient(exc):
+                log.warning("transient LLM failure from %s: %s", endpoint.model, type(exc).__name__)
+                raise TransientLLMError(_safe_message(exc)) from exc
+            raise LLMError(f"{endpoint.model}: {_safe_message(exc)}") from exc
         seconds = time.perf_counter() - started
         choice = response.choices[0]
         text = choice.message.content or ""

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from morphguard import telemetry
 from morphguard.config import Config, LitellmRoute
 from morphguard.detectors import Detector, build_detector
 from morphguard.proxy import verdict as v
@@ -35,6 +39,9 @@ from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.guard import Guard, Reask, Review
 from morphguard.proxy.streaming import DONE, StreamedAnswer, events, sse
 from morphguard.proxy.upstream import HOP_HEADERS, Upstream
+from morphguard.telemetry import names
+from morphguard.telemetry import setup as telemetry_setup
+from morphguard.telemetry.server import ServerSpans
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,7 @@ class Proxy:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        telemetry_setup.configure(self.config.telemetry)
         detector = self._detector or await asyncio.to_thread(build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
         self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
@@ -67,9 +75,10 @@ class Proxy:
             await self.upstream.aclose()
             if audit is not None:
                 audit.close()
+            telemetry_setup.shutdown()
 
-    def app(self) -> Starlette:
-        return Starlette(
+    def app(self) -> ServerSpans:
+        return ServerSpans(Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
@@ -81,7 +90,7 @@ class Proxy:
             ],
             exception_handlers={ProxyError: handle_proxy_error, Exception: handle_unexpected},
             lifespan=self.lifespan,
-        )
+        ))
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -133,8 +142,38 @@ class Proxy:
                       topic=topic, model=facts.model, route=facts.path_prefix)
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
-                        ) -> dict[str, Any] | Response:
-        """One non-streamed completion, or the provider's own error response unchanged."""
+                        ) -> tuple[dict[str, Any] | Response, Span, int]:
+        """One non-streamed completion (or the provider's own error response, unchanged), its GenAI span
+        (left open for the evaluation event; the caller ends it) and when the upstream answered."""
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        provider = self._provider(route)
+        span = telemetry.start_chat_span(model, provider, "upstream", body.get("messages"))
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
+                result = await self._complete_once(body, headers, route)
+        except BaseException:
+            span.end()
+            raise
+        answered = time.time_ns()
+        if isinstance(result, Response):
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
+                                  input_tokens=None, output_tokens=None, seconds=time.perf_counter() - started,
+                                  error=f"HTTP {result.status_code}")
+        else:
+            usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
+            telemetry.record_chat(
+                span, provider=provider, role="upstream", request_model=model, response_model=result.get("model"),
+                input_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"),
+                finish_reasons=[str(c.get("finish_reason")) for c in result.get("choices", []) if isinstance(c, dict)],
+                seconds=time.perf_counter() - started, output_text=answer_of(result))
+        return result, span, answered
+
+    def _provider(self, route: LitellmRoute | None) -> str:
+        return route.prefix.split("/")[0] if route else self.config.telemetry.upstream_provider
+
+    async def _complete_once(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
+                             ) -> dict[str, Any] | Response:
         if route is not None:
             return await self.adapter.complete(route, body)
         async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
@@ -150,7 +189,8 @@ class Proxy:
 
     def _reask(self, headers: dict[str, str], route: LitellmRoute | None) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
-            completion = await self._complete(body, headers, route)
+            completion, span, answered = await self._complete(body, headers, route)
+            span.end(end_time=answered)
             if isinstance(completion, Response):
                 raise upstream_unavailable(f"HTTP {completion.status_code} on regeneration")
             return completion
@@ -167,44 +207,76 @@ class Proxy:
         if body.get("stream"):
             return await self._chat_stream(headers, extraction, review, route)
 
-        completion = await self._complete(extraction.body, headers, route)
-        if isinstance(completion, Response):  # the provider's own error, unchanged
-            return completion
-        verdict = None
-        if self.settings.mode == "async":
-            verdict = self.guard.check_later(review, completion)
-        if verdict is None:
-            completion, verdict = await self.guard.review(review, completion, reask=self._reask(headers, route))
+        completion, span, answered = await self._complete(extraction.body, headers, route)
+        try:
+            if isinstance(completion, Response):  # the provider's own error, unchanged
+                return completion
+            review.chat_span = span
+            span.set_attribute(names.REQUEST_ID, review.request_id)
+            verdict = None
+            if self.settings.mode == "async":
+                verdict = self.guard.check_later(review, completion)
+            if verdict is None:
+                with trace.use_span(span, end_on_exit=False):
+                    completion, verdict = await self.guard.review(review, completion,
+                                                                  reask=self._reask(headers, route))
+        finally:
+            span.end(end_time=answered)  # the span measures the upstream call, not our check
         completion[OUR_FIELD] = verdict
         return JSONResponse(completion, headers=v.headers(verdict))
 
     async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: Review,
                            route: LitellmRoute | None) -> Response:
-        if route is not None:
-            source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
-            close = _nothing
-        else:
-            opened = self.upstream.open("POST", "chat/completions", headers, json.dumps(extraction.body).encode())
-            response = await opened.__aenter__()
-            if response.status_code >= 400:
-                data = await response.aread()
-                await opened.__aexit__(None, None, None)
-                return Response(data, response.status_code, media_type=response.headers.get("content-type"))
-            source = events(response.aiter_lines())
+        model = extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None
+        provider = self._provider(route)
+        span = telemetry.start_chat_span(model, provider, "upstream", extraction.body.get("messages"))
+        span.set_attribute(names.REQUEST_ID, review.request_id)
+        review.chat_span = span
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
+                if route is not None:
+                    source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
+                    close = _nothing
+                else:
+                    opened = self.upstream.open("POST", "chat/completions", headers,
+                                                json.dumps(extraction.body).encode())
+                    response = await opened.__aenter__()
+                    if response.status_code >= 400:
+                        data = await response.aread()
+                        await opened.__aexit__(None, None, None)
+                        span.end()
+                        return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+                    source = events(response.aiter_lines())
 
-            async def close() -> None:
-                await opened.__aexit__(None, None, None)
+                    async def close() -> None:
+                        await opened.__aexit__(None, None, None)
+        except BaseException:
+            span.end()
+            raise
 
         answer = StreamedAnswer()
         mode = self.settings.stream_mode
+
+        def answered() -> int:
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model,
+                                  response_model=answer.model or None, input_tokens=None, output_tokens=None,
+                                  finish_reasons=[answer.finish_reason] if answer.finish_reason else [],
+                                  seconds=time.perf_counter() - started, output_text=answer.text)
+            return time.time_ns()
 
         if mode == "buffer":  # collect everything, review, then send: the only stream mode that can change the answer
             try:
                 payloads = [p async for p in _chunks(source, answer)]
             finally:
                 await close()
-            original = answer.as_completion()
-            reviewed, verdict = await self.guard.review(review, original, reask=self._reask(headers, route))
+            ended = answered()
+            try:
+                with trace.use_span(span, end_on_exit=False):
+                    reviewed, verdict = await self.guard.review(review, answer.as_completion(),
+                                                                reask=self._reask(headers, route))
+            finally:
+                span.end(end_time=ended)
             text = answer_of(reviewed)
             if text != answer.text:
                 finish = reviewed["choices"][0].get("finish_reason") or "stop"
@@ -215,14 +287,20 @@ class Proxy:
             return StreamingResponse(iter(out), media_type="text/event-stream", headers=v.headers(verdict))
 
         async def relay() -> AsyncIterator[bytes]:
+            ended = None
             try:
-                async for payload in _chunks(source, answer):
-                    yield b"data: " + payload.encode() + b"\n\n"
+                try:
+                    async for payload in _chunks(source, answer):
+                        yield b"data: " + payload.encode() + b"\n\n"
+                finally:
+                    await close()
+                ended = answered()
+                verdict = self.guard.check_later(review, answer.as_completion()) if mode == "async" else None
+                if verdict is None:
+                    with trace.use_span(span, end_on_exit=False):
+                        _, verdict = await self.guard.review(review, answer.as_completion(), can_change=False)
             finally:
-                await close()
-            verdict = self.guard.check_later(review, answer.as_completion()) if mode == "async" else None
-            if verdict is None:
-                _, verdict = await self.guard.review(review, answer.as_completion(), can_change=False)
+                span.end(end_time=ended)
             yield sse(answer.verdict_chunk(verdict))
             yield DONE
 
@@ -293,5 +371,5 @@ def _parse_chat(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def create_app(config: Config, detector: Detector | None = None) -> Starlette:
+def create_app(config: Config, detector: Detector | None = None) -> ServerSpans:
     return Proxy(config, detector).app()

@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Span
+
+from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector
 from morphguard.errors import MorphguardError
@@ -43,6 +46,7 @@ class Review:
     model: str | None = None
     route: str = ""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
 
 
 @dataclass
@@ -64,7 +68,6 @@ class Guard:
         self._queue: asyncio.Queue[tuple[Review, dict[str, Any]]] = asyncio.Queue(self.settings.queue_size)
         self._workers: list[asyncio.Task[None]] = []
         self.dropped = 0
-        self.fail_opens = 0
 
     async def check(self, review: Review, answer: str) -> Checked:
         started = time.perf_counter()
@@ -80,7 +83,6 @@ class Guard:
                       else f"detector error: {exc}")
             decision = self.engine.failed(review.profile, review.topic, reason)
             if decision.action == "pass":
-                self.fail_opens += 1
                 log.warning("request %s passed unchecked (fail open): %s", review.request_id, reason)
             else:
                 log.warning("request %s blocked unchecked (fail closed): %s", review.request_id, reason)
@@ -89,25 +91,35 @@ class Guard:
         return Checked(decision, detection, (time.perf_counter() - started) * 1000)
 
     async def review(self, review: Review, completion: dict[str, Any], *, can_change: bool = True,
-                     reask: Reask | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The completion as the client gets it, and the verdict to attach."""
-        result = await self.check(review, actions.answer_of(completion))
-        attempts = 0
-        if result.decision.action == "regenerate" and can_change and reask is not None:
-            completion, result, attempts = await self._regenerate(review, completion, result, reask)
-            if attempts:  # the action taken was a regeneration, whatever the final answer scored
-                result = Checked(result.decision.model_copy(update={"action": "regenerate"}), result.detection,
-                                 result.latency_ms)
-        decision = result.decision
-        if not can_change and decision.action in _CHANGES_CONTENT:
-            note = f"{decision.action} not possible: the answer was already sent"
-            decision = decision.model_copy(update={"action": "annotate", "reason": note})
-            result = Checked(decision, result.detection, result.latency_ms)
-        checked_answer = actions.answer_of(completion)  # the audit keeps what the model said, not our rewrite
-        if decision.action != "regenerate":
-            passages = review.rag.passages if review.rag else []
-            completion = actions.apply(completion, decision, result.detection, passages, self.config.policy)
-        verdict = v.verdict(review, result, attempts)
+                     reask: Reask | None = None, mode: str = "inline") -> tuple[dict[str, Any], dict[str, Any]]:
+        """The completion as the client gets it, and the verdict to attach.
+
+        Inline, the check's span is a child of the chat span and the evaluation event goes on the chat span;
+        async, the check is the root of its own trace, linked to the chat span.
+        """
+        link = review.chat_span.get_span_context() if mode == "async" and review.chat_span else None
+        with telemetry.guardrail_span(review.request_id, mode, link_to=link) as span:
+            result = await self.check(review, actions.answer_of(completion))
+            attempts = 0
+            if result.decision.action == "regenerate" and can_change and reask is not None:
+                completion, result, attempts = await self._regenerate(review, completion, result, reask)
+                if attempts:  # the action taken was a regeneration, whatever the final answer scored
+                    result = Checked(result.decision.model_copy(update={"action": "regenerate"}), result.detection,
+                                     result.latency_ms)
+            decision = result.decision
+            if not can_change and decision.action in _CHANGES_CONTENT:
+                note = f"{decision.action} not possible: the answer was already sent"
+                decision = decision.model_copy(update={"action": "annotate", "reason": note})
+                result = Checked(decision, result.detection, result.latency_ms)
+            checked_answer = actions.answer_of(completion)  # the audit keeps what the model said, not our rewrite
+            if decision.action != "regenerate":
+                passages = review.rag.passages if review.rag else []
+                completion = actions.apply(completion, decision, result.detection, passages, self.config.policy)
+            evaluated = review.chat_span if review.chat_span is not None and review.chat_span.is_recording() else span
+            telemetry.record_check(span, evaluated, decision=decision, detection=result.detection,
+                                   question=review.rag.question if review.rag else None,
+                                   context=review.rag.passages if review.rag else None, answer=checked_answer)
+            verdict = v.verdict(review, result, attempts, trace_id=telemetry.trace_id(span))
         await self._record(review, result, checked_answer, verdict)
         return completion, verdict
 
@@ -138,7 +150,7 @@ class Guard:
     async def _record(self, review: Review, result: Checked, answer: str, verdict: dict[str, Any]) -> None:
         d, detection = result.decision, result.detection
         entry = {
-            "time": now(), "request_id": review.request_id, "trace_id": None, "profile": d.profile, "route": review.route or None,
+            "time": now(), "request_id": review.request_id, "trace_id": verdict.get("trace_id"), "profile": d.profile, "route": review.route or None,
             "model": review.model, "topic": d.topic, "checked": detection is not None,
             "score": detection.score if detection else None, "threshold": d.threshold, "flagged": d.flagged,
             "action": d.action, "escalated": d.escalate, "reason": d.reason,
@@ -163,6 +175,7 @@ class Guard:
             return v.pending(review, "no_context")
         try:
             self._queue.put_nowait((review, completion))
+            telemetry.queue_changed(+1)
         except asyncio.QueueFull:
             if self.settings.on_queue_full == "inline":
                 return None
@@ -177,8 +190,9 @@ class Guard:
     async def _work(self) -> None:
         while True:
             review, completion = await self._queue.get()
+            telemetry.queue_changed(-1)
             try:
-                _, verdict = await self.review(review, completion, can_change=False)
+                _, verdict = await self.review(review, completion, can_change=False, mode="async")
                 log.info("async check: %s", {k: verdict.get(k) for k in ("request_id", "score", "flagged", "action")})
             except Exception:
                 log.exception("async check crashed")

@@ -36,6 +36,7 @@ class StreamedAnswer:
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     parts: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
 
     def add(self, chunk: dict[str, Any]) -> None:
         self.id = chunk.get("id") or self.id
@@ -46,6 +47,8 @@ class StreamedAnswer:
                 content = (choice.get("delta") or {}).get("content")
                 if isinstance(content, str):
                     self.parts.append(content)
+                if choice.get("finish_reason"):
+                    self.finish_reason = str(choice["finish_reason"])
 
     @property
     def text(self) -> str:

@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from morphguard.proxy.guard import Checked, Review
 
 
-def verdict(review: Review, result: Checked, attempts: int = 0) -> dict[str, Any]:
+def verdict(review: Review, result: Checked, attempts: int = 0, trace_id: str | None = None) -> dict[str, Any]:
     d, detection = result.decision, result.detection
     out: dict[str, Any] = {
         "checked": detection is not None,
@@ -33,6 +33,8 @@ def verdict(review: Review, result: Checked, attempts: int = 0) -> dict[str, Any
         }
     if attempts:
         out["regenerations"] = attempts
+    if trace_id:
+        out["trace_id"] = trace_id
     return out
 
 

@@ -63,7 +63,8 @@ def proxy_factory(provider, tmp_path_factory):
     """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def make(judge_model: str = "openai/judge", policy: dict | None = None, **proxy: object) -> str:
+    def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
+             **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})
@@ -73,6 +74,7 @@ def proxy_factory(provider, tmp_path_factory):
             "metarag": {"profile": "paper" if judge_model != "local" else "embedded"},
             "proxy": {"upstream": upstream, **proxy},
             "policy": policy,
+            "telemetry": telemetry or {},
         }
         (folder / "config.yaml").write_text(yaml.safe_dump(config))
         port = free_port()

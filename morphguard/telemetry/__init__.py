@@ -1,0 +1,187 @@
+"""Spans, events and metrics for every request and every check.
+
+Instrumented code calls the helpers here; they go through the OpenTelemetry API, which does nothing
+until `telemetry.setup.configure` installs providers. Names come from `telemetry.names` only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from morphguard.telemetry import names, setup
+
+# How a policy action reads as a guardrail decision.
+DECISION_TYPE = {"pass": "allow", "annotate": "warn", "highlight": "modify", "cite": "modify",
+                 "regenerate": "modify", "block": "deny"}
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(names.TRACER_NAME)
+
+
+@cache
+def _instruments() -> dict[str, Any]:
+    meter = metrics.get_meter(names.TRACER_NAME)
+    return {
+        "tokens": meter.create_histogram(names.METRIC_TOKENS, unit="{token}",
+                                         description="Tokens per LLM call, by type (input, output)"),
+        "duration": meter.create_histogram(names.METRIC_DURATION, unit="s", description="LLM call duration"),
+        "score": meter.create_histogram(names.METRIC_SCORE, unit="1", description="Hallucination score per check"),
+        "decisions": meter.create_counter(names.METRIC_DECISIONS, unit="{decision}",
+                                          description="Policy decisions by action and topic"),
+        "queue": meter.create_up_down_counter(names.METRIC_QUEUE_DEPTH, unit="{check}",
+                                              description="Checks waiting in the async queue"),
+        "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
+                                          description="Answers passed unchecked because the check failed"),
+    }
+
+
+def trace_id(span: Span | None = None) -> str | None:
+    context = (span or trace.get_current_span()).get_span_context()
+    return f"{context.trace_id:032x}" if context.is_valid else None
+
+
+# --- GenAI client calls (upstream and judge) ---------------------------------------------------------------
+
+def start_chat_span(model: str | None, provider: str, role: str, messages: Any = None) -> Span:
+    """A GenAI client span `chat {model}`, a child of the current span; the caller ends it."""
+    attributes = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider, names.ROLE: role}
+    if model:
+        attributes[names.REQUEST_MODEL] = model
+    if setup.options.openinference:
+        attributes[names.OI_SPAN_KIND] = "LLM"
+        if model:
+            attributes[names.OI_MODEL] = model
+    if setup.options.capture_content and messages is not None:
+        attributes[names.INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
+        if setup.options.openinference:
+            attributes[names.OI_INPUT] = attributes[names.INPUT_MESSAGES]
+    return tracer().start_span(names.SPAN_CHAT.format(model=model or "unknown"), kind=SpanKind.CLIENT,
+                               attributes=attributes)
+
+
+def record_chat(span: Span, *, provider: str, role: str, request_model: str | None, response_model: str | None,
+                input_tokens: int | None, output_tokens: int | None, finish_reasons: Sequence[str] = (),
+                seconds: float, output_text: str | None = None, error: str | None = None) -> None:
+    """The response side of a chat span, and the GenAI client metrics."""
+    if response_model:
+        span.set_attribute(names.RESPONSE_MODEL, response_model)
+    if input_tokens is not None:
+        span.set_attribute(names.INPUT_TOKENS, input_tokens)
+    if output_tokens is not None:
+        span.set_attribute(names.OUTPUT_TOKENS, output_tokens)
+    if finish_reasons:
+        span.set_attribute(names.FINISH_REASONS, list(finish_reasons))
+    if setup.options.openinference:
+        if input_tokens is not None:
+            span.set_attribute(names.OI_PROMPT_TOKENS, input_tokens)
+        if output_tokens is not None:
+            span.set_attribute(names.OI_COMPLETION_TOKENS, output_tokens)
+    if setup.options.capture_content and output_text is not None:
+        span.set_attribute(names.OUTPUT_MESSAGES, json.dumps([{"role": "assistant", "content": output_text}],
+                                                             ensure_ascii=False))
+        if setup.options.openinference:
+            span.set_attribute(names.OI_OUTPUT, output_text)
+    if error:
+        span.set_status(Status(StatusCode.ERROR, error))
+    common = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider, names.ROLE: role}
+    if request_model:
+        common[names.REQUEST_MODEL] = request_model
+    instruments = _instruments()
+    instruments["duration"].record(seconds, common)
+    if input_tokens is not None:
+        instruments["tokens"].record(input_tokens, {**common, names.TOKEN_TYPE: "input"})
+    if output_tokens is not None:
+        instruments["tokens"].record(output_tokens, {**common, names.TOKEN_TYPE: "output"})
+
+
+# --- the check -----------------------------------------------------------------------------------------------
+
+@contextmanager
+def guardrail_span(request_id: str, mode: str, link_to: trace.SpanContext | None = None) -> Iterator[Span]:
+    """`apply_guardrail morphguard`: a child of the current (chat) span inline; async, the root of its own
+    trace, linked to the request's chat span (both carry the request id)."""
+    attributes = {names.OPERATION_NAME: names.OP_GUARDRAIL, names.GUARDRAIL_NAME: "morphguard",
+                  names.GUARDRAIL_TARGET: "llm_output", names.REQUEST_ID: request_id, names.CHECK_MODE: mode}
+    if setup.options.openinference:
+        attributes[names.OI_SPAN_KIND] = "GUARDRAIL"
+    if link_to is not None and link_to.is_valid:
+        from opentelemetry.context import Context
+
+        with tracer().start_as_current_span(names.SPAN_GUARDRAIL, context=Context(), links=[Link(link_to)],
+                                            attributes=attributes) as span:
+            yield span
+    else:
+        with tracer().start_as_current_span(names.SPAN_GUARDRAIL, attributes=attributes) as span:
+            yield span
+
+
+@contextmanager
+def stage_span(stage: str) -> Iterator[Span]:
+    with tracer().start_as_current_span(names.SPAN_STAGE.get(stage, stage), attributes={names.STAGE: stage}) as span:
+        yield span
+
+
+def record_check(span: Span, evaluated: Span, *, decision: Any, detection: Any | None, question: str | None = None,
+                 context: Sequence[str] | None = None, answer: str | None = None) -> None:
+    """Policy outcome on the guardrail span, factoid events, the evaluation event on `evaluated`, metrics.
+
+    `decision` is a models.Decision and `detection` a models.Detection (or None when unchecked).
+    """
+    span.set_attribute(names.PROFILE, decision.profile)
+    span.set_attribute(names.TOPIC, decision.topic)
+    span.set_attribute(names.THRESHOLD, decision.threshold)
+    span.set_attribute(names.ACTION, decision.action)
+    span.set_attribute(names.FLAGGED, decision.flagged)
+    span.set_attribute(names.GUARDRAIL_DECISION, DECISION_TYPE.get(decision.action, "allow"))
+    if decision.reason:
+        span.set_attribute(names.REASON, decision.reason)
+        span.set_attribute(names.GUARDRAIL_REASON, decision.reason)
+    capture = setup.options.capture_content
+    if capture:
+        for key, value in ((names.QUESTION, question), (names.ANSWER, answer),
+                           (names.CONTEXT, "\n\n".join(context) if context else None)):
+            if value:
+                span.set_attribute(key, value)
+    instruments = _instruments()
+    instruments["decisions"].add(1, {names.ACTION: decision.action, names.TOPIC: decision.topic,
+                                     names.PROFILE: decision.profile})
+    if detection is None:
+        if decision.reason and decision.reason.startswith("fail_open"):
+            instruments["fail_open"].add(1, {names.PROFILE: decision.profile, names.TOPIC: decision.topic})
+        return
+    span.set_attribute(names.DETECTOR, detection.detector)
+    span.set_attribute(names.SCORE, detection.score)
+    span.set_attribute(names.FACTOIDS, len(detection.factoids))
+    instruments["score"].record(detection.score, {names.DETECTOR: detection.detector, names.TOPIC: decision.topic})
+    for factoid in detection.factoids:
+        event = {names.FACTOID_SCORE: factoid.score, names.FACTOID_FLAGGED: factoid.score >= decision.threshold}
+        if factoid.start is not None and factoid.end is not None:
+            event |= {names.FACTOID_START: factoid.start, names.FACTOID_END: factoid.end}
+        if capture:
+            event[names.FACTOID_TEXT] = factoid.text
+        span.add_event(names.EVENT_FACTOID, event)
+    label = "hallucinated" if decision.flagged else "faithful"
+    flagged = [f for f in detection.factoids if f.score >= decision.threshold]
+    explanation = (f"{len(flagged)} of {len(detection.factoids)} factoids at or above the threshold "
+                   f"{decision.threshold:g}; highest {detection.score:.2f}")
+    evaluation = {names.EVALUATION_NAME: names.EVALUATION_HALLUCINATION, names.EVALUATION_SCORE: detection.score,
+                  names.EVALUATION_LABEL: label, names.EVALUATION_EXPLANATION: explanation}
+    evaluated.add_event(names.EVENT_EVALUATION, evaluation)
+    if setup.options.openinference:
+        span.set_attribute(names.OI_EVAL_NAME, names.EVALUATION_HALLUCINATION)
+        span.set_attribute(names.OI_EVAL_SCORE, detection.score)
+        span.set_attribute(names.OI_EVAL_LABEL, label)
+        span.set_attribute(names.OI_EVAL_EXPLANATION, explanation)
+        span.set_attribute(names.OI_OUTPUT, decision.action)
+
+
+def queue_changed(delta: int) -> None:
+    _instruments()["queue"].add(delta)

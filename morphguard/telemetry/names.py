@@ -1,0 +1,95 @@
+"""Every span, event, attribute and metric name morphguard emits, in one place.
+
+GenAI names follow the OpenTelemetry semantic conventions for generative AI; OpenInference names are
+what Arize Phoenix reads; everything of our own is under `morphguard.*`.
+"""
+
+# Spans
+SPAN_CHAT = "chat {model}"  # a GenAI client call (upstream or judge)
+SPAN_GUARDRAIL = "apply_guardrail morphguard"
+SPAN_STAGE = {"decompose": "decompose", "mutate": "mutate", "verify": "verify"}
+SPAN_SERVER = "{method} {route}"
+
+# GenAI semantic conventions
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+TOKEN_TYPE = "gen_ai.token.type"
+INPUT_MESSAGES = "gen_ai.input.messages"  # content capture only
+OUTPUT_MESSAGES = "gen_ai.output.messages"  # content capture only
+OP_CHAT = "chat"
+OP_GUARDRAIL = "apply_guardrail"
+
+GUARDRAIL_NAME = "gen_ai.guardrail.name"
+GUARDRAIL_TARGET = "gen_ai.guardrail.target.type"
+GUARDRAIL_DECISION = "gen_ai.guardrail.decision.type"  # allow | warn | modify | deny
+GUARDRAIL_REASON = "gen_ai.guardrail.decision.reason"
+
+EVENT_EVALUATION = "gen_ai.evaluation.result"
+EVALUATION_NAME = "gen_ai.evaluation.name"
+EVALUATION_SCORE = "gen_ai.evaluation.score.value"
+EVALUATION_LABEL = "gen_ai.evaluation.score.label"
+EVALUATION_EXPLANATION = "gen_ai.evaluation.explanation"
+EVALUATION_HALLUCINATION = "hallucination"
+
+# HTTP server span
+HTTP_METHOD = "http.request.method"
+HTTP_ROUTE = "http.route"
+HTTP_STATUS = "http.response.status_code"
+URL_PATH = "url.path"
+
+# Ours
+DETECTOR = "morphguard.detector"
+SCORE = "morphguard.score"
+THRESHOLD = "morphguard.threshold"
+FLAGGED = "morphguard.flagged"
+ACTION = "morphguard.action"
+TOPIC = "morphguard.topic"
+PROFILE = "morphguard.profile"
+REQUEST_ID = "morphguard.request_id"
+CHECK_MODE = "morphguard.check.mode"  # inline | async
+CHECK_TRACE_ID = "morphguard.check.trace_id"  # on the chat span: where its async check went
+REASON = "morphguard.reason"
+ROLE = "morphguard.llm.role"  # upstream | judge
+STAGE = "morphguard.stage"
+STAGE_CALLS = "morphguard.stage.llm_calls"
+FACTOIDS = "morphguard.factoids"
+QUESTION = "morphguard.question"  # content capture only
+CONTEXT = "morphguard.context"  # content capture only
+ANSWER = "morphguard.answer"  # content capture only
+
+EVENT_FACTOID = "morphguard.factoid"
+FACTOID_TEXT = "morphguard.factoid.text"  # content capture only
+FACTOID_SCORE = "morphguard.factoid.score"
+FACTOID_START = "morphguard.factoid.start"
+FACTOID_END = "morphguard.factoid.end"
+FACTOID_FLAGGED = "morphguard.factoid.flagged"
+
+# OpenInference (Arize Phoenix), optional
+OI_SPAN_KIND = "openinference.span.kind"  # LLM | GUARDRAIL | EVALUATOR | CHAIN
+OI_INPUT = "input.value"
+OI_OUTPUT = "output.value"
+OI_MODEL = "llm.model_name"
+OI_PROMPT_TOKENS = "llm.token_count.prompt"
+OI_COMPLETION_TOKENS = "llm.token_count.completion"
+OI_EVAL_NAME = "evaluation.name"
+OI_EVAL_SCORE = "evaluation.score"
+OI_EVAL_LABEL = "evaluation.label"
+OI_EVAL_EXPLANATION = "evaluation.explanation"
+
+# Metrics
+METRIC_TOKENS = "gen_ai.client.token.usage"
+METRIC_DURATION = "gen_ai.client.operation.duration"
+METRIC_SCORE = "morphguard.score"
+METRIC_DECISIONS = "morphguard.decisions"
+METRIC_QUEUE_DEPTH = "morphguard.queue.depth"
+METRIC_FAIL_OPEN = "morphguard.fail_open"
+
+# Services
+SERVICE_NAME = "service.name"
+TRACER_NAME = "morphguard"

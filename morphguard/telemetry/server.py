@@ -1,0 +1,49 @@
+"""A server span per HTTP request, continuing the caller's trace (`traceparent`), as plain ASGI middleware."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from morphguard.telemetry import names, tracer
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+_ROUTES = ("/chat/completions", "/healthz", "/readyz")
+
+
+class ServerSpans:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        parent = propagate.extract(carrier)
+        method, path = scope["method"], scope["path"]
+        route = next((r for r in _ROUTES if path.endswith(r)), None)
+        attributes = {names.HTTP_METHOD: method, names.URL_PATH: path}
+        if route:
+            attributes[names.HTTP_ROUTE] = route
+        name = names.SPAN_SERVER.format(method=method, route=route) if route else method
+        with tracer().start_as_current_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes) as span:
+            async def send_with_status(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    status = int(message["status"])
+                    span.set_attribute(names.HTTP_STATUS, status)
+                    if status >= 500:
+                        span.set_status(Status(StatusCode.ERROR))
+                    trace_id = span.get_span_context()
+                    if trace_id.is_valid:
+                        message.setdefault("headers", [])
+                        message["headers"] = [*message["headers"],
+                                              (b"x-morphguard-trace-id", f"{trace_id.trace_id:032x}".encode())]
+                await send(message)
+
+            await self.app(scope, receive, send_with_status)

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote cost-map fetch, here or in children
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BODY = {

@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to stderr")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    check = commands.add_parser("check", help="score one answer against its context with MetaRAG")
+    check = commands.add_parser("check", help="score one answer against its context")
     check.add_argument("--question", "-q", required=True)
     context = check.add_mutually_exclusive_group(required=True)
     context.add_argument("--context", "-c", action="append", help="a retrieved passage (repeatable)")
@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     answer.add_argument("--answer", "-a")
     answer.add_argument("--answer-file", type=Path)
     check.add_argument("--json", action="store_true", help="print the Detection as JSON")
+    check.add_argument("--detector", default=None,
+                       help="metarag[:paper|:embedded], claims, hierarchical, direct or length (default: the config's)")
     _config_option(check)
     check.set_defaults(run=_check)
 
@@ -124,6 +126,16 @@ def _check(args: argparse.Namespace) -> int:
     if not passages:
         raise MorphguardError("the context is empty: give at least one non-blank passage")
     answer = _read(args.answer_file) if args.answer_file else args.answer
+    if args.detector:
+        from morphguard.detectors import is_known
+
+        if not is_known(args.detector):
+            raise MorphguardError(f"unknown detector {args.detector!r}")
+        config = config.model_copy(update={"detector": config.detector.model_copy(
+            update={"name": args.detector.partition(":")[0]})})
+        if ":" in args.detector:
+            config = config.model_copy(update={"metarag": config.metarag.model_copy(
+                update={"profile": args.detector.partition(":")[2]})})
     result = detect(args.question, passages, answer, config=config)
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -216,12 +228,14 @@ def render_detection(answer: str, result: Detection, color: bool = False) -> str
         "",
         "".join(marked).strip(),
         "",
-        f"{'#':>2}  {'score':>5}  {'span':>9}  factoid",
+        f"{'#':>2}  {'score':>5}  {'span':>9}  {'label':<12}  factoid",
     ]
     for i, f in enumerate(result.factoids, 1):
         span = f"{f.start}-{f.end}" if f.start is not None else "-"
         flag = "!" if f.score >= result.threshold else " "
-        lines.append(f"{i:>2}{flag} {f.score:5.2f}  {span:>9}  {f.text}")
+        lines.append(f"{i:>2}{flag} {f.score:5.2f}  {span:>9}  {f.label or '-':<12}  {f.text}")
+        for e in f.evidence:
+            lines.append(f"{'':>20}evidence [{e.passage}] {e.start}-{e.end}: {e.text}")
         for v in f.variants:
             lines.append(f"{'':>20}{v.kind.value:<8} {v.verdict.value:<8} {v.penalty:4.2f}  {v.text}")
     c = result.cost

@@ -53,7 +53,7 @@ class LocalModelSettings(_Section):
 
 
 class DetectorSettings(_Section):
-    name: Literal["metarag", "direct", "length"] = "metarag"
+    name: Literal["metarag", "claims", "hierarchical", "direct", "length"] = "metarag"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
 
 
@@ -70,6 +70,33 @@ class MetaRAGSettings(_Section):
     soft_verdicts: bool | None = None
     reasons: bool | None = None
     max_factoids: int | None = Field(None, ge=1)
+
+
+class ClaimsSettings(_Section):
+    """The one-call claim judge."""
+
+    aggregate: Literal["max", "rate"] = "max"  # score: max (any unsupported claim) or the unsupported share
+    samples: int = Field(1, ge=1, le=9)  # k > 1: majority vote over k samples
+    sample_temperature: float = Field(0.7, ge=0.0)
+    resplit_compound: bool = True  # re-ask once when a claim joins several facts
+    max_context_chars: int = Field(12000, ge=500)  # longer contexts are judged one passage at a time
+    model: str | None = None  # None: the judge's default model
+
+
+class HierarchicalSettings(_Section):
+    """RT4CHART-style local (windows) and global verification."""
+
+    window: int = Field(25, ge=1)  # W: context sentences per window
+    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
+    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
+    soft_verdicts: bool = True
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _overlap_below_window(self) -> HierarchicalSettings:
+        if self.overlap >= self.window:
+            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
+        return self
 
 
 class UpstreamSettings(_Section):
@@ -249,6 +276,8 @@ class Config(_Section):
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
     metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
+    claims: ClaimsSettings = Field(default_factory=ClaimsSettings)
+    hierarchical: HierarchicalSettings = Field(default_factory=HierarchicalSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

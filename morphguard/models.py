@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,12 +43,26 @@ class Variant(BaseModel):
     parsed: bool = True  # False: the verifier's output was unreadable and counted as NOT SURE
 
 
+class Evidence(BaseModel):
+    """A piece of the context that bears on a factoid: passage number (1-based) and offsets in that passage."""
+
+    passage: int
+    start: int
+    end: int
+    text: str
+
+
+Label = Literal["supported", "unsupported", "contradicted"]
+
+
 class Factoid(BaseModel):
     text: str
     # Character offsets of the answer text this factoid came from; None when it cannot be placed.
     start: int | None = None
     end: int | None = None
     score: float
+    label: Label | None = None  # what the context says of it, where the detector can tell
+    evidence: list[Evidence] = Field(default_factory=list)  # context that supports or refutes it
     variants: list[Variant] = Field(default_factory=list)
 
 
@@ -70,6 +85,7 @@ class DetectionStats(BaseModel):
     variants: int = 0
     unparseable_verdicts: int = 0
     unparseable_mutations: int = 0
+    downgraded_claims: int = 0  # "supported" claims whose evidence phrase is not in the context
 
 
 class Detection(BaseModel):

@@ -1,6 +1,6 @@
 """Hallucination detectors, registered by name in one place.
 
-A name is `metarag`, `direct` or `length`; `metarag:PROFILE` picks a MetaRAG profile (`paper`,
+A name is `metarag`, `claims`, `hierarchical`, `direct` or `length`; `metarag:PROFILE` picks a MetaRAG profile (`paper`,
 `embedded`) over the one in the config, so an evaluation can set profiles side by side.
 """
 
@@ -11,6 +11,8 @@ from typing import Protocol
 
 from morphguard.config import Config
 from morphguard.detectors.baselines import DirectJudge, LengthBaseline
+from morphguard.detectors.claims import ClaimJudge, ClaimsOptions
+from morphguard.detectors.hierarchical import HierarchicalOptions, HierarchicalVerifier
 from morphguard.detectors.metarag import PROFILES, MetaRAG, resolve_options
 from morphguard.llm import LLMClient, build_client
 from morphguard.models import Detection, RagInput
@@ -30,12 +32,31 @@ def _direct(config: Config, llm: LLMClient) -> Detector:
     return DirectJudge(llm, threshold=config.detector.threshold)
 
 
+def _claims(config: Config, llm: LLMClient) -> Detector:
+    return ClaimJudge(llm, ClaimsOptions(**config.claims.model_dump()), threshold=config.detector.threshold)
+
+
+def _hierarchical(config: Config, llm: LLMClient) -> Detector:
+    return HierarchicalVerifier(llm, HierarchicalOptions(**config.hierarchical.model_dump()),
+                                threshold=config.detector.threshold)
+
+
 # name → (builder, needs an LLM)
 DETECTORS: dict[str, tuple[Callable[[Config, LLMClient], Detector], bool]] = {
     "metarag": (_metarag, True),
+    "claims": (_claims, True),
+    "hierarchical": (_hierarchical, True),
     "direct": (_direct, True),
     "length": (lambda config, llm: LengthBaseline(threshold=config.detector.threshold), False),
 }
+
+
+def is_known(name: object) -> bool:
+    """Whether `name` names a registered detector (or a MetaRAG profile as `metarag:PROFILE`)."""
+    if not isinstance(name, str):
+        return False
+    base, _, profile = name.partition(":")
+    return base in DETECTORS and (not profile or (base == "metarag" and profile in PROFILES))
 
 
 def resolve(config: Config, name: str | None = None) -> tuple[str, Config]:
@@ -57,6 +78,8 @@ def stage_models(config: Config, name: str | None = None) -> list[str | None]:
     if base == "metarag":
         options = resolve_options(config.metarag)
         return [options.decompose_model, options.mutate_model, *options.verify_models]
+    if base in ("claims", "hierarchical"):
+        return [getattr(config, base).model]
     return [None] if DETECTORS[base][1] else []
 
 

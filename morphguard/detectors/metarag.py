@@ -25,7 +25,7 @@ from morphguard import telemetry
 from morphguard.config import MetaRAGSettings
 from morphguard.detectors import scoring
 from morphguard.detectors.prompts import as_data, render
-from morphguard.detectors.spans import locate
+from morphguard.detectors.spans import align_evidence, locate
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (
@@ -33,6 +33,7 @@ from morphguard.models import (
     Detection,
     DetectionStats,
     Factoid,
+    Label,
     RagInput,
     StageCost,
     Variant,
@@ -152,11 +153,16 @@ class MetaRAG:
             flat = [v for per_model in variants for v in per_model]
             stats.unparseable_verdicts += sum(not v.parsed for v in flat)
             span = locate(statement, answer)
+            score = scoring.factoid_score(v.penalty for v in flat)
+            label = _label(flat, score, self.threshold)
+            evidence = align_evidence(statement, rag.passages) if label != "unsupported" else None
             factoids.append(Factoid(
                 text=statement,
                 start=span[0] if span else None,
                 end=span[1] if span else None,
-                score=scoring.factoid_score(v.penalty for v in flat),
+                score=score,
+                label=label,
+                evidence=[evidence] if evidence else [],
                 variants=flat,
             ))
         stats.factoids = len(factoids)
@@ -261,6 +267,20 @@ class MetaRAG:
             verifier=reply.model,
             parsed=parsed.parsed,
         )
+
+
+def _label(variants: list[Variant], score: float, threshold: float) -> Label:
+    """Supported below the threshold; above it, contradicted when the verifier's refutations outweigh its
+    doubts (NO for the factoid or its synonyms, YES for its antonyms), else unsupported."""
+    if score < threshold:
+        return "supported"
+    refuted = doubted = 0.0
+    for v in variants:
+        p = v.probabilities or {v.verdict.value: 1.0}
+        against = Verdict.YES.value if v.kind is VariantKind.ANTONYM else Verdict.NO.value
+        refuted += p.get(against, 0.0)
+        doubted += p.get(Verdict.NOT_SURE.value, 0.0)
+    return "contradicted" if refuted >= doubted else "unsupported"
 
 
 def _string_list(text: str, key: str) -> list[str] | None:

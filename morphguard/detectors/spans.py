@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from morphguard.models import Evidence
+
 _WORD = re.compile(r"\w+(?:[-'’]\w+)*", re.UNICODE)
 _SENTENCE = re.compile(r"[^.!?;\n]+[.!?;]*", re.UNICODE)
 _STOPWORDS = frozenset(
@@ -39,3 +41,45 @@ def locate(factoid: str, answer: str, min_overlap: float = 0.4) -> tuple[int, in
             hits = [m for m in _WORD.finditer(sentence.group()) if m.group().lower() in shared]
             best = (overlap, sentence.start() + hits[0].start(), sentence.start() + hits[-1].end())
     return (best[1], best[2]) if best else None
+
+
+_CONTEXT_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*", re.UNICODE)
+
+
+def sentences(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of `text`, stripped of surrounding spaces."""
+    out = []
+    for match in _CONTEXT_SENTENCE.finditer(text):
+        raw = match.group()
+        start = match.start() + len(raw) - len(raw.lstrip())
+        end = match.end() - (len(raw) - len(raw.rstrip()))
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+def align_evidence(statement: str, passages: list[str]) -> Evidence | None:
+    """The context sentence sharing most content words with the statement (at least two, or half of them)."""
+    wanted = content_words(statement)
+    best: tuple[float, Evidence] | None = None
+    for number, passage in enumerate(passages, 1):
+        for start, end in sentences(passage):
+            sentence = passage[start:end]
+            shared = len(wanted & content_words(sentence))
+            share = shared / len(wanted) if wanted else 0.0
+            if (shared >= 2 or share >= 0.5) and (best is None or share > best[0]):
+                best = (share, Evidence(passage=number, start=start, end=end, text=sentence))
+    return best[1] if best else None
+
+
+def find_phrase(phrase: str, passages: list[str]) -> Evidence | None:
+    """Where a quoted phrase occurs in the context, ignoring case and runs of whitespace; None if nowhere."""
+    words = phrase.split()
+    if not words:
+        return None
+    pattern = re.compile(r"\s+".join(re.escape(w) for w in words), re.I)
+    for number, passage in enumerate(passages, 1):
+        match = pattern.search(passage)
+        if match:
+            return Evidence(passage=number, start=match.start(), end=match.end(), text=match.group())
+    return None

@@ -90,3 +90,30 @@ def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
     if total <= 0:
         return None
     return {v: mass.get(v, 0.0) / total for v in Verdict}
+
+
+def label_probabilities(text: str, tokens: Sequence[TokenChoice] | None, key: str,
+                        labels: Sequence[str]) -> dict[str, float] | None:
+    """P(label) at the token where the JSON value of `key` is written, for labels with distinct first letters."""
+    if not tokens:
+        return None
+    match = re.search(rf'"{re.escape(key)}"\s*:\s*"', text)
+    if not match:
+        return None
+    offset = 0
+    for choice in tokens:
+        end = offset + len(choice.token)
+        if end > match.end() and choice.token.strip():
+            mass: dict[str, float] = {}
+            seen: set[str] = set()
+            for token, logprob in (*choice.alternatives, (choice.token, choice.logprob)):
+                word = token.strip().strip('"').lower()
+                label = next((lb for lb in labels if word and lb.startswith(word[:3]) and word[0] == lb[0]), None)
+                if label is None or token in seen:
+                    continue
+                seen.add(token)
+                mass[label] = mass.get(label, 0.0) + math.exp(logprob)
+            total = sum(mass.values())
+            return {lb: mass.get(lb, 0.0) / total for lb in labels} if total > 0 else None
+        offset = end
+    return None

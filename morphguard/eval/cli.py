@@ -78,8 +78,14 @@ def fingerprint(config: Config, name: str) -> str:
         if config.judge.model == "local":
             parts["local"] = resolved.local.sha256
         names = {"metarag": ["decompose_system", "decompose_user", "synonym_system", "antonym_system", "mutate_user",
-                             "verify_system", "verify_user"], "direct": ["direct_system", "direct_user"]}[base]
+                             "verify_system", "verify_user"], "direct": ["direct_system", "direct_user"],
+                 "claims": ["claims_system", "direct_user", "claims_extract_system", "decompose_user",
+                            "claims_label_system", "claims_label_user"],
+                 "hierarchical": ["hier_decompose_system", "hier_decompose_user", "hier_verify_system",
+                                  "hier_verify_user"]}[base]
         parts["prompts"] = {n: template(n) for n in names}
     if base == "metarag":
         parts["options"] = dataclasses.asdict(resolve_options(resolved.metarag))
+    elif base in ("claims", "hierarchical"):
+        parts["options"] = getattr(resolved, base).model_dump()
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -8,15 +8,12 @@ the answer for the safe message; `regenerate` is a loop the proxy runs with `reg
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from morphguard.config import PolicySettings
-from morphguard.detectors.spans import content_words
+from morphguard.detectors.spans import align_evidence
 from morphguard.models import Decision, Detection, Factoid
-
-_SENTENCES = re.compile(r"[^.!?\n]+[.!?]*")
 
 
 def answer_of(completion: dict[str, Any]) -> str:
@@ -58,28 +55,13 @@ def highlight(text: str, factoids: Sequence[Factoid], open_mark: str, close_mark
     return "".join(out) + text[cursor:]
 
 
-def evidence_for(statement: str, passages: Sequence[str]) -> tuple[int, str] | None:
-    """(passage number, sentence) of the context sentence sharing most content words with the statement."""
-    wanted = content_words(statement)
-    best: tuple[float, int, str] | None = None
-    for number, passage in enumerate(passages, 1):
-        for match in _SENTENCES.finditer(passage):
-            sentence = match.group().strip()
-            shared = len(wanted & content_words(sentence))
-            share = shared / len(wanted) if wanted else 0.0
-            if shared >= 2 or share >= 0.5:
-                if best is None or share > best[0]:
-                    best = (share, number, sentence)
-    return (best[1], best[2]) if best else None
-
-
 def citations(factoids: Sequence[Factoid], passages: Sequence[str]) -> str:
+    """For each factoid, the detector's own evidence when it has some, else the best-aligned context sentence."""
     lines = ["", "", "Checked against the sources:"]
     for factoid in factoids:
-        found = evidence_for(factoid.text, passages)
+        found = factoid.evidence[0] if factoid.evidence else align_evidence(factoid.text, list(passages))
         if found:
-            number, sentence = found
-            lines.append(f'- "{factoid.text}": source [{number}] says "{sentence}"')
+            lines.append(f'- "{factoid.text}": source [{found.passage}] says "{found.text}"')
         else:
             lines.append(f'- "{factoid.text}": no retrieved source supports this.')
     return "\n".join(lines)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from morphguard import telemetry
 from morphguard.config import Config, LitellmRoute
-from morphguard.detectors import Detector, build_detector
+from morphguard.detectors import DETECTORS, Detector, build_detector, is_known
 from morphguard.proxy import verdict as v
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.policy.actions import answer_of
@@ -139,7 +139,7 @@ class Proxy:
         profile = self.engine.profile_for(facts)
         topic = self.engine.topic_for(profile, extraction.rag, facts.requested_topic)
         return Review(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
-                      topic=topic, model=facts.model, route=facts.path_prefix)
+                      topic=topic, model=facts.model, route=facts.path_prefix, detector=options.get("detector"))
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
                         ) -> tuple[dict[str, Any] | Response, Span, int]:
@@ -363,6 +363,9 @@ def _parse_chat(raw: bytes) -> dict[str, Any]:
     if ours is not None:
         if not isinstance(ours, dict):
             raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
+        if ours.get("detector") is not None and not is_known(ours["detector"]):
+            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(DETECTORS))} "
+                              f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
         context = ours.get("context")
         if context is not None and not (isinstance(context, str) or (
                 isinstance(context, list) and all(isinstance(p, str) for p in context))):

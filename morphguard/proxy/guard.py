@@ -19,7 +19,7 @@ from opentelemetry.trace import Span
 
 from morphguard import telemetry
 from morphguard.config import Config
-from morphguard.detectors import Detector
+from morphguard.detectors import Detector, build_detector
 from morphguard.errors import MorphguardError
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy import actions
@@ -47,6 +47,7 @@ class Review:
     route: str = ""
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
+    detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Guard:
     def __init__(self, detector: Detector, engine: PolicyEngine, config: Config,
                  audit: AuditStore | None, escalator: Escalator) -> None:
         self.detector = detector
+        self._named: dict[str, Detector] = {}
         self.engine = engine
         self.config = config
         self.settings = config.proxy
@@ -77,7 +79,8 @@ class Guard:
             return Checked(self.engine.unchecked(review.profile, review.topic, "no_answer"), None, 0.0)
         budget = self.engine.budget_s(review.profile)
         try:
-            detection = await asyncio.wait_for(self.detector.detect(review.rag, answer), budget)
+            detector = await self.detector_for(review.detector)
+            detection = await asyncio.wait_for(detector.detect(review.rag, answer), budget)
         except (MorphguardError, asyncio.TimeoutError) as exc:
             reason = (f"latency budget of {budget:g} s exceeded" if isinstance(exc, asyncio.TimeoutError)
                       else f"detector error: {exc}")
@@ -89,6 +92,15 @@ class Guard:
             return Checked(decision, None, (time.perf_counter() - started) * 1000)
         decision = self.engine.decide(review.profile, review.topic, detection)
         return Checked(decision, detection, (time.perf_counter() - started) * 1000)
+
+    async def detector_for(self, name: str | None) -> Detector:
+        """The configured detector, or one a request names, built once and sharing the judge client."""
+        if not name or name == self.detector.name:
+            return self.detector
+        if name not in self._named:
+            llm = getattr(self.detector, "llm", None)
+            self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
+        return self._named[name]
 
     async def review(self, review: Review, completion: dict[str, Any], *, can_change: bool = True,
                      reask: Reask | None = None, mode: str = "inline") -> tuple[dict[str, Any], dict[str, Any]]:

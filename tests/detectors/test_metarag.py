@@ -144,3 +144,11 @@ def test_library_entry_point_accepts_a_single_passage_string(scripted_config):
     with ScriptedLLM(judge([FALSE_FACT], faithful_verifier)) as server:
         result = asyncio.run(adetect(QUESTION, PASSAGE, FALSE_FACT, config=scripted_config(server.base_url)))
     assert result.flagged and result.detector == "metarag"
+
+
+def test_factoids_carry_a_label_and_aligned_evidence(scripted_config):
+    with ScriptedLLM(judge([TRUE_FACT, FALSE_FACT], faithful_verifier)) as server:
+        result = check(server, scripted_config(server.base_url))
+    true, false = result.factoids
+    assert (true.label, false.label) == ("supported", "contradicted")  # the false fact's synonyms are refuted
+    assert false.evidence[0].text == PASSAGE and false.evidence[0].passage == 1

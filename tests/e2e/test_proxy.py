@@ -257,3 +257,14 @@ def test_models_matching_a_litellm_route_go_through_litellm_and_are_checked(lite
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
         "Ibuprofen is safe throughout pregnancy."
     assert chunks[-1].model_extra["morphguard"]["flagged"] is True
+
+
+def test_a_request_can_choose_its_detector(annotate_proxy):
+    completion = client(annotate_proxy).chat.completions.create(
+        **ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE, "detector": "length"}})
+    verdict = verdict_of(completion)
+    assert verdict["detector"] == "length" and verdict["checked"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client(annotate_proxy).chat.completions.create(
+            **ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE, "detector": "oracle"}})
+    assert err.value.body["param"] == "morphguard.detector" and "claims" in err.value.body["message"]

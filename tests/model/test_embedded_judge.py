@@ -59,3 +59,29 @@ def test_the_readme_check_command_flags_the_ibuprofen_answer(tmp_path):
         capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("FLAGGED")
+
+
+def with_detector(name: str) -> Config:
+    return Config.model_validate({"detector": {"name": name}})
+
+
+def test_hierarchical_flags_the_false_claim_with_its_sentence_span():
+    answer = "Yes, ibuprofen is safe throughout pregnancy."
+    result = detect(QUESTION, [CONTEXT], answer, config=with_detector("hierarchical"))
+    assert result.flagged, result.model_dump_json(indent=1)
+    (claim,) = [f for f in result.factoids if f.score >= 0.5]
+    assert claim.label in ("contradicted", "unsupported") and "safe" in answer[claim.start:claim.end]
+
+
+def test_claims_labels_every_claim_and_keeps_only_verbatim_evidence():
+    # The 1.5B judge often vouches for this false claim (it calls the refuting sentence "evidence"), so
+    # this checks the detector's contract on the real model, not the model's judgement.
+    answer = "Ibuprofen is contraindicated in the third trimester. It cures back pain in one hour."
+    result = detect(QUESTION, [CONTEXT], answer, config=with_detector("claims"))
+    assert result.factoids and result.cost.llm_calls >= 1, result.model_dump_json(indent=1)
+    for claim in result.factoids:
+        assert claim.label in ("supported", "unsupported", "contradicted")
+        assert claim.score == (0.0 if claim.label == "supported" else 1.0)
+        for evidence in claim.evidence:
+            assert CONTEXT[evidence.start:evidence.end] == evidence.text
+    assert result.score == max(f.score for f in result.factoids)

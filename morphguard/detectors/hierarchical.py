@@ -1,0 +1,204 @@
+"""Hierarchical verification in the manner of RT4CHART (Yu et al., 2026): claims from each answer sentence,
+checked locally against overlapping windows of context sentences, then globally against the whole context.
+
+1. Decompose: the answer is split into sentences; each sentence is split into claims (by the judge, which
+   sees the answer but never the context), so every claim keeps its sentence and hence its span.
+2. Local: each claim against every window of W context sentences (overlap O); OR-join of the window
+   labels: contradicted if any, else entailed if any, else baseless.
+3. Global: each claim against the full context, told the local label and the winning window as a hint.
+   When the whole context fits in one window the local label is already global and is kept.
+4. AND-join to the answer: contradicted if any claim is, else baseless if any is, else entailed.
+
+Evidence is the context sentences (with passage offsets) the verifier cited. A claim's score is the
+verifier's probability of "contradicted" or "baseless" when log-probabilities are available, else 1 for
+those labels and 0 for "entailed"; the answer's score is the largest claim score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from morphguard import telemetry
+from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.spans import locate, sentences
+from morphguard.detectors.verdicts import label_probabilities
+from morphguard.llm.client import Completion, LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, Label, RagInput, StageCost
+
+ENTAILED, CONTRADICTED, BASELESS = "entailed", "contradicted", "baseless"
+LABELS = (ENTAILED, CONTRADICTED, BASELESS)
+AS_LABEL: dict[str, Label] = {ENTAILED: "supported", CONTRADICTED: "contradicted", BASELESS: "unsupported"}
+
+
+@dataclass(frozen=True)
+class HierarchicalOptions:
+    window: int = 25  # W: context sentences per window
+    overlap: int = 10  # O: sentences shared by neighbouring windows
+    decompose: str = "llm"  # llm: claims per sentence by the judge; sentences: each sentence is one claim
+    soft_verdicts: bool = True
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Sentence:
+    passage: int  # 1-based
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class Verdict:
+    label: str
+    evidence: list[int]  # indexes into the context sentences
+    probabilities: dict[str, float] | None = None
+
+
+def windows(count: int, size: int, overlap: int) -> list[range]:
+    """Sentence index ranges of the sliding windows covering `count` sentences."""
+    if count <= size:
+        return [range(count)]
+    step = max(1, size - overlap)
+    out = []
+    for start in range(0, count, step):
+        out.append(range(start, min(start + size, count)))
+        if start + size >= count:
+            break
+    return out
+
+
+def or_join(labels: list[str]) -> str:
+    return CONTRADICTED if CONTRADICTED in labels else ENTAILED if ENTAILED in labels else BASELESS
+
+
+def and_join(labels: list[str]) -> str:
+    return CONTRADICTED if CONTRADICTED in labels else BASELESS if BASELESS in labels else ENTAILED
+
+
+class HierarchicalVerifier:
+    name = "hierarchical"
+
+    def __init__(self, llm: LLMClient, options: HierarchicalOptions, threshold: float = 0.5) -> None:
+        self.llm = llm
+        self.options = options
+        self.threshold = threshold
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        stages: dict[str, StageCost] = {}
+        context = [Sentence(n, s, e, passage[s:e]) for n, passage in enumerate(rag.passages, 1)
+                   for s, e in sentences(passage)]
+        claims = await self._timed(stages, "decompose", lambda: self._decompose(rag.question, answer, stages))
+        spans = windows(len(context), self.options.window, self.options.overlap)
+
+        async def verify_claim(claim: str) -> Verdict:
+            local = await asyncio.gather(*(self._verify(context, w, claim, None, stages) for w in spans))
+            label = or_join([v.label for v in local])
+            if len(spans) == 1:  # the one window is the whole context: the local label is the global one
+                return local[0]
+            winner = next(i for i, v in enumerate(local) if v.label == label)
+            cited = local[winner].evidence
+            hint = (f"An earlier pass over sentences {spans[winner].start + 1}-{spans[winner].stop} found the claim "
+                    f"{label}" + (f", citing sentences {', '.join(str(i + 1) for i in cited)}." if cited else "."))
+            return await self._verify(context, range(len(context)), claim, hint, stages)
+
+        verdicts = await self._timed(stages, "verify",
+                                     lambda: asyncio.gather(*(verify_claim(text) for text, _ in claims)))
+        factoids = []
+        for (text, (s_start, s_end)), verdict in zip(claims, verdicts):
+            inside = locate(text, answer[s_start:s_end])
+            start, end = (s_start + inside[0], s_start + inside[1]) if inside else (s_start, s_end)
+            if verdict.probabilities:
+                score = verdict.probabilities[CONTRADICTED] + verdict.probabilities[BASELESS]
+            else:
+                score = 0.0 if verdict.label == ENTAILED else 1.0
+            factoids.append(Factoid(
+                text=text, start=start, end=end, score=score, label=AS_LABEL[verdict.label],
+                evidence=[Evidence(passage=context[i].passage, start=context[i].start, end=context[i].end,
+                                   text=context[i].text) for i in verdict.evidence]))
+        score = max((f.score for f in factoids), default=0.0)
+        total = StageCost(**{k: sum(getattr(s, k) for s in stages.values())
+                             for k in ("llm_calls", "cached_calls", "input_tokens", "output_tokens")})
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=factoids, cost=Cost(**total.model_dump(exclude={"seconds"}),
+                                         seconds=time.perf_counter() - started, stages=stages),
+            stats=DetectionStats(factoids=len(factoids)),
+            settings={**self.options.__dict__, "answer_label": and_join([v.label for v in verdicts]),
+                      "windows": len(spans)},
+        )
+
+    @staticmethod
+    async def _timed(stages: dict[str, StageCost], stage: str, work: Any) -> Any:
+        started = time.perf_counter()
+        with telemetry.stage_span(stage):
+            try:
+                return await work()
+            finally:
+                stages.setdefault(stage, StageCost()).seconds += time.perf_counter() - started
+
+    async def _call(self, stages: dict[str, StageCost], stage: str, messages: list[dict[str, str]],
+                    schema: dict[str, Any], logprobs: bool = False) -> Completion:
+        reply = await self.llm.complete(messages, model=self.options.model, max_tokens=512, json_schema=schema,
+                                        top_logprobs=5 if logprobs else 0)
+        cost = stages.setdefault(stage, StageCost())
+        if reply.cached:
+            cost.cached_calls += 1
+        else:
+            cost.llm_calls += 1
+            cost.input_tokens += reply.input_tokens
+            cost.output_tokens += reply.output_tokens
+        return reply
+
+    async def _decompose(self, question: str, answer: str, stages: dict[str, StageCost]
+                         ) -> list[tuple[str, tuple[int, int]]]:
+        """(claim, span of its answer sentence) for every claim of every sentence, in answer order."""
+        parts = sentences(answer)
+        if self.options.decompose == "sentences":
+            return [(answer[s:e], (s, e)) for s, e in parts]
+        schema = {"type": "object", "required": ["claims"],
+                  "properties": {"claims": {"type": "array", "items": {"type": "string"}, "maxItems": 8}}}
+
+        async def split(span: tuple[int, int]) -> list[tuple[str, tuple[int, int]]]:
+            messages = [{"role": "system", "content": render("hier_decompose_system")},
+                        {"role": "user", "content": render("hier_decompose_user", question=as_data(question),
+                                                           answer=as_data(answer),
+                                                           sentence=as_data(answer[span[0]:span[1]]))}]
+            reply = await self._call(stages, "decompose", messages, schema)
+            try:
+                data = json.loads(reply.text)
+                claims = [c.strip() for c in data.get("claims", []) if isinstance(c, str) and c.strip()]
+            except (ValueError, AttributeError):
+                claims = [answer[span[0]:span[1]]]  # unreadable: the sentence itself is the claim
+            return [(c, span) for c in claims]
+
+        per_sentence = await asyncio.gather(*(split(span) for span in parts))
+        return [claim for claims in per_sentence for claim in claims]
+
+    async def _verify(self, context: list[Sentence], window: range, claim: str, hint: str | None,
+                      stages: dict[str, StageCost]) -> Verdict:
+        if not context:
+            return Verdict(BASELESS, [])
+        listed = "\n".join(f"[{i + 1}] {as_data(context[i].text)}" for i in window)
+        messages = [{"role": "system", "content": render("hier_verify_system")},
+                    {"role": "user", "content": render("hier_verify_user", sentences=listed,
+                                                       hint=f"\n<hint>\n{hint}\n</hint>\n" if hint else "",
+                                                       claim=as_data(claim))}]
+        schema = {"type": "object", "required": ["label", "evidence"],
+                  "properties": {"label": {"type": "string", "enum": list(LABELS)},
+                                 "evidence": {"type": "array", "items": {"type": "integer"}, "maxItems": 6}}}
+        reply = await self._call(stages, "verify", messages, schema, logprobs=self.options.soft_verdicts)
+        try:
+            data = json.loads(reply.text)
+        except ValueError:
+            data = {}
+        label = data.get("label") if isinstance(data, dict) and data.get("label") in LABELS else BASELESS
+        cited = [n - 1 for n in data.get("evidence", []) if isinstance(n, int) and n - 1 in window] \
+            if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
+        probabilities = (label_probabilities(reply.text, reply.logprobs, "label", LABELS)
+                         if self.options.soft_verdicts else None)
+        return Verdict(label, cited if label != BASELESS else [], probabilities)

@@ -60,7 +60,7 @@ class DetectorSettings(_Section):
 class MetaRAGSettings(_Section):
     """A named profile plus any field to override in it; unset fields come from the profile."""
 
-    profile: Literal["paper", "embedded"] = "embedded"
+    profile: Literal["paper", "embedded", "batched"] = "embedded"
     n_mutations: int | None = Field(None, ge=0)
     mutation_temperature: float | None = Field(None, ge=0.0)
     decompose_model: str | None = None
@@ -70,6 +70,10 @@ class MetaRAGSettings(_Section):
     soft_verdicts: bool | None = None
     reasons: bool | None = None
     max_factoids: int | None = Field(None, ge=1)
+    batch_mutations: bool | None = None
+    batch_verify: Literal["none", "factoid", "all"] | None = None
+    rule_antonyms: bool | None = None
+    verdict_cache: int | None = Field(None, ge=0)
 
 
 class ClaimsSettings(_Section):

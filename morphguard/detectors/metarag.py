@@ -14,9 +14,11 @@ are available.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -26,7 +28,8 @@ from morphguard.config import MetaRAGSettings
 from morphguard.detectors import scoring
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.spans import align_evidence, locate
-from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
+from morphguard.detectors.relations import negate
+from morphguard.detectors.verdicts import ParsedVerdict, parse_verdict, verdict_probabilities
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (
     Cost,
@@ -56,6 +59,10 @@ class MetaRAGOptions:
     soft_verdicts: bool = False
     reasons: bool = True  # ask each verification for a one-line reason
     max_factoids: int = 32
+    batch_mutations: bool = False  # all variants of all factoids in one structured call
+    batch_verify: str = "none"  # none: one call per variant | factoid: per factoid | all: one call
+    rule_antonyms: bool = False  # a number or polarity rule makes the antonym where it applies (no call)
+    verdict_cache: int = 4096  # (statement, passages, verifier) → verdict, LRU within and across checks; 0: off
 
 
 PROFILES: dict[str, MetaRAGOptions] = {
@@ -66,6 +73,9 @@ PROFILES: dict[str, MetaRAGOptions] = {
     # reason never changes the score, yet reasons were most of the generated tokens (one RAGTruth Data2txt
     # answer: 2,012 output tokens over 51 calls, 184 of its 253 s in verify).
     "embedded": MetaRAGOptions(n_mutations=1, identity=True, soft_verdicts=True, reasons=False, max_factoids=16),
+    # For API judges, where the context repeated in every verify call is the cost: the paper's N = 2, with
+    # all mutations in one call and all verifications in one call.
+    "batched": MetaRAGOptions(reasons=False, batch_mutations=True, batch_verify="all"),
 }
 
 
@@ -130,6 +140,7 @@ class MetaRAG:
         self.llm = llm
         self.options = options
         self.threshold = threshold
+        self._verdicts: OrderedDict[str, tuple[ParsedVerdict, dict[Verdict, float] | None, str]] = OrderedDict()
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -138,15 +149,14 @@ class MetaRAG:
 
         statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
-        mutations = await meter.run(
-            "mutate", lambda: asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
-        )
+        if self.options.batch_mutations and self.options.n_mutations > 0:
+            mutations = await meter.run("mutate", lambda: self._variants_batched(rag.question, statements, meter, stats))
+        else:
+            mutations = await meter.run(
+                "mutate", lambda: asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
+            )
         passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(rag.passages, 1))
-        verified = await meter.run(
-            "verify",
-            lambda: asyncio.gather(*(asyncio.gather(*(self._verify(passages, kind, text, meter) for kind, text in variants))
-                             for variants in mutations)),
-        )
+        verified = await meter.run("verify", lambda: self._verify_all(passages, mutations, meter))
 
         factoids = []
         for statement, variants in zip(statements, verified):
@@ -202,15 +212,53 @@ class MetaRAG:
             variants.append((VariantKind.IDENTITY, factoid))
         n = self.options.n_mutations
         if n > 0:
+            ruled = negate(factoid) if self.options.rule_antonyms else None
             synonyms, antonyms = await asyncio.gather(
                 self._mutate("synonym_system", question, factoid, n, meter, stats),
-                self._mutate("antonym_system", question, factoid, n, meter, stats),
+                _just([ruled]) if ruled else self._mutate("antonym_system", question, factoid, n, meter, stats),
             )
             variants += [(VariantKind.SYNONYM, s) for s in synonyms]
             variants += [(VariantKind.ANTONYM, a) for a in antonyms]
         if not variants:  # every mutation failed: judge the factoid itself rather than nothing
             variants.append((VariantKind.IDENTITY, factoid))
         return variants
+
+    async def _variants_batched(self, question: str, factoids: list[str], meter: _Meter,
+                                stats: DetectionStats) -> list[list[tuple[VariantKind, str]]]:
+        """Synonyms and antonyms of every factoid from one structured call."""
+        if not factoids:
+            return []
+        n = self.options.n_mutations
+        listed = "\n".join(f"{i}. {as_data(f)}" for i, f in enumerate(factoids, 1))
+        messages = [
+            {"role": "system", "content": render("mutate_batch_system", n=n)},
+            {"role": "user", "content": render("mutate_batch_user", question=as_data(question), statements=listed)},
+        ]
+        variant_list = {**_STRING_LIST, "minItems": n, "maxItems": n}
+        schema = {"type": "object", "required": ["items"], "properties": {"items": {
+            "type": "array", "minItems": len(factoids), "maxItems": len(factoids),
+            "items": {"type": "object", "required": ["synonyms", "antonyms"],
+                      "properties": {"synonyms": variant_list, "antonyms": variant_list}}}}}
+        reply = meter.count("mutate", await self.llm.complete(
+            messages, model=self.options.mutate_model, temperature=self.options.mutation_temperature,
+            max_tokens=min(4096, 80 * n * 2 * len(factoids) + 64), json_schema=schema))
+        try:
+            items = json.loads(reply.text)["items"]
+        except (ValueError, KeyError, TypeError):
+            items = []
+        out = []
+        for i, factoid in enumerate(factoids):
+            item = items[i] if i < len(items) and isinstance(items[i], dict) else {}
+            synonyms = _unique([x.strip() for x in item.get("synonyms") or [] if isinstance(x, str) and x.strip()])[:n]
+            ruled = negate(factoid) if self.options.rule_antonyms else None
+            antonyms = [ruled] if ruled else _unique(
+                [x.strip() for x in item.get("antonyms") or [] if isinstance(x, str) and x.strip()])[:n]
+            if not item:
+                stats.unparseable_mutations += 1
+            variants = [(VariantKind.IDENTITY, factoid)] if self.options.identity else []
+            variants += [(VariantKind.SYNONYM, x) for x in synonyms] + [(VariantKind.ANTONYM, x) for x in antonyms]
+            out.append(variants or [(VariantKind.IDENTITY, factoid)])
+        return out
 
     async def _mutate(self, prompt: str, question: str, factoid: str, n: int, meter: _Meter,
                       stats: DetectionStats) -> list[str]:
@@ -230,12 +278,94 @@ class MetaRAG:
             return []
         return _unique(statements)[:n]
 
+    async def _verify_all(self, passages: str, mutations: list[list[tuple[VariantKind, str]]],
+                          meter: _Meter) -> list[list[list[Variant]]]:
+        """verified[factoid][variant] = one Variant per verifier model, by the configured batching."""
+        mode = self.options.batch_verify
+        if mode == "none":
+            return list(await asyncio.gather(*(asyncio.gather(*(self._verify(passages, kind, text, meter)
+                                                                 for kind, text in variants))
+                                              for variants in mutations)))
+        groups = mutations if mode == "factoid" else [[v for variants in mutations for v in variants]]
+        per_model = await asyncio.gather(*(
+            asyncio.gather(*(self._verify_batch(model, passages, group, meter) for group in groups))
+            for model in self.options.verify_models))
+        # per_model[model][group][i] → back to [factoid][variant][model]
+        flat_by_model = [[v for group in groups_out for v in group] for groups_out in per_model]
+        out, cursor = [], 0
+        for variants in mutations:
+            out.append([[flat[cursor + j] for flat in flat_by_model] for j in range(len(variants))])
+            cursor += len(variants)
+        return out
+
+    async def _verify_batch(self, model: str | None, passages: str, items: list[tuple[VariantKind, str]],
+                            meter: _Meter) -> list[Variant]:
+        """Several statements verified in one call; cached verdicts are reused and not asked again."""
+        results: list[Variant | None] = [self._cached(model, passages, kind, text) for kind, text in items]
+        todo = [i for i, r in enumerate(results) if r is None]
+        if todo:
+            listed = "\n".join(f"{n}. {as_data(items[i][1])}" for n, i in enumerate(todo, 1))
+            messages = [
+                {"role": "system", "content": render("verify_batch_system")},
+                {"role": "user", "content": render("verify_batch_user", passages=passages, statements=listed)},
+            ]
+            schema = {"type": "object", "required": ["verdicts"], "properties": {"verdicts": {
+                "type": "array", "minItems": len(todo), "maxItems": len(todo),
+                "items": {"type": "object", "required": ["verdict"],
+                          "properties": {"verdict": {"type": "string", "enum": [v.value for v in Verdict]}}}}}}
+            reply = meter.count("verify", await self.llm.complete(
+                messages, model=model, max_tokens=16 * len(todo) + 32, json_schema=schema,
+                top_logprobs=5 if self.options.soft_verdicts else 0))
+            try:
+                verdicts = json.loads(reply.text)["verdicts"]
+            except (ValueError, KeyError, TypeError):
+                verdicts = []
+            for n, i in enumerate(todo):
+                raw = json.dumps(verdicts[n]) if n < len(verdicts) else ""
+                probabilities = (verdict_probabilities(reply.text, reply.logprobs, occurrence=n)
+                                 if self.options.soft_verdicts and n < len(verdicts) else None)
+                results[i] = self._scored(model, passages, items[i][0], items[i][1], parse_verdict(raw),
+                                          probabilities, reply.model)
+        return [r for r in results if r is not None]
+
+    def _cached(self, model: str | None, passages: str, kind: VariantKind, statement: str) -> Variant | None:
+        key = _cache_key(model, passages, statement, self.options.soft_verdicts)
+        hit = self._verdicts.get(key)
+        if hit is None:
+            return None
+        self._verdicts.move_to_end(key)
+        parsed, probabilities, verifier = hit
+        return self._variant(kind, statement, parsed, probabilities, verifier)
+
+    def _scored(self, model: str | None, passages: str, kind: VariantKind, statement: str, parsed: ParsedVerdict,
+                probabilities: dict[Verdict, float] | None, verifier: str) -> Variant:
+        if self.options.verdict_cache and parsed.parsed:
+            self._verdicts[_cache_key(model, passages, statement, self.options.soft_verdicts)] = (
+                parsed, probabilities, verifier)
+            while len(self._verdicts) > self.options.verdict_cache:
+                self._verdicts.popitem(last=False)
+        return self._variant(kind, statement, parsed, probabilities, verifier)
+
+    @staticmethod
+    def _variant(kind: VariantKind, statement: str, parsed: ParsedVerdict,
+                 probabilities: dict[Verdict, float] | None, verifier: str) -> Variant:
+        if probabilities and parsed.parsed:
+            penalty = scoring.expected_penalty(kind, probabilities)
+        else:
+            penalty = scoring.penalty(kind, parsed.verdict)
+        return Variant(kind=kind, text=statement, verdict=parsed.verdict, reason=parsed.reason, penalty=penalty,
+                       probabilities={v.value: round(p, 4) for v, p in probabilities.items()} if probabilities else None,
+                       verifier=verifier, parsed=parsed.parsed)
+
     async def _verify(self, passages: str, kind: VariantKind, statement: str, meter: _Meter) -> list[Variant]:
         return list(await asyncio.gather(
             *(self._verify_with(model, passages, kind, statement, meter) for model in self.options.verify_models)))
 
     async def _verify_with(self, model: str | None, passages: str, kind: VariantKind, statement: str,
                            meter: _Meter) -> Variant:
+        cached = self._cached(model, passages, kind, statement)
+        if cached is not None:
+            return cached
         reasons = self.options.reasons
         # Passages first, statement last: every verify call of one answer shares the same prompt prefix,
         # which llama.cpp (and API prompt caches) compute once.
@@ -251,22 +381,8 @@ class MetaRAG:
         reply = meter.count("verify", await self.llm.complete(
             messages, model=model, max_tokens=80 if reasons else 16, json_schema=schema,
             top_logprobs=5 if self.options.soft_verdicts else 0))
-        parsed = parse_verdict(reply.text)
         probabilities = verdict_probabilities(reply.text, reply.logprobs) if self.options.soft_verdicts else None
-        if probabilities and parsed.parsed:
-            penalty = scoring.expected_penalty(kind, probabilities)
-        else:
-            penalty = scoring.penalty(kind, parsed.verdict)
-        return Variant(
-            kind=kind,
-            text=statement,
-            verdict=parsed.verdict,
-            reason=parsed.reason,
-            penalty=penalty,
-            probabilities={v.value: round(p, 4) for v, p in probabilities.items()} if probabilities else None,
-            verifier=reply.model,
-            parsed=parsed.parsed,
-        )
+        return self._scored(model, passages, kind, statement, parse_verdict(reply.text), probabilities, reply.model)
 
 
 def _label(variants: list[Variant], score: float, threshold: float) -> Label:
@@ -281,6 +397,14 @@ def _label(variants: list[Variant], score: float, threshold: float) -> Label:
         refuted += p.get(against, 0.0)
         doubted += p.get(Verdict.NOT_SURE.value, 0.0)
     return "contradicted" if refuted >= doubted else "unsupported"
+
+
+def _cache_key(model: str | None, passages: str, statement: str, soft: bool) -> str:
+    return hashlib.sha256(json.dumps([model, passages, statement, soft]).encode()).hexdigest()
+
+
+async def _just(value: T) -> T:
+    return value
 
 
 def _string_list(text: str, key: str) -> list[str] | None:

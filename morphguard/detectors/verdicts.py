@@ -58,16 +58,19 @@ def _token_verdict(token: str) -> Verdict | None:
     return None
 
 
-def verdict_probabilities(text: str, tokens: Sequence[TokenChoice] | None) -> dict[Verdict, float] | None:
+def verdict_probabilities(text: str, tokens: Sequence[TokenChoice] | None,
+                          occurrence: int = 0) -> dict[Verdict, float] | None:
     """P(YES), P(NO), P(NOT SURE) at the token where the verdict is written, renormalised over the three.
 
-    The verdict's position is found in the reply text (after `"verdict": "` in JSON, else at the start);
-    the token that covers it carries the alternatives the model weighed there.
+    The verdict's position is found in the reply text (after the `occurrence`-th `"verdict": "` in JSON,
+    else at the start); the token that covers it carries the alternatives the model weighed there.
     """
     if not tokens:
         return None
-    match = re.search(r'"verdict"\s*:\s*"', text)
-    position = match.end() if match else len(text) - len(text.lstrip())
+    matches = list(re.finditer(r'"verdict"\s*:\s*"', text))
+    if occurrence and occurrence >= len(matches):
+        return None
+    position = matches[occurrence].end() if matches else len(text) - len(text.lstrip())
     offset = 0
     for choice in tokens:
         end = offset + len(choice.token)

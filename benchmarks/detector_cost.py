@@ -5,7 +5,7 @@ reports), with the judge of the config (default: the embedded local model). Prin
 benchmarks/results/detector_cost.json.
 
     python benchmarks/detector_cost.py [--dataset ragtruth-qa] [--limit 24] [--seed 0]
-                                       [--detector metarag:paper,metarag:embedded,direct,length]
+                                       [--detector metarag:paper,metarag:embedded,metarag:fast,direct,length]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="ragtruth-qa")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--detector", default="metarag:paper,metarag:embedded,direct,length")
+    parser.add_argument("--detector", default="metarag:paper,metarag:embedded,metarag:fast,direct,length")
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: shared with `morphguard eval`)")
     args = parser.parse_args()

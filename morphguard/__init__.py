@@ -17,7 +17,15 @@ from collections.abc import Sequence
 
 from morphguard.config import Config, load_config
 from morphguard.errors import MorphguardError
-from morphguard.models import Cost, Detection, Factoid, RagInput, Variant, VariantKind, Verdict
+from morphguard.models import (
+    Cost,
+    Detection,
+    Factoid,
+    RagInput,
+    Variant,
+    VariantKind,
+    Verdict,
+)
 
 __all__ = [
     "Config", "Cost", "Detection", "Factoid", "MorphguardError", "RagInput", "Variant", "VariantKind", "Verdict",

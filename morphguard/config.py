@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from morphguard.errors import ConfigError
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -60,7 +68,7 @@ class DetectorSettings(_Section):
 class MetaRAGSettings(_Section):
     """A named profile plus any field to override in it; unset fields come from the profile."""
 
-    profile: Literal["paper", "embedded", "batched"] = "embedded"
+    profile: Literal["paper", "embedded", "batched", "fast"] = "embedded"
     n_mutations: int | None = Field(None, ge=0)
     mutation_temperature: float | None = Field(None, ge=0.0)
     decompose_model: str | None = None

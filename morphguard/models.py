@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -73,11 +73,27 @@ class StageCost(BaseModel):
     output_tokens: int = 0
     seconds: float = 0.0
 
+    def count(self, completion: Any) -> None:
+        """Add one LLM reply (anything with `cached`, `input_tokens`, `output_tokens`)."""
+        if completion.cached:
+            self.cached_calls += 1
+        else:
+            self.llm_calls += 1
+            self.input_tokens += completion.input_tokens
+            self.output_tokens += completion.output_tokens
+
 
 class Cost(StageCost):
     """What one check cost in total, and per stage (decompose, mutate, verify)."""
 
     stages: dict[str, StageCost] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, stages: dict[str, StageCost], seconds: float) -> Cost:
+        """The stages added up; `seconds` is the check's wall time (stages may overlap)."""
+        return cls(**{k: sum(getattr(s, k) for s in stages.values())
+                      for k in ("llm_calls", "cached_calls", "input_tokens", "output_tokens")},
+                   seconds=seconds, stages=stages)
 
 
 class DetectionStats(BaseModel):

@@ -16,7 +16,15 @@ from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.spans import locate
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost, Verdict
+from morphguard.models import (
+    Cost,
+    Detection,
+    DetectionStats,
+    Factoid,
+    RagInput,
+    StageCost,
+    Verdict,
+)
 
 
 class LengthBaseline:
@@ -81,13 +89,12 @@ class DirectJudge:
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,
                                         score=score))
-        stage = StageCost(llm_calls=0 if reply.cached else 1, cached_calls=int(reply.cached),
-                          input_tokens=0 if reply.cached else reply.input_tokens,
-                          output_tokens=0 if reply.cached else reply.output_tokens, seconds=reply.seconds)
+        stage = StageCost(seconds=reply.seconds)
+        stage.count(reply)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=factoids,
-            cost=Cost(**{**stage.model_dump(), "seconds": time.perf_counter() - started}, stages={"verify": stage}),
+            cost=Cost.of({"verify": stage}, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(factoids), unparseable_verdicts=int(not parsed.parsed)),
             settings={"model": self.model, "soft_verdicts": self.soft_verdicts},
         )

@@ -26,7 +26,16 @@ from typing import Any
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.spans import find_phrase, locate
 from morphguard.llm.client import Completion, LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, Label, RagInput, StageCost
+from morphguard.models import (
+    Cost,
+    Detection,
+    DetectionStats,
+    Evidence,
+    Factoid,
+    Label,
+    RagInput,
+    StageCost,
+)
 
 LABELS: tuple[Label, ...] = ("supported", "unsupported", "contradicted")
 _COMPOUND = re.compile(r";|,? (?:and|but|while|whereas) (?:it |they |he |she |the |this |that )?\w+(?:s|ed)\b", re.I)
@@ -94,7 +103,7 @@ class ClaimJudge:
         cost.seconds = time.perf_counter() - started
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=factoids, cost=Cost(**cost.model_dump(), stages={"verify": cost}),
+            factoids=factoids, cost=Cost.of({"verify": cost}, cost.seconds),
             stats=DetectionStats(factoids=len(factoids)), settings=dict(self.options.__dict__),
         )
 
@@ -102,12 +111,7 @@ class ClaimJudge:
                     temperature: float = 0.0) -> Completion:
         reply = await self.llm.complete(messages, model=self.options.model, temperature=temperature,
                                         max_tokens=1024, json_schema=schema)
-        if reply.cached:
-            cost.cached_calls += 1
-        else:
-            cost.llm_calls += 1
-            cost.input_tokens += reply.input_tokens
-            cost.output_tokens += reply.output_tokens
+        cost.count(reply)
         return reply
 
     async def _judge(self, rag: RagInput, answer: str, cost: StageCost, temperature: float) -> list[_Claim]:

@@ -27,7 +27,16 @@ from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.spans import locate, sentences
 from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, Label, RagInput, StageCost
+from morphguard.models import (
+    Cost,
+    Detection,
+    DetectionStats,
+    Evidence,
+    Factoid,
+    Label,
+    RagInput,
+    StageCost,
+)
 
 ENTAILED, CONTRADICTED, BASELESS = "entailed", "contradicted", "baseless"
 LABELS = (ENTAILED, CONTRADICTED, BASELESS)
@@ -121,12 +130,9 @@ class HierarchicalVerifier:
                 evidence=[Evidence(passage=context[i].passage, start=context[i].start, end=context[i].end,
                                    text=context[i].text) for i in verdict.evidence]))
         score = max((f.score for f in factoids), default=0.0)
-        total = StageCost(**{k: sum(getattr(s, k) for s in stages.values())
-                             for k in ("llm_calls", "cached_calls", "input_tokens", "output_tokens")})
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=factoids, cost=Cost(**total.model_dump(exclude={"seconds"}),
-                                         seconds=time.perf_counter() - started, stages=stages),
+            factoids=factoids, cost=Cost.of(stages, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(factoids)),
             settings={**self.options.__dict__, "answer_label": and_join([v.label for v in verdicts]),
                       "windows": len(spans)},
@@ -145,13 +151,7 @@ class HierarchicalVerifier:
                     schema: dict[str, Any], logprobs: bool = False) -> Completion:
         reply = await self.llm.complete(messages, model=self.options.model, max_tokens=512, json_schema=schema,
                                         top_logprobs=5 if logprobs else 0)
-        cost = stages.setdefault(stage, StageCost())
-        if reply.cached:
-            cost.cached_calls += 1
-        else:
-            cost.llm_calls += 1
-            cost.input_tokens += reply.input_tokens
-            cost.output_tokens += reply.output_tokens
+        stages.setdefault(stage, StageCost()).count(reply)
         return reply
 
     async def _decompose(self, question: str, answer: str, stages: dict[str, StageCost]

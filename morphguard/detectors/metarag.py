@@ -19,18 +19,21 @@ import json
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from morphguard import telemetry
 from morphguard.config import MetaRAGSettings
 from morphguard.detectors import scoring
+from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
-from morphguard.detectors.spans import align_evidence, locate
 from morphguard.detectors.relations import negate
-from morphguard.detectors.verdicts import ParsedVerdict, parse_verdict, verdict_probabilities
-from morphguard.llm.client import Completion, LLMClient
+from morphguard.detectors.spans import align_evidence, locate
+from morphguard.detectors.verdicts import (
+    ParsedVerdict,
+    parse_verdict,
+    verdict_probabilities,
+)
+from morphguard.llm.client import LLMClient
 from morphguard.models import (
     Cost,
     Detection,
@@ -38,12 +41,10 @@ from morphguard.models import (
     Factoid,
     Label,
     RagInput,
-    StageCost,
     Variant,
     VariantKind,
     Verdict,
 )
-from morphguard.telemetry import names
 
 T = TypeVar("T")
 
@@ -76,6 +77,10 @@ PROFILES: dict[str, MetaRAGOptions] = {
     # For API judges, where the context repeated in every verify call is the cost: the paper's N = 2, with
     # all mutations in one call and all verifications in one call.
     "batched": MetaRAGOptions(reasons=False, batch_mutations=True, batch_verify="all"),
+    # The embedded profile in three calls: one for all mutations, one for all verdicts, rules for antonyms
+    # where they apply. A candidate for inline use on the embedded judge, measured in benchmarks/detector_cost.py.
+    "fast": MetaRAGOptions(n_mutations=1, identity=True, soft_verdicts=True, reasons=False, max_factoids=16,
+                           batch_mutations=True, batch_verify="all", rule_antonyms=True),
 }
 
 
@@ -88,46 +93,6 @@ def resolve_options(settings: MetaRAGSettings) -> MetaRAGOptions:
     if "verify_models" in overrides:
         overrides["verify_models"] = tuple(overrides["verify_models"]) or (None,)
     return replace(options, **overrides)
-
-
-@dataclass
-class _Meter:
-    """Cost of one check, per stage, from the completions it received."""
-
-    stages: dict[str, StageCost] = field(default_factory=dict)
-
-    async def run(self, stage: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run one stage inside its span; `work` is called there, so the calls it starts are its children."""
-        started = time.perf_counter()
-        with telemetry.stage_span(stage) as span:
-            try:
-                return await work()
-            finally:
-                cost = self.stages.setdefault(stage, StageCost())
-                cost.seconds += time.perf_counter() - started
-                span.set_attribute(names.STAGE_CALLS, cost.llm_calls)
-                span.set_attribute(names.INPUT_TOKENS, cost.input_tokens)
-                span.set_attribute(names.OUTPUT_TOKENS, cost.output_tokens)
-
-    def count(self, stage: str, completion: Completion) -> Completion:
-        cost = self.stages.setdefault(stage, StageCost())
-        if completion.cached:
-            cost.cached_calls += 1
-        else:
-            cost.llm_calls += 1
-            cost.input_tokens += completion.input_tokens
-            cost.output_tokens += completion.output_tokens
-        return completion
-
-    def total(self, seconds: float) -> Cost:
-        return Cost(
-            llm_calls=sum(s.llm_calls for s in self.stages.values()),
-            cached_calls=sum(s.cached_calls for s in self.stages.values()),
-            input_tokens=sum(s.input_tokens for s in self.stages.values()),
-            output_tokens=sum(s.output_tokens for s in self.stages.values()),
-            seconds=seconds,
-            stages=self.stages,
-        )
 
 
 _STRING_LIST = {"type": "array", "items": {"type": "string"}}
@@ -144,7 +109,7 @@ class MetaRAG:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        meter = _Meter()
+        meter = Meter()
         stats = DetectionStats()
 
         statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
@@ -184,12 +149,12 @@ class MetaRAG:
             threshold=self.threshold,
             flagged=scoring.is_flagged(score, self.threshold),
             factoids=factoids,
-            cost=meter.total(time.perf_counter() - started),
+            cost=Cost.of(meter.stages, time.perf_counter() - started),
             stats=stats,
             settings={k: v for k, v in self.options.__dict__.items()},
         )
 
-    async def _decompose(self, question: str, answer: str, meter: _Meter) -> list[str]:
+    async def _decompose(self, question: str, answer: str, meter: Meter) -> list[str]:
         if not answer.strip():
             return []
         messages = [
@@ -205,7 +170,7 @@ class MetaRAG:
             factoids = [s.strip() for s in re.split(r"(?<=[.!?])\s+", answer) if s.strip()]
         return _unique(factoids)
 
-    async def _variants_of(self, question: str, factoid: str, meter: _Meter,
+    async def _variants_of(self, question: str, factoid: str, meter: Meter,
                            stats: DetectionStats) -> list[tuple[VariantKind, str]]:
         variants: list[tuple[VariantKind, str]] = []
         if self.options.identity:
@@ -223,7 +188,7 @@ class MetaRAG:
             variants.append((VariantKind.IDENTITY, factoid))
         return variants
 
-    async def _variants_batched(self, question: str, factoids: list[str], meter: _Meter,
+    async def _variants_batched(self, question: str, factoids: list[str], meter: Meter,
                                 stats: DetectionStats) -> list[list[tuple[VariantKind, str]]]:
         """Synonyms and antonyms of every factoid from one structured call."""
         if not factoids:
@@ -260,7 +225,7 @@ class MetaRAG:
             out.append(variants or [(VariantKind.IDENTITY, factoid)])
         return out
 
-    async def _mutate(self, prompt: str, question: str, factoid: str, n: int, meter: _Meter,
+    async def _mutate(self, prompt: str, question: str, factoid: str, n: int, meter: Meter,
                       stats: DetectionStats) -> list[str]:
         messages = [
             {"role": "system", "content": render(prompt, n=n)},
@@ -279,7 +244,7 @@ class MetaRAG:
         return _unique(statements)[:n]
 
     async def _verify_all(self, passages: str, mutations: list[list[tuple[VariantKind, str]]],
-                          meter: _Meter) -> list[list[list[Variant]]]:
+                          meter: Meter) -> list[list[list[Variant]]]:
         """verified[factoid][variant] = one Variant per verifier model, by the configured batching."""
         mode = self.options.batch_verify
         if mode == "none":
@@ -299,9 +264,9 @@ class MetaRAG:
         return out
 
     async def _verify_batch(self, model: str | None, passages: str, items: list[tuple[VariantKind, str]],
-                            meter: _Meter) -> list[Variant]:
+                            meter: Meter) -> list[Variant]:
         """Several statements verified in one call; cached verdicts are reused and not asked again."""
-        results: list[Variant | None] = [self._cached(model, passages, kind, text) for kind, text in items]
+        results: list[Variant | None] = [self._cached(model, passages, kind, text, meter) for kind, text in items]
         todo = [i for i, r in enumerate(results) if r is None]
         if todo:
             listed = "\n".join(f"{n}. {as_data(items[i][1])}" for n, i in enumerate(todo, 1))
@@ -328,12 +293,14 @@ class MetaRAG:
                                           probabilities, reply.model)
         return [r for r in results if r is not None]
 
-    def _cached(self, model: str | None, passages: str, kind: VariantKind, statement: str) -> Variant | None:
+    def _cached(self, model: str | None, passages: str, kind: VariantKind, statement: str,
+                meter: Meter) -> Variant | None:
         key = _cache_key(model, passages, statement, self.options.soft_verdicts)
         hit = self._verdicts.get(key)
         if hit is None:
             return None
         self._verdicts.move_to_end(key)
+        meter.hit("verify")
         parsed, probabilities, verifier = hit
         return self._variant(kind, statement, parsed, probabilities, verifier)
 
@@ -357,13 +324,13 @@ class MetaRAG:
                        probabilities={v.value: round(p, 4) for v, p in probabilities.items()} if probabilities else None,
                        verifier=verifier, parsed=parsed.parsed)
 
-    async def _verify(self, passages: str, kind: VariantKind, statement: str, meter: _Meter) -> list[Variant]:
+    async def _verify(self, passages: str, kind: VariantKind, statement: str, meter: Meter) -> list[Variant]:
         return list(await asyncio.gather(
             *(self._verify_with(model, passages, kind, statement, meter) for model in self.options.verify_models)))
 
     async def _verify_with(self, model: str | None, passages: str, kind: VariantKind, statement: str,
-                           meter: _Meter) -> Variant:
-        cached = self._cached(model, passages, kind, statement)
+                           meter: Meter) -> Variant:
+        cached = self._cached(model, passages, kind, statement, meter)
         if cached is not None:
             return cached
         reasons = self.options.reasons

@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from morphguard import telemetry
-
 from morphguard.errors import LLMError, LLMTimeoutError
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.

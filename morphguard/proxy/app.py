@@ -21,11 +21,11 @@ from starlette.routing import Route
 from morphguard import telemetry
 from morphguard.config import Config, LitellmRoute
 from morphguard.detectors import DETECTORS, Detector, build_detector, is_known
-from morphguard.proxy import verdict as v
-from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.policy.actions import answer_of
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.proxy import verdict as v
+from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
     ProxyError,

@@ -9,7 +9,12 @@ import logging
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from morphguard.config import EscalationSettings
 from morphguard.policy.audit import AuditStore

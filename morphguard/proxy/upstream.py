@@ -16,7 +16,12 @@ from contextlib import asynccontextmanager
 import httpx
 
 from morphguard.config import ProxySettings
-from morphguard.proxy.errors import ProxyError, unauthorized, upstream_timeout, upstream_unavailable
+from morphguard.proxy.errors import (
+    ProxyError,
+    unauthorized,
+    upstream_timeout,
+    upstream_unavailable,
+)
 
 log = logging.getLogger(__name__)
 

@@ -46,15 +46,23 @@ def _exporters(settings: TelemetrySettings) -> tuple[SpanExporter | None, object
 
         return ConsoleSpanExporter(), ConsoleMetricExporter()
     if kind == "otlp-http":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         base = settings.endpoint.rstrip("/") if settings.endpoint else None
         return (OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, headers=headers),
                 OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, headers=headers))
     if kind == "otlp-grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         return (OTLPSpanExporter(endpoint=settings.endpoint, headers=headers),
                 OTLPMetricExporter(endpoint=settings.endpoint, headers=headers))

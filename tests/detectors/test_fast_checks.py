@@ -89,6 +89,7 @@ def test_the_verdict_cache_answers_repeated_statements_across_checks(scripted_co
         off = check(build_detector(configured(scripted_config, server.base_url, verdict_cache=0), name="metarag:paper"))
     assert first.cost.stages["verify"].llm_calls == 8
     assert second.cost.stages["verify"].llm_calls == 0 and second.score == first.score
+    assert second.cost.stages["verify"].cached_calls == 8
     assert off.cost.stages["verify"].llm_calls == 8
 
 

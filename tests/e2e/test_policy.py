@@ -194,7 +194,7 @@ def test_audit_lists_filters_and_exports(policy_proxy, proxy_factory):
     assert blocked["cost"]["llm_calls"] + blocked["cost"]["cached_calls"] >= 7  # decompose, 2 mutations, 4 verifies
     topic = audit(proxy_factory, policy_proxy, "--topic", "migration", "--format", "csv")
     lines = topic.stdout.splitlines()
-    assert lines[0].startswith("id,time,request_id") and len(lines) > 1 and all(",migration," in l for l in lines[1:])
+    assert lines[0].startswith("id,time,request_id") and len(lines) > 1 and all(",migration," in row for row in lines[1:])
     out = proxy_factory.folders[policy_proxy] / "export.jsonl"
     assert audit(proxy_factory, policy_proxy, "--since", "1h", "--out", str(out), "--format", "jsonl").returncode == 0
     assert len(out.read_text().splitlines()) >= len(rows)

@@ -7,7 +7,6 @@ import json
 import socket
 import threading
 import time
-
 import urllib.request
 
 import pytest

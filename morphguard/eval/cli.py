@@ -85,7 +85,14 @@ def fingerprint(config: Config, name: str) -> str:
                                   "hier_verify_user"]}[base]
         parts["prompts"] = {n: template(n) for n in names}
     if base == "metarag":
-        parts["options"] = dataclasses.asdict(resolve_options(resolved.metarag))
+        options = dataclasses.asdict(resolve_options(resolved.metarag))
+        # The cache never changes a verdict, and a fast-check switch left off is the behaviour from before
+        # it existed: neither makes earlier results stale.
+        options.pop("verdict_cache")
+        for switch, off in (("batch_mutations", False), ("batch_verify", "none"), ("rule_antonyms", False)):
+            if options[switch] == off:
+                options.pop(switch)
+        parts["options"] = options
     elif base in ("claims", "hierarchical"):
         parts["options"] = getattr(resolved, base).model_dump()
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -15,7 +15,11 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
     """A client for the judge of `config`; the embedded judge is started if any of `models` is "local"."""
     judge = config.judge
     routes: dict[str, Endpoint] = {}
+    concurrency = judge.concurrency
     if LOCAL_MODEL in {m or judge.model for m in (*models, judge.model)}:
+        # llama.cpp decodes `parallel` requests at a time and queues the rest; queue here instead, so a call's
+        # timeout measures its own decoding, not the wait behind a dozen others.
+        concurrency = min(concurrency, config.local.parallel)
         base_url = shared_judge(config.local).start()
         # llama.cpp serves one model whatever name it is asked for; "openai/" makes litellm speak its API.
         routes[LOCAL_MODEL] = Endpoint("openai/" + config.local.filename, base_url, "no-key", provider="llama.cpp")
@@ -26,6 +30,6 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
         api_key=judge.api_key.get_secret_value() if judge.api_key else None,
         timeout_s=judge.timeout_s,
         max_attempts=judge.max_attempts,
-        concurrency=judge.concurrency,
+        concurrency=concurrency,
         cache_entries=judge.cache.max_entries if judge.cache.enabled else 0,
     )

@@ -88,7 +88,7 @@ class DirectJudge:
             for text in _unsupported(reply.text):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,
-                                        score=score))
+                                        score=score, label="unsupported"))
         stage = StageCost(seconds=reply.seconds)
         stage.count(reply)
         return Detection(

@@ -217,3 +217,30 @@ def test_metrics_for_calls_scores_and_decisions(llm, tmp_path):
     assert any(p.max == 1.0 for p in points["morphguard.score"])
     decisions = {(p.attributes[names.ACTION], p.attributes[names.TOPIC]): p.value for p in points["morphguard.decisions"]}
     assert decisions[("annotate", "pregnancy")] >= 1
+
+
+def test_fail_open_and_queue_depth_metrics(llm, tmp_path):
+    config = make_config(llm, tmp_path, proxy={"mode": "async"})
+    # a judge that cannot be reached: every check fails, and the general profile fails open
+    config = config.model_copy(update={"judge": config.judge.model_copy(
+        update={"api_base": "http://127.0.0.1:9/v1", "max_attempts": 1, "timeout_s": 2})})
+    with InProcessProxy(config) as proxy:
+        post(proxy.url)
+        post(proxy.url)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            points = _points()
+            if sum(p.value for p in points.get("morphguard.fail_open", [])) >= 2:
+                break
+            time.sleep(0.2)
+    assert sum(p.value for p in points["morphguard.fail_open"]) >= 2
+    assert sum(p.value for p in points["morphguard.queue.depth"]) == 0  # both queued, both taken
+
+
+def _points() -> dict[str, list]:
+    points: dict[str, list] = {}
+    for resource in METRICS.get_metrics_data().resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                points.setdefault(metric.name, []).extend(metric.data.data_points)
+    return points

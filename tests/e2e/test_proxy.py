@@ -30,8 +30,8 @@ def async_proxy(proxy_factory) -> str:
     return proxy_factory(mode="async", stream_mode="async")
 
 
-def client(base: str, key: str = "sk-client") -> openai.OpenAI:
-    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=30)
+def client(base: str, key: str = "sk-client", timeout: float = 30) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=timeout)
 
 
 def ask(model: str, **extra):
@@ -228,7 +228,8 @@ def test_async_mode_answers_at_once_and_checks_in_the_background(async_proxy, pr
 @pytest.mark.model
 def test_the_embedded_local_judge_checks_through_the_proxy(proxy_factory):
     proxy = proxy_factory(judge_model="local")
-    raw = client(proxy).chat.completions.with_raw_response.create(
+    # a generous bound: a check on the CPU model takes ~20 s alone, far longer on a busy machine
+    raw = client(proxy, timeout=600).chat.completions.with_raw_response.create(
         **ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE}})
     verdict = verdict_of(raw.parse())
     assert verdict["checked"] and verdict["flagged"], verdict

@@ -25,13 +25,17 @@ CAVEAT = ("RAGTruth here is a partial third-party test subset (see ../shared/dat
 def summarize(items: Sequence[Item], outcomes: Sequence[Outcome], detectors: Sequence[str], *,
               calibrate: bool = False, seed: int = 0) -> dict[str, Any]:
     by_id = {i.id: i for i in items}
-    test_ids = set(by_id)
+    # Paired comparison: only the items every detector has a result for (a run still going, or failures).
+    scored = [{o.item_id for o in outcomes if o.detector == name and o.error is None} for name in detectors]
+    common = set.intersection(*scored) if scored else set()
+    items = [i for i in items if i.id in common]
+    test_ids = {i.id for i in items}
     dev_ids: set[str] = set()
     if calibrate:
         dev, test = split(list(items), seed=seed)
         dev_ids, test_ids = {i.id for i in dev}, {i.id for i in test}
-    summary: dict[str, Any] = {"items": len(items), "evaluated_items": len(test_ids), "calibrated": calibrate,
-                               "tasks": sorted({i.task for i in items}), "detectors": {}}
+    summary: dict[str, Any] = {"items": len(items), "sampled_items": len(by_id), "evaluated_items": len(test_ids),
+                               "calibrated": calibrate, "tasks": sorted({i.task for i in items}), "detectors": {}}
     for name in detectors:
         mine = [o for o in outcomes if o.detector == name]
         good = [o for o in mine if o.error is None]
@@ -40,7 +44,8 @@ def summarize(items: Sequence[Item], outcomes: Sequence[Outcome], detectors: Seq
             tune = [o for o in good if o.item_id in dev_ids]
             threshold = metrics.best_threshold([o.hallucinated for o in tune], [o.score for o in tune]) if tune else None
         summary["detectors"][name] = _detector_summary(
-            [o for o in good if o.item_id in test_ids], by_id, threshold, errors=len(mine) - len(good))
+            [o for o in good if o.item_id in test_ids], by_id, threshold,
+            errors=sum(1 for o in mine if o.error is not None))
     return summary
 
 
@@ -112,6 +117,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     scope = (f"{summary['evaluated_items']} test items of {summary['items']} (τ chosen for max F1 on the other half)"
              if summary["calibrated"] else f"{summary['items']} items, each detector at its own threshold")
+    if summary["items"] < summary.get("sampled_items", summary["items"]):
+        scope += f"; only the {summary['items']} of {summary['sampled_items']} sampled items every detector has scored"
     lines = [f"Detection quality — {scope}", "",
              "| detector | τ | P | R | F1 | acc | AUROC | PR-AUC | span P | span R | span F1 | calls | in tok | out tok | s (median) | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -69,3 +69,13 @@ def test_written_report_has_table_json_plots_and_span_page(tmp_path):
     page = (tmp_path / "spans.html").read_text()
     assert '<mark class="gold">green</mark>' in page and '<mark class="pred">green</mark>' in page
     assert "<th>length" not in page  # the length baseline points at nothing
+
+
+def test_detectors_are_compared_on_the_items_all_of_them_scored():
+    outcomes = [outcome(i, 0.6 if i.hallucinated else 0.4) for i in ITEMS]
+    outcomes += [outcome(i, 0.3, detector="slow") for i in ITEMS[:4]]  # a run still going
+    outcomes.append(outcome(ITEMS[5], 0.9, detector="slow").model_copy(update={"error": "timeout", "score": None}))
+    summary = report.summarize(ITEMS, outcomes, ["d", "slow"])
+    assert summary["items"] == 4 and summary["sampled_items"] == 8
+    assert summary["detectors"]["d"]["outcomes"] == 4 and summary["detectors"]["slow"]["errors"] == 1
+    assert "only the 4 of 8 sampled items" in report.markdown(summary)

@@ -149,7 +149,11 @@ def _serve(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    parent = os.getppid()
+    # A parent killed outright (SIGKILL) cannot stop us: notice it is gone rather than serve on as an orphan.
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            break
     del server
 
 

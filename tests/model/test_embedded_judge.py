@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -85,3 +86,26 @@ def test_claims_labels_every_claim_and_keeps_only_verbatim_evidence():
         for evidence in claim.evidence:
             assert CONTEXT[evidence.start:evidence.end] == evidence.text
     assert result.score == max(f.score for f in result.factoids)
+
+
+def test_the_judge_server_does_not_outlive_a_killed_parent(tmp_path):
+    script = ("import sys, time\n"
+              "from morphguard import Config\n"
+              "from morphguard.llm.local import LocalJudge\n"
+              "print(LocalJudge(Config().local).start(), flush=True)\n"
+              "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    base_url = parent.stdout.readline().strip()
+    root = base_url.removesuffix("/v1")
+    assert httpx.get(root + "/health", timeout=5).status_code == 200
+    parent.kill()  # SIGKILL: no atexit, no cleanup in the parent
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(root + "/health", timeout=1)
+        except httpx.HTTPError:
+            break
+        time.sleep(0.5)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(root + "/health", timeout=1)

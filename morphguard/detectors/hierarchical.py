@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from morphguard import telemetry
+from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.spans import locate, sentences
 from morphguard.detectors.verdicts import label_probabilities
@@ -35,7 +35,6 @@ from morphguard.models import (
     Factoid,
     Label,
     RagInput,
-    StageCost,
 )
 
 ENTAILED, CONTRADICTED, BASELESS = "entailed", "contradicted", "baseless"
@@ -98,14 +97,14 @@ class HierarchicalVerifier:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        stages: dict[str, StageCost] = {}
+        meter = Meter()
         context = [Sentence(n, s, e, passage[s:e]) for n, passage in enumerate(rag.passages, 1)
                    for s, e in sentences(passage)]
-        claims = await self._timed(stages, "decompose", lambda: self._decompose(rag.question, answer, stages))
+        claims = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         spans = windows(len(context), self.options.window, self.options.overlap)
 
         async def verify_claim(claim: str) -> Verdict:
-            local = await asyncio.gather(*(self._verify(context, w, claim, None, stages) for w in spans))
+            local = await asyncio.gather(*(self._verify(context, w, claim, None, meter) for w in spans))
             label = or_join([v.label for v in local])
             if len(spans) == 1:  # the one window is the whole context: the local label is the global one
                 return local[0]
@@ -113,9 +112,9 @@ class HierarchicalVerifier:
             cited = local[winner].evidence
             hint = (f"An earlier pass over sentences {spans[winner].start + 1}-{spans[winner].stop} found the claim "
                     f"{label}" + (f", citing sentences {', '.join(str(i + 1) for i in cited)}." if cited else "."))
-            return await self._verify(context, range(len(context)), claim, hint, stages)
+            return await self._verify(context, range(len(context)), claim, hint, meter)
 
-        verdicts = await self._timed(stages, "verify",
+        verdicts = await meter.run("verify",
                                      lambda: asyncio.gather(*(verify_claim(text) for text, _ in claims)))
         factoids = []
         for (text, (s_start, s_end)), verdict in zip(claims, verdicts):
@@ -132,29 +131,19 @@ class HierarchicalVerifier:
         score = max((f.score for f in factoids), default=0.0)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=factoids, cost=Cost.of(stages, time.perf_counter() - started),
+            factoids=factoids, cost=Cost.of(meter.stages, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(factoids)),
             settings={**self.options.__dict__, "answer_label": and_join([v.label for v in verdicts]),
                       "windows": len(spans)},
         )
 
-    @staticmethod
-    async def _timed(stages: dict[str, StageCost], stage: str, work: Any) -> Any:
-        started = time.perf_counter()
-        with telemetry.stage_span(stage):
-            try:
-                return await work()
-            finally:
-                stages.setdefault(stage, StageCost()).seconds += time.perf_counter() - started
-
-    async def _call(self, stages: dict[str, StageCost], stage: str, messages: list[dict[str, str]],
+    async def _call(self, meter: Meter, stage: str, messages: list[dict[str, str]],
                     schema: dict[str, Any], logprobs: bool = False) -> Completion:
         reply = await self.llm.complete(messages, model=self.options.model, max_tokens=512, json_schema=schema,
                                         top_logprobs=5 if logprobs else 0)
-        stages.setdefault(stage, StageCost()).count(reply)
-        return reply
+        return meter.count(stage, reply)
 
-    async def _decompose(self, question: str, answer: str, stages: dict[str, StageCost]
+    async def _decompose(self, question: str, answer: str, meter: Meter
                          ) -> list[tuple[str, tuple[int, int]]]:
         """(claim, span of its answer sentence) for every claim of every sentence, in answer order."""
         parts = sentences(answer)
@@ -168,7 +157,7 @@ class HierarchicalVerifier:
                         {"role": "user", "content": render("hier_decompose_user", question=as_data(question),
                                                            answer=as_data(answer),
                                                            sentence=as_data(answer[span[0]:span[1]]))}]
-            reply = await self._call(stages, "decompose", messages, schema)
+            reply = await self._call(meter, "decompose", messages, schema)
             try:
                 data = json.loads(reply.text)
                 claims = [c.strip() for c in data.get("claims", []) if isinstance(c, str) and c.strip()]
@@ -180,7 +169,7 @@ class HierarchicalVerifier:
         return [claim for claims in per_sentence for claim in claims]
 
     async def _verify(self, context: list[Sentence], window: range, claim: str, hint: str | None,
-                      stages: dict[str, StageCost]) -> Verdict:
+                      meter: Meter) -> Verdict:
         if not context:
             return Verdict(BASELESS, [])
         listed = "\n".join(f"[{i + 1}] {as_data(context[i].text)}" for i in window)
@@ -191,7 +180,7 @@ class HierarchicalVerifier:
         schema = {"type": "object", "required": ["label", "evidence"],
                   "properties": {"label": {"type": "string", "enum": list(LABELS)},
                                  "evidence": {"type": "array", "items": {"type": "integer"}, "maxItems": 6}}}
-        reply = await self._call(stages, "verify", messages, schema, logprobs=self.options.soft_verdicts)
+        reply = await self._call(meter, "verify", messages, schema, logprobs=self.options.soft_verdicts)
         try:
             data = json.loads(reply.text)
         except ValueError:

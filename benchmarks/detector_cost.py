@@ -5,7 +5,7 @@ reports), with the judge of the config (default: the embedded local model). Prin
 benchmarks/results/detector_cost.json.
 
     python benchmarks/detector_cost.py [--dataset ragtruth-qa] [--limit 24] [--seed 0]
-                                       [--detector metarag:paper,metarag:embedded,metarag:fast,direct,length]
+                                       [--detector metarag:embedded,metarag:paper,direct,length]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from morphguard.config import load_config
 from morphguard.eval import runner
-from morphguard.eval.cli import evaluate
+from morphguard.eval.cli import evaluate, fingerprint
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="ragtruth-qa")
     parser.add_argument("--limit", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--detector", default="metarag:paper,metarag:embedded,metarag:fast,direct,length")
+    parser.add_argument("--detector", default="metarag:embedded,metarag:paper,direct,length")
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: shared with `morphguard eval`)")
     args = parser.parse_args()
@@ -40,7 +40,8 @@ def main() -> None:
 
     rows = []
     for name in names:
-        mine = [o for o in outcomes if o.detector == name]
+        current = fingerprint(config, name)  # the folder may also hold results under earlier settings
+        mine = [o for o in outcomes if o.detector == name and o.fingerprint == current]
         stages = sorted({s for o in mine for s in o.stage_seconds})
         d = summary["detectors"][name]
         rows.append({

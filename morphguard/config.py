@@ -68,7 +68,7 @@ class DetectorSettings(_Section):
 class MetaRAGSettings(_Section):
     """A named profile plus any field to override in it; unset fields come from the profile."""
 
-    profile: Literal["paper", "embedded", "batched", "fast"] = "embedded"
+    profile: Literal["paper", "embedded", "batched"] = "embedded"
     n_mutations: int | None = Field(None, ge=0)
     mutation_temperature: float | None = Field(None, ge=0.0)
     decompose_model: str | None = None
@@ -82,6 +82,8 @@ class MetaRAGSettings(_Section):
     batch_verify: Literal["none", "factoid", "all"] | None = None
     rule_antonyms: bool | None = None
     verdict_cache: int | None = Field(None, ge=0)
+    decompose: Literal["llm", "sentences"] | None = None
+    context_budget: int | None = Field(None, ge=0)
 
 
 class ClaimsSettings(_Section):

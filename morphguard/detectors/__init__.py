@@ -1,7 +1,7 @@
 """Hallucination detectors, registered by name in one place.
 
 A name is `metarag`, `claims`, `hierarchical`, `direct` or `length`; `metarag:PROFILE` picks a MetaRAG profile (`paper`,
-`embedded`) over the one in the config, so an evaluation can set profiles side by side.
+`embedded`, `batched`) over the one in the config, so an evaluation can set profiles side by side.
 """
 
 from __future__ import annotations

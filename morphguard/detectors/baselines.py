@@ -77,7 +77,7 @@ class DirectJudge:
         reply = await self.llm.complete(messages, model=self.model, max_tokens=384, json_schema=schema,
                                         top_logprobs=5 if self.soft_verdicts else 0)
         parsed = parse_verdict(reply.text)
-        probabilities = verdict_probabilities(reply.text, reply.logprobs) if self.soft_verdicts else None
+        probabilities = verdict_probabilities(reply.logprobs) if self.soft_verdicts else None
         if probabilities and parsed.parsed:
             yes, no = probabilities[Verdict.YES], probabilities[Verdict.NO]
             score = no / (yes + no) if yes + no > 0 else 0.5

@@ -188,6 +188,6 @@ class HierarchicalVerifier:
         label = data.get("label") if isinstance(data, dict) and data.get("label") in LABELS else BASELESS
         cited = [n - 1 for n in data.get("evidence", []) if isinstance(n, int) and n - 1 in window] \
             if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
-        probabilities = (label_probabilities(reply.text, reply.logprobs, "label", LABELS)
+        probabilities = (label_probabilities(reply.logprobs, "label", LABELS)
                          if self.options.soft_verdicts else None)
         return Verdict(label, cited if label != BASELESS else [], probabilities)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from morphguard.config import MetaRAGSettings
-from morphguard.detectors import scoring
+from morphguard.detectors import focus, scoring
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.relations import negate
@@ -64,23 +64,23 @@ class MetaRAGOptions:
     batch_verify: str = "none"  # none: one call per variant | factoid: per factoid | all: one call
     rule_antonyms: bool = False  # a number or polarity rule makes the antonym where it applies (no call)
     verdict_cache: int = 4096  # (statement, passages, verifier) → verdict, LRU within and across checks; 0: off
+    decompose: str = "llm"  # llm: factoids from the judge | sentences: the answer's own statements, no call
+    context_budget: int = 0  # characters of context verified: the most relevant sentences (focus.py); 0: all
 
 
 PROFILES: dict[str, MetaRAGOptions] = {
     # As published: N = 2 per relation, discrete verdicts, temperature 0.
     "paper": MetaRAGOptions(),
-    # For the 1.5B embedded judge, where measured variants drift and verdicts are noisy: verify each factoid
-    # as written with soft scores and one variant per relation. No reasons: the verdict is written first, so a
-    # reason never changes the score, yet reasons were most of the generated tokens (one RAGTruth Data2txt
-    # answer: 2,012 output tokens over 51 calls, 184 of its 253 s in verify).
-    "embedded": MetaRAGOptions(n_mutations=1, identity=True, soft_verdicts=True, reasons=False, max_factoids=16),
+    # The default for the 1.5B embedded judge, built for inline latency. Measured there (README, "Fast checks"),
+    # generation and then reading are the cost, and antonyms, by rule or by the judge, lowered AUROC: the judge
+    # says YES to a statement and to its negation alike. So one call: the answer's own sentences are the
+    # factoids, each verified as written against the context sentences that share words with the answer,
+    # every verdict scored softly from its token's log-probabilities.
+    "embedded": MetaRAGOptions(n_mutations=0, identity=True, soft_verdicts=True, reasons=False, max_factoids=16,
+                               decompose="sentences", batch_verify="all", context_budget=1000),
     # For API judges, where the context repeated in every verify call is the cost: the paper's N = 2, with
     # all mutations in one call and all verifications in one call.
     "batched": MetaRAGOptions(reasons=False, batch_mutations=True, batch_verify="all"),
-    # The embedded profile in three calls: one for all mutations, one for all verdicts, rules for antonyms
-    # where they apply. A candidate for inline use on the embedded judge, measured in benchmarks/detector_cost.py.
-    "fast": MetaRAGOptions(n_mutations=1, identity=True, soft_verdicts=True, reasons=False, max_factoids=16,
-                           batch_mutations=True, batch_verify="all", rule_antonyms=True),
 }
 
 
@@ -112,7 +112,10 @@ class MetaRAG:
         meter = Meter()
         stats = DetectionStats()
 
-        statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
+        if self.options.decompose == "sentences":
+            statements = focus.statements(answer, self.options.max_factoids)
+        else:
+            statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
         if self.options.batch_mutations and self.options.n_mutations > 0:
             mutations = await meter.run("mutate", lambda: self._variants_batched(rag.question, statements, meter, stats))
@@ -120,7 +123,8 @@ class MetaRAG:
             mutations = await meter.run(
                 "mutate", lambda: asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
             )
-        passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(rag.passages, 1))
+        focused = focus.focus(statements, rag.passages, self.options.context_budget)
+        passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(focused, 1) if p)
         verified = await meter.run("verify", lambda: self._verify_all(passages, mutations, meter))
 
         factoids = []
@@ -176,14 +180,14 @@ class MetaRAG:
         if self.options.identity:
             variants.append((VariantKind.IDENTITY, factoid))
         n = self.options.n_mutations
-        if n > 0:
-            ruled = negate(factoid) if self.options.rule_antonyms else None
-            synonyms, antonyms = await asyncio.gather(
-                self._mutate("synonym_system", question, factoid, n, meter, stats),
-                _just([ruled]) if ruled else self._mutate("antonym_system", question, factoid, n, meter, stats),
-            )
-            variants += [(VariantKind.SYNONYM, s) for s in synonyms]
-            variants += [(VariantKind.ANTONYM, a) for a in antonyms]
+        ruled = negate(factoid) if self.options.rule_antonyms else None
+        synonyms, antonyms = await asyncio.gather(
+            self._mutate("synonym_system", question, factoid, n, meter, stats) if n else _just([]),
+            _just([ruled]) if ruled else self._mutate("antonym_system", question, factoid, n, meter, stats)
+            if n else _just([]),
+        )
+        variants += [(VariantKind.SYNONYM, s) for s in synonyms]
+        variants += [(VariantKind.ANTONYM, a) for a in antonyms]
         if not variants:  # every mutation failed: judge the factoid itself rather than nothing
             variants.append((VariantKind.IDENTITY, factoid))
         return variants
@@ -276,8 +280,7 @@ class MetaRAG:
             ]
             schema = {"type": "object", "required": ["verdicts"], "properties": {"verdicts": {
                 "type": "array", "minItems": len(todo), "maxItems": len(todo),
-                "items": {"type": "object", "required": ["verdict"],
-                          "properties": {"verdict": {"type": "string", "enum": [v.value for v in Verdict]}}}}}}
+                "items": {"type": "string", "enum": [v.value for v in Verdict]}}}}
             reply = meter.count("verify", await self.llm.complete(
                 messages, model=model, max_tokens=16 * len(todo) + 32, json_schema=schema,
                 top_logprobs=5 if self.options.soft_verdicts else 0))
@@ -286,8 +289,8 @@ class MetaRAG:
             except (ValueError, KeyError, TypeError):
                 verdicts = []
             for n, i in enumerate(todo):
-                raw = json.dumps(verdicts[n]) if n < len(verdicts) else ""
-                probabilities = (verdict_probabilities(reply.text, reply.logprobs, occurrence=n)
+                raw = json.dumps({"verdict": verdicts[n]}) if n < len(verdicts) else ""
+                probabilities = (verdict_probabilities(reply.logprobs, occurrence=n, listed=True)
                                  if self.options.soft_verdicts and n < len(verdicts) else None)
                 results[i] = self._scored(model, passages, items[i][0], items[i][1], parse_verdict(raw),
                                           probabilities, reply.model)
@@ -348,7 +351,7 @@ class MetaRAG:
         reply = meter.count("verify", await self.llm.complete(
             messages, model=model, max_tokens=80 if reasons else 16, json_schema=schema,
             top_logprobs=5 if self.options.soft_verdicts else 0))
-        probabilities = verdict_probabilities(reply.text, reply.logprobs) if self.options.soft_verdicts else None
+        probabilities = verdict_probabilities(reply.logprobs) if self.options.soft_verdicts else None
         return self._scored(model, passages, kind, statement, parse_verdict(reply.text), probabilities, reply.model)
 
 

@@ -58,25 +58,37 @@ def _token_verdict(token: str) -> Verdict | None:
     return None
 
 
-def verdict_probabilities(text: str, tokens: Sequence[TokenChoice] | None,
-                          occurrence: int = 0) -> dict[Verdict, float] | None:
+_VERDICT_KEY = re.compile(r'"verdict"\s*:\s*"')
+_LIST_ITEM = re.compile(r'[\[,]\s*"')
+
+
+def verdict_probabilities(tokens: Sequence[TokenChoice] | None, occurrence: int = 0,
+                          listed: bool = False) -> dict[Verdict, float] | None:
     """P(YES), P(NO), P(NOT SURE) at the token where the verdict is written, renormalised over the three.
 
-    The verdict's position is found in the reply text (after the `occurrence`-th `"verdict": "` in JSON,
-    else at the start); the token that covers it carries the alternatives the model weighed there.
+    The verdict's position is found in the generated tokens (after the `occurrence`-th `"verdict": "`
+    in JSON, or, `listed`, the `occurrence`-th string of a JSON list; else at the start); the token that
+    covers it carries the alternatives the model weighed there. The tokens, not the reply's text, are
+    searched: llama.cpp may generate a ```json fence that its reply content leaves out.
     """
     if not tokens:
         return None
-    matches = list(re.finditer(r'"verdict"\s*:\s*"', text))
+    stream = "".join(choice.token for choice in tokens)
+    matches = list((_LIST_ITEM if listed else _VERDICT_KEY).finditer(stream))
     if occurrence and occurrence >= len(matches):
         return None
-    position = matches[occurrence].end() if matches else len(text) - len(text.lstrip())
+    position = matches[occurrence].end() if matches else len(stream) - len(stream.lstrip())
+    choice = _token_at(tokens, position)
+    return _distribution(choice) if choice else None
+
+
+def _token_at(tokens: Sequence[TokenChoice], position: int) -> TokenChoice | None:
+    """The first non-blank token that ends after character `position` of the token stream."""
     offset = 0
     for choice in tokens:
-        end = offset + len(choice.token)
-        if end > position and choice.token.strip():
-            return _distribution(choice)
-        offset = end
+        offset += len(choice.token)
+        if offset > position and choice.token.strip():
+            return choice
     return None
 
 
@@ -95,28 +107,23 @@ def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
     return {v: mass.get(v, 0.0) / total for v in Verdict}
 
 
-def label_probabilities(text: str, tokens: Sequence[TokenChoice] | None, key: str,
+def label_probabilities(tokens: Sequence[TokenChoice] | None, key: str,
                         labels: Sequence[str]) -> dict[str, float] | None:
     """P(label) at the token where the JSON value of `key` is written, for labels with distinct first letters."""
     if not tokens:
         return None
-    match = re.search(rf'"{re.escape(key)}"\s*:\s*"', text)
-    if not match:
+    match = re.search(rf'"{re.escape(key)}"\s*:\s*"', "".join(choice.token for choice in tokens))
+    choice = _token_at(tokens, match.end()) if match else None
+    if choice is None:
         return None
-    offset = 0
-    for choice in tokens:
-        end = offset + len(choice.token)
-        if end > match.end() and choice.token.strip():
-            mass: dict[str, float] = {}
-            seen: set[str] = set()
-            for token, logprob in (*choice.alternatives, (choice.token, choice.logprob)):
-                word = token.strip().strip('"').lower()
-                label = next((lb for lb in labels if word and lb.startswith(word[:3]) and word[0] == lb[0]), None)
-                if label is None or token in seen:
-                    continue
-                seen.add(token)
-                mass[label] = mass.get(label, 0.0) + math.exp(logprob)
-            total = sum(mass.values())
-            return {lb: mass.get(lb, 0.0) / total for lb in labels} if total > 0 else None
-        offset = end
-    return None
+    mass: dict[str, float] = {}
+    seen: set[str] = set()
+    for token, logprob in (*choice.alternatives, (choice.token, choice.logprob)):
+        word = token.strip().strip('"').lower()
+        label = next((lb for lb in labels if word and lb.startswith(word[:3]) and word[0] == lb[0]), None)
+        if label is None or token in seen:
+            continue
+        seen.add(token)
+        mass[label] = mass.get(label, 0.0) + math.exp(logprob)
+    total = sum(mass.values())
+    return {lb: mass.get(lb, 0.0) / total for lb in labels} if total > 0 else None

@@ -70,7 +70,7 @@ def test_profiles_are_chosen_by_name(scripted_config):
     paper = build_detector(config, name="metarag:paper")
     embedded = build_detector(config, name="metarag:embedded")
     assert paper.name == "metarag:paper" and paper.options.n_mutations == 2
-    assert embedded.options.identity and embedded.options.n_mutations == 1
+    assert embedded.options.identity and embedded.options.n_mutations == 0 and embedded.options.decompose == "sentences"
     with pytest.raises(ValueError, match="unknown detector"):
         build_detector(config, name="nope")
     with pytest.raises(ValueError, match="unknown profile"):

@@ -44,7 +44,7 @@ def counting_judge(factoids_of, verdict_of=supported):
             text = json.dumps({"statements": [f"{prefix}{i}: {_tag(user, 'statement')}" for i in range(1, n + 1)]})
         elif "<statements>" in user and "reference passages" in system:
             statements = re.findall(r"^\d+\. (.*)$", _tag(user, "statements"), re.M)
-            text = json.dumps({"verdicts": [{"verdict": "YES" if verdict_of(s) else "NO"} for s in statements]})
+            text = json.dumps({"verdicts": ["YES" if verdict_of(s) else "NO" for s in statements]})
         else:
             text = json.dumps({"verdict": "YES" if verdict_of(_tag(user, "statement")) else "NO"})
         return completion(text, prompt_tokens=tokens, completion_tokens=len(text) // 4)
@@ -137,3 +137,39 @@ def test_batching_sends_under_a_fifth_of_the_faithful_input_tokens(scripted_conf
             totals[profile] = sum(check(detector, item.answer, item.passages, item.question).cost.input_tokens
                                   for item in qa_items())
     assert totals["batched"] * 5 <= totals["paper"], totals
+
+
+def test_embedded_profile_makes_one_call_on_the_answer_sentences(scripted_config):
+    answer = f"Based on the passages, here is what they say:\n\n* {TRUE_FACT}\n* {FALSE_FACT}\n\nI hope this helps."
+    with ScriptedLLM(counting_judge(lambda answer: pytest.fail("no decompose call expected"))) as server:
+        result = check(build_detector(configured(scripted_config, server.base_url), name="metarag:embedded"),
+                       answer=answer)
+        requests = list(server.requests)
+    assert len(requests) == 1 and result.cost.llm_calls == 1
+    assert [f.text for f in result.factoids] == [TRUE_FACT, FALSE_FACT]
+    assert [answer[f.start:f.end] for f in result.factoids] == [TRUE_FACT.rstrip("."), FALSE_FACT.rstrip(".")]
+    assert [[v.kind for v in f.variants] for f in result.factoids] == [[VariantKind.IDENTITY]] * 2
+    assert [f.score for f in result.factoids] == [0.0, 1.0] and result.flagged
+
+
+def test_rule_antonyms_need_no_llm_mutations(scripted_config):
+    truths = {TRUE_FACT, "Ibuprofen is not safe throughout pregnancy."}
+    with ScriptedLLM(counting_judge(lambda answer: [], verdict_of=truths.__contains__)) as server:
+        result = check(build_detector(configured(scripted_config, server.base_url, rule_antonyms=True),
+                                      name="metarag:embedded"), answer=f"{TRUE_FACT} {FALSE_FACT}")
+        calls = len(server.requests)
+    assert calls == 1  # the facts and their rule antonyms in one verify call
+    assert [[v.kind for v in f.variants] for f in result.factoids] == [[VariantKind.IDENTITY, VariantKind.ANTONYM]] * 2
+    assert result.factoids[1].variants[1].text == "Ibuprofen is not safe throughout pregnancy."
+    assert [f.score for f in result.factoids] == [0.0, 1.0]
+
+
+def test_embedded_profile_verifies_against_the_relevant_part_of_a_long_context(scripted_config):
+    filler = [f"The clinic car park on level {i} opens at seven." for i in range(60)]
+    passages = [" ".join(filler[:30]), " ".join(filler[30:] + [PASSAGE])]
+    with ScriptedLLM(counting_judge(lambda answer: [])) as server:
+        check(build_detector(configured(scripted_config, server.base_url), name="metarag:embedded"),
+              answer=TRUE_FACT, passages=passages)
+        sent = _tag(server.requests[0]["messages"][-1]["content"], "passages")
+    assert PASSAGE in sent and len(sent) <= 1000 + 40
+    assert sum(len(p) for p in passages) > 2 * len(sent)

@@ -35,21 +35,33 @@ def _tokens(*pieces: str, alternatives: dict[int, list[tuple[str, float]]]) -> l
 
 
 def test_probabilities_are_read_where_the_json_verdict_is_written():
-    text = '{ "verdict": "NO", "reason": "x" }'
     alts = {3: [("NO", math.log(0.6)), ("NOT", math.log(0.3)), ("YES", math.log(0.1))],
             0: [("YES", math.log(0.99))]}  # the first token's alternatives must be ignored
     tokens = _tokens("{", ' "verdict', '":', ' "', "NO", '",', ' "reason": "x" }', alternatives={4: alts[3], 0: alts[0]})
-    probs = verdict_probabilities(text, tokens)
+    probs = verdict_probabilities(tokens)
     assert probs == pytest.approx({V.NO: 0.6, V.NOT_SURE: 0.3, V.YES: 0.1})
 
 
 def test_probabilities_of_a_plain_reply_come_from_its_first_token():
     tokens = _tokens("YES", ".", alternatives={0: [("YES", math.log(0.5)), ("NO", math.log(0.25)),
                                                    ("Maybe", math.log(0.25))]})
-    probs = verdict_probabilities("YES.", tokens)
+    probs = verdict_probabilities(tokens)
     assert probs == pytest.approx({V.YES: 2 / 3, V.NO: 1 / 3, V.NOT_SURE: 0.0})
 
 
 def test_no_logprobs_no_probabilities():
-    assert verdict_probabilities('{"verdict": "YES"}', None) is None
-    assert verdict_probabilities("YES", _tokens("Hmm", alternatives={0: [("Hmm", -0.1)]})) is None
+    assert verdict_probabilities(None) is None
+    assert verdict_probabilities(_tokens("Hmm", alternatives={0: [("Hmm", -0.1)]})) is None
+
+
+def test_a_fence_the_reply_text_leaves_out_does_not_shift_the_verdict_token():
+    """llama.cpp may generate ```json ... ``` around JSON and return only the JSON as content."""
+    no = [("NO", math.log(0.7)), ("YES", math.log(0.2)), ("NOT", math.log(0.1))]
+    yes = [("YES", math.log(0.9)), ("NO", math.log(0.1))]
+    tokens = _tokens("```", "json", "\n", "{", ' "verdicts":', ' ["', "YES", '",', ' "', "NO", '"]}', "\n```",
+                     alternatives={6: yes, 9: no})
+    assert verdict_probabilities(tokens, occurrence=0, listed=True) == pytest.approx({V.YES: 0.9, V.NO: 0.1,
+                                                                                      V.NOT_SURE: 0.0})
+    assert verdict_probabilities(tokens, occurrence=1, listed=True) == pytest.approx({V.NO: 0.7, V.YES: 0.2,
+                                                                                      V.NOT_SURE: 0.1})
+    assert verdict_probabilities(tokens, occurrence=2, listed=True) is None

@@ -38,7 +38,7 @@ def test_hallucinated_answer_is_flagged_on_its_false_claim():
     worst = max(result.factoids, key=lambda f: f.score)
     assert "safe" in worst.text.lower()
     assert worst.start is not None and worst.end is not None
-    assert result.cost.llm_calls >= 3 and result.cost.input_tokens > 0
+    assert result.cost.llm_calls >= 1 and result.cost.input_tokens > 0
 
 
 def test_faithful_answer_is_not_flagged():

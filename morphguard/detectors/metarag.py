@@ -117,12 +117,14 @@ class MetaRAG:
         else:
             statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
-        if self.options.batch_mutations and self.options.n_mutations > 0:
+        variants_of = lambda: asyncio.gather(  # noqa: E731
+            *(self._variants_of(rag.question, s, meter, stats) for s in statements))
+        if self.options.n_mutations == 0:  # the factoid itself and rule antonyms: no call, no stage
+            mutations = await variants_of()
+        elif self.options.batch_mutations:
             mutations = await meter.run("mutate", lambda: self._variants_batched(rag.question, statements, meter, stats))
         else:
-            mutations = await meter.run(
-                "mutate", lambda: asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
-            )
+            mutations = await meter.run("mutate", variants_of)
         focused = focus.focus(statements, rag.passages, self.options.context_budget)
         passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(focused, 1) if p)
         verified = await meter.run("verify", lambda: self._verify_all(passages, mutations, meter))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from morphguard.detectors.spans import content_words, sentences
@@ -63,10 +64,7 @@ def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
         return list(passages)
     pool = [_Sentence(n, i, passage[s:e], frozenset(content_words(passage[s:e])))
             for n, passage in enumerate(passages) for i, (s, e) in enumerate(sentences(passage))]
-    df: dict[str, int] = {}
-    for sentence in pool:
-        for word in sentence.words:
-            df[word] = df.get(word, 0) + 1
+    df = Counter(word for sentence in pool for word in sentence.words)
     idf = {w: math.log(1 + len(pool) / d) for w, d in df.items()}
 
     best_rank = [math.inf] * len(pool)
@@ -90,8 +88,10 @@ def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
     for n in range(len(passages)):
         kept = [(s.order, s.text) for i, s in enumerate(pool) if s.passage == n and i in chosen]
         text = ""
-        for j, (order, sentence) in enumerate(kept):
-            gap = j > 0 and order != kept[j - 1][0] + 1
-            text += (" … " if gap else " " if j else ("… " if order else "")) + sentence
+        previous = -1  # the order of the sentence kept before; a jump is a gap
+        for order, sentence in kept:
+            joint = " " if text else ""
+            text += (joint + "… " if order != previous + 1 else joint) + sentence
+            previous = order
         out.append(text)
     return out

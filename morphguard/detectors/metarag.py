@@ -117,7 +117,7 @@ class MetaRAG:
         else:
             statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
-        variants_of = lambda: asyncio.gather(  # noqa: E731
+        variants_of = lambda: asyncio.gather(
             *(self._variants_of(rag.question, s, meter, stats) for s in statements))
         if self.options.n_mutations == 0:  # the factoid itself and rule antonyms: no call, no stage
             mutations = await variants_of()
@@ -183,11 +183,9 @@ class MetaRAG:
             variants.append((VariantKind.IDENTITY, factoid))
         n = self.options.n_mutations
         ruled = negate(factoid) if self.options.rule_antonyms else None
+        by_judge = lambda prompt: self._mutate(prompt, question, factoid, n, meter, stats) if n else _just([])
         synonyms, antonyms = await asyncio.gather(
-            self._mutate("synonym_system", question, factoid, n, meter, stats) if n else _just([]),
-            _just([ruled]) if ruled else self._mutate("antonym_system", question, factoid, n, meter, stats)
-            if n else _just([]),
-        )
+            by_judge("synonym_system"), _just([ruled]) if ruled else by_judge("antonym_system"))
         variants += [(VariantKind.SYNONYM, s) for s in synonyms]
         variants += [(VariantKind.ANTONYM, a) for a in antonyms]
         if not variants:  # every mutation failed: judge the factoid itself rather than nothing

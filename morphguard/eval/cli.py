@@ -73,10 +73,6 @@ def fingerprint(config: Config, name: str) -> str:
 
     base, resolved = resolve(config, name)
     parts: dict[str, Any] = {"detector": base, "threshold": resolved.detector.threshold}
-    if base in ("direct", "hierarchical") or (base == "metarag" and resolve_options(resolved.metarag).soft_verdicts):
-        # Scores read from log-probabilities; version 2 finds the verdict token in the generated tokens, not the
-        # reply text (which can lack a ```json fence the tokens have), so results scored before are stale.
-        parts["logprob_reader"] = 2
     if base != "length":
         parts["judge"] = [resolved.judge.model, resolved.judge.api_base]
         if config.judge.model == "local":
@@ -98,10 +94,14 @@ def fingerprint(config: Config, name: str) -> str:
             if options[switch] == off:
                 options.pop(switch)
         parts["options"] = options
-        for switch, off, prompts in (("batch_mutations", False, ["mutate_batch_system", "mutate_batch_user"]),
-                                     ("batch_verify", "none", ["verify_batch_system", "verify_batch_user"])):
-            if options.get(switch, off) != off:
+        for switch, prompts in (("batch_mutations", ["mutate_batch_system", "mutate_batch_user"]),
+                                ("batch_verify", ["verify_batch_system", "verify_batch_user"])):
+            if switch in options:  # on
                 parts["prompts"].update({n: template(n) for n in prompts})
     elif base in ("claims", "hierarchical"):
         parts["options"] = getattr(resolved, base).model_dump()
+    if base in ("direct", "hierarchical") or parts.get("options", {}).get("soft_verdicts"):
+        # Scores read from log-probabilities; version 2 finds the verdict token in the generated tokens, not the
+        # reply text (which can lack a ```json fence the tokens have), so results scored before are stale.
+        parts["logprob_reader"] = 2
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

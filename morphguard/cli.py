@@ -145,14 +145,12 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from morphguard.proxy.app import create_app
+    from morphguard.proxy.server import serve
 
     config = _load(args)
-    uvicorn.run(create_app(config), host=args.host or config.proxy.host, port=args.port or config.proxy.port,
-                log_level="info" if args.verbose else "warning", timeout_graceful_shutdown=int(
-                    config.proxy.shutdown_grace_s) + 5)
+    serve(create_app(config), args.host or config.proxy.host, args.port or config.proxy.port,
+          log_level="info" if args.verbose else "warning", grace_s=int(config.proxy.shutdown_grace_s) + 5)
     return EXIT_OK
 
 

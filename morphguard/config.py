@@ -58,6 +58,7 @@ class LocalModelSettings(_Section):
     threads: int | None = None
     parallel: int = Field(1, ge=1)
     startup_timeout_s: float = Field(180.0, gt=0)
+    restart_max_s: float = Field(30.0, gt=0)  # longest wait between restarts of a judge that keeps dying
 
 
 class DetectorSettings(_Section):
@@ -117,13 +118,17 @@ class UpstreamSettings(_Section):
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
     timeout_s: float = Field(120.0, gt=0)
-    max_attempts: int = Field(3, ge=1)
+    max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
+    retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)
 
 
 class ContextSettings(_Section):
     sources: list[Literal["explicit", "tool", "tags"]] = ["explicit", "tool", "tags"]
     tags: list[str] = ["context", "documents"]
+    # Messages whose tagged blocks count as context. The end user writes `user` messages: list only the
+    # roles your app alone writes when end users must not be able to supply their own "evidence".
+    tag_roles: list[Literal["system", "developer", "user", "assistant"]] = ["system", "developer", "user"]
     patterns: list[str] = []  # extra regexes; the first capture group (or the whole match) is a passage
 
 
@@ -146,9 +151,14 @@ class ProxySettings(_Section):
     stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"
     queue_size: int = Field(256, ge=1)
     workers: int = Field(2, ge=1)
-    on_queue_full: Literal["drop", "inline"] = "drop"
+    on_queue_full: Literal["drop", "inline"] = "drop"  # drop: recorded in the audit trail as not checked
     shutdown_grace_s: float = Field(30.0, ge=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
+    # /v1 paths passed through unchecked to the upstream (first path segment); everything else is 404.
+    passthrough_routes: list[str] = ["models", "embeddings", "files", "moderations"]
+    # Generation routes morphguard cannot check are refused (403) unless listed here; then they pass, audited
+    # as `unchecked_route`.
+    unchecked_routes: list[str] = []
 
 
 Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]
@@ -247,7 +257,10 @@ class PolicySettings(_Section):
     profiles: dict[str, ProfileSettings] = Field(default_factory=_default_profiles)
     default_profile: str = "general"
     routes: list[RouteRule] = []
-    request_override: bool = False  # let a request name its profile (morphguard.policy / x-morphguard-policy)
+    # Let a request name its profile, topic or detector (morphguard.policy / .topic / .detector and the
+    # x-morphguard-* headers). Off: a request may only make policy stricter (a stricter topic).
+    request_override: bool = False
+    topic_scan_chars: int = Field(20_000, ge=0)  # context characters the topic tagger reads (the question always)
     safe_message: str = ("I can't give a reliable answer to that from the available sources. "
                          "Please check the source documents or ask a specialist.")
     highlight: HighlightSettings = Field(default_factory=HighlightSettings)

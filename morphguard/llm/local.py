@@ -4,6 +4,9 @@ The server runs in a child process (`python -m morphguard.llm.local ...`) built 
 `xllamacpp` wheel, so a crash or a hang in native code never takes the caller down and stopping it
 is a plain signal. The prompt cache of llama.cpp stays on: verify prompts put the passages first, so
 every verify call of one answer reuses the already computed prefix.
+
+A watchdog thread restarts a server that died (killed, crashed) on the same port, with backoff, so
+checks resume without restarting the proxy; meanwhile they fail as the profile's `on_error` says.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from morphguard import telemetry
 from morphguard.config import LocalModelSettings
 from morphguard.errors import JudgeStartError
 from morphguard.llm.weights import ensure_model
@@ -38,16 +42,28 @@ class LocalJudge:
     def __init__(self, settings: LocalModelSettings) -> None:
         self.settings = settings
         self.base_url: str | None = None
+        self.restarts = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
 
     def start(self) -> str:
         if self.base_url:
             return self.base_url
-        model = ensure_model(self.settings)
         port = free_port()
+        self._launch(port)
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._stopping.clear()
+        threading.Thread(target=self._watch, args=(port,), name="judge-watchdog", daemon=True).start()
+        return self.base_url
+
+    def _launch(self, port: int) -> None:
+        model = ensure_model(self.settings)
         threads = self.settings.threads or max(1, os.cpu_count() or 1)
         fd, log_name = tempfile.mkstemp(prefix="morphguard-judge-", suffix=".log")
+        if self._log_path:
+            self._log_path.unlink(missing_ok=True)
         self._log_path = Path(log_name)
         cmd = [sys.executable, "-m", "morphguard.llm.local", "--model", str(model), "--port", str(port),
                "--ctx", str(self.settings.context_size * self.settings.parallel), "--threads", str(threads),
@@ -55,11 +71,35 @@ class LocalJudge:
         with os.fdopen(fd, "wb") as out:
             self._process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        self._wait_ready(url)
-        self.base_url = url + "/v1"
-        log.info("embedded judge ready at %s (model %s)", self.base_url, model.name)
-        return self.base_url
+        self._wait_ready(f"http://127.0.0.1:{port}")
+        log.info("embedded judge ready on port %d (model %s)", port, model.name)
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _watch(self, port: int) -> None:
+        """Restart the server on its port whenever it has died, waiting longer after each failed start."""
+        delay = 1.0
+        while not self._stopping.wait(1.0):
+            with self._lock:
+                if self._stopping.is_set() or self.alive:
+                    delay = 1.0
+                    continue
+                code = self._process.returncode if self._process is not None else None
+                log.error("embedded judge exited (code %s); restarting in %.0f s", code, delay)
+            if self._stopping.wait(delay):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                try:
+                    self._launch(port)
+                    self.restarts += 1
+                    telemetry.judge_restarted()
+                except Exception:
+                    log.exception("embedded judge restart failed")
+                    delay = min(self.settings.restart_max_s, delay * 2)
 
     def _wait_ready(self, url: str) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
@@ -74,7 +114,7 @@ class LocalJudge:
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        self.stop()
+        self._process.kill()
         raise JudgeStartError(f"the embedded judge was not ready after {self.settings.startup_timeout_s:.0f} s:\n"
                               f"{self._log_tail()}")
 
@@ -84,6 +124,7 @@ class LocalJudge:
         return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> None:
+        self._stopping.set()
         process, self._process, self.base_url = self._process, None, None
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -18,9 +18,10 @@ from morphguard.models import Decision, Detection, Factoid
 
 def answer_of(completion: dict[str, Any]) -> str:
     try:
-        return completion["choices"][0]["message"].get("content") or ""
+        content = completion["choices"][0]["message"].get("content")
     except (KeyError, IndexError, TypeError, AttributeError):
         return ""
+    return content if isinstance(content, str) else ""
 
 
 def with_answer(completion: dict[str, Any], text: str, finish_reason: str | None = None) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""The audit trail: one SQLite row per decision, and the escalations that could not be delivered.
+"""The audit trail: one SQLite row per decision, and the escalation outbox.
+
+Escalations are written here before any delivery attempt and marked delivered once the webhook took
+them, so a crash between the two only delays them to the next start (at-least-once).
 
 SQLite in WAL mode: readers (`morphguard audit`) never block the proxy's writes. Question, answer and
 context are stored in full, as SHA-256 hashes, or not at all (`policy.audit.store_text`).
@@ -45,14 +48,17 @@ CREATE TABLE IF NOT EXISTS decisions (
     context TEXT
 );
 CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
-CREATE TABLE IF NOT EXISTS undelivered_escalations (
+CREATE INDEX IF NOT EXISTS decisions_request ON decisions (request_id);
+CREATE TABLE IF NOT EXISTS escalations (
     id INTEGER PRIMARY KEY,
     time TEXT NOT NULL,
     request_id TEXT NOT NULL,
-    attempts INTEGER NOT NULL,
-    error TEXT NOT NULL,
+    state TEXT NOT NULL,  -- pending | delivered | undelivered
+    attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
     payload TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS escalations_state ON escalations (state);
 """
 
 COLUMNS = ("id", "time", "request_id", "trace_id", "profile", "route", "model", "topic", "checked", "score",
@@ -79,7 +85,7 @@ class AuditStore:
         if value is None or self.settings.store_text == "none":
             return None
         if self.settings.store_text == "hash":
-            return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+            return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
         return value
 
     def record(self, entry: dict[str, Any]) -> int:
@@ -96,15 +102,28 @@ class AuditStore:
                 [_sql(row.get(c)) for c in names])
         return int(cursor.lastrowid or 0)
 
-    def undelivered(self, request_id: str, payload: dict[str, Any], error: str, attempts: int) -> None:
+    def add_escalation(self, request_id: str, payload: dict[str, Any]) -> int:
         with self._lock:
-            self._db.execute("INSERT INTO undelivered_escalations (time, request_id, attempts, error, payload) "
-                             "VALUES (?, ?, ?, ?, ?)", (now(), request_id, attempts, error, json.dumps(payload)))
+            cursor = self._db.execute("INSERT INTO escalations (time, request_id, state, payload) "
+                                      "VALUES (?, ?, 'pending', ?)", (now(), _sql(request_id), json.dumps(payload)))
+        return int(cursor.lastrowid or 0)
+
+    def pending_escalations(self) -> list[tuple[int, dict[str, Any]]]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, payload FROM escalations WHERE state = 'pending' ORDER BY id"
+                                    ).fetchall()
+        return [(i, json.loads(p)) for i, p in rows]
+
+    def escalation_outcome(self, escalation_id: int, delivered: bool, attempts: int, error: str | None = None
+                           ) -> None:
+        with self._lock:
+            self._db.execute("UPDATE escalations SET state = ?, attempts = attempts + ?, error = ? WHERE id = ?",
+                             ("delivered" if delivered else "undelivered", attempts, error, escalation_id))
 
     def undelivered_escalations(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute("SELECT time, request_id, attempts, error, payload FROM undelivered_escalations "
-                                    "ORDER BY id").fetchall()
+            rows = self._db.execute("SELECT time, request_id, attempts, error, payload FROM escalations "
+                                    "WHERE state = 'undelivered' ORDER BY id").fetchall()
         return [{"time": t, "request_id": r, "attempts": a, "error": e, "payload": json.loads(p)}
                 for t, r, a, e, p in rows]
 
@@ -136,7 +155,11 @@ class AuditStore:
 
 
 def _sql(value: Any) -> Any:
-    return int(value) if isinstance(value, bool) else value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str):  # a lone surrogate (valid in JSON escapes) is not UTF-8: store U+FFFD instead
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return value
 
 
 def _row(raw: dict[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def _clean(name: str | None) -> str | None:
 class PolicyEngine:
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
-        self.tagger = TopicTagger(settings.topics)
+        self.tagger = TopicTagger(settings.topics, settings.topic_scan_chars)
 
     def profile_for(self, facts: RequestFacts) -> str:
         requested = _clean(facts.requested_profile)
@@ -86,11 +86,15 @@ class PolicyEngine:
         )
 
     def topic_for(self, profile: str, rag: RagInput | None, requested: str | None = None) -> str:
-        """The explicit topic when the request names one, else the strictest of the tagged topics."""
-        explicit = _clean(requested)
-        if explicit:
-            return explicit
+        """The strictest of the tagged topics. A topic the request names counts only if it is configured,
+        and only as one more candidate (it can make policy stricter, never looser) unless
+        `request_override` lets it decide."""
         candidates = self.tagger.tag(rag) if rag else []
+        explicit = _clean(requested)
+        if explicit in self.settings.topics:
+            if self.settings.request_override:
+                return explicit  # type: ignore[return-value]
+            candidates.append(explicit)  # type: ignore[arg-type]
         if not candidates:
             return GENERAL
         return min(candidates, key=lambda t: (self.rule(profile, t).threshold,

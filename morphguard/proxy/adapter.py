@@ -44,8 +44,11 @@ class LitellmAdapter:
             chunks = await litellm.acompletion(**self._arguments(route, {**body, "stream": True}))
         except Exception as exc:
             raise _as_proxy_error(exc) from None
-        async for chunk in chunks:
-            yield chunk.model_dump_json()
+        try:
+            async for chunk in chunks:
+                yield chunk.model_dump_json()
+        except Exception as exc:  # a provider failure mid-stream, as the proxy's own error
+            raise _as_proxy_error(exc) from None
 
 
 def _as_proxy_error(exc: Exception) -> ProxyError:

@@ -1,4 +1,9 @@
-"""The proxy's routes: chat completions are forwarded and checked, every other /v1 path passes through."""
+"""The proxy's routes: chat completions are forwarded and checked; a short allow-list of other /v1 paths
+(`proxy.passthrough_routes`) passes through; generation routes that cannot be checked are refused
+unless `proxy.unchecked_routes` lets them pass (audited); anything else is 404.
+
+Paths reach the routes in canonical form (`gate.Gate`), so there is one spelling of each route.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,16 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, Status, StatusCode
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from morphguard import telemetry
@@ -28,22 +34,38 @@ from morphguard.proxy import verdict as v
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
+    JSON,
     ProxyError,
     bad_request,
+    handle_http_error,
     handle_proxy_error,
     handle_unexpected,
+    not_found,
     too_large,
+    unchecked_route,
+    upstream_malformed,
+    upstream_stream_broken,
+    upstream_timeout,
     upstream_unavailable,
 )
 from morphguard.proxy.escalation import Escalator
+from morphguard.proxy.gate import Gate
 from morphguard.proxy.guard import Guard, Reask, Review
-from morphguard.proxy.streaming import DONE, StreamedAnswer, events, sse
-from morphguard.proxy.upstream import HOP_HEADERS, Upstream
+from morphguard.proxy.streaming import DONE, StreamedAnswer, error_event, events, sse
+from morphguard.proxy.upstream import Upstream, response_headers
+from morphguard.store.queue import SqliteCheckQueue
 from morphguard.telemetry import names
 from morphguard.telemetry import setup as telemetry_setup
 from morphguard.telemetry.server import ServerSpans
 
 log = logging.getLogger(__name__)
+
+# Upstream routes that generate text. Only chat/completions is checked; the others are refused unless
+# `proxy.unchecked_routes` names them.
+GENERATION_ROUTES = frozenset({"completions", "responses", "messages", "batches", "threads", "assistants",
+                               "realtime", "chat", "audio", "images", "fine_tuning"})
+MAX_JSON_DEPTH = 64
+_OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event loop
 
 
 class Proxy:
@@ -66,19 +88,22 @@ class Proxy:
         self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         policy = self.config.policy
         audit = AuditStore(policy.audit) if policy.audit.enabled else None
-        self.guard = Guard(detector, self.engine, self.config, audit, Escalator(policy.escalation, audit))
+        queue = SqliteCheckQueue(policy.audit.path, self.settings.queue_size)
+        self.guard = Guard(detector, self.engine, self.config, audit, Escalator(policy.escalation, audit), queue)
         self.guard.start()
         try:
             yield
         finally:
             await self.guard.stop()
             await self.upstream.aclose()
+            queue.close()
             if audit is not None:
                 audit.close()
             telemetry_setup.shutdown()
 
-    def app(self) -> ServerSpans:
-        return ServerSpans(Starlette(
+    def app(self) -> Gate:
+        route_headers = frozenset(h for r in self.config.policy.routes for h in r.headers)
+        return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
@@ -88,23 +113,27 @@ class Proxy:
                 Route("/{prefix:path}/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/{prefix:path}/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
-            exception_handlers={ProxyError: handle_proxy_error, Exception: handle_unexpected},
+            exception_handlers={ProxyError: handle_proxy_error, HTTPException: handle_http_error,
+                                Exception: handle_unexpected},
             lifespan=self.lifespan,
-        ))
+        )), extra_single=route_headers)
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSON({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        checks = {"upstream": await self._reachable(self.upstream.client, "models")}
+        checks: dict[str, Any] = {"upstream": await self._reachable(self.upstream.client,
+                                                                    str(self.upstream.url_for("models")))}
         llm = getattr(self.guard.detector, "llm", None)
         local = getattr(llm, "routes", {}).get("local")
         if local is not None and local.api_base:
             async with httpx.AsyncClient(timeout=3.0) as client:
                 checks["judge"] = await self._reachable(client, local.api_base.removesuffix("/v1") + "/health")
         ready = all(checks.values())
-        return JSONResponse({"status": "ready" if ready else "not_ready", "checks": checks},
-                            status_code=200 if ready else 503)
+        if self.guard.audit_failures:
+            checks["audit_failures"] = self.guard.audit_failures  # reported, and not ready: the trail has gaps
+            ready = False
+        return JSON({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
 
     @staticmethod
     async def _reachable(client: httpx.AsyncClient, url: str) -> bool:
@@ -125,16 +154,25 @@ class Proxy:
                 raise too_large(limit)
         return bytes(body)
 
+    def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, Review]:
+        """Parse, extract the context, choose profile and topic: CPU work, run off the loop for big bodies."""
+        extraction = self.extractor.extract(_parse_chat(raw))
+        return extraction, self._review(request, extraction)
+
     def _review(self, request: Request, extraction: Extraction) -> Review:
         options = extraction.options
         headers = {k.lower(): val for k, val in request.headers.items()}
         prefix = request.path_params.get("prefix")
+        override = self.config.policy.request_override
+        if options.get("detector") is not None and not override:
+            raise bad_request(f"'{OUR_FIELD}.detector' may only be set when the proxy allows requests to choose "
+                              "their policy (policy.request_override).", f"{OUR_FIELD}.detector")
         facts = RequestFacts(
             api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
             model=extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None,
             headers=headers, path_prefix=f"/{prefix}" if prefix else "",
-            requested_profile=options.get("policy") or headers.get("x-morphguard-policy"),
-            requested_topic=options.get("topic") or headers.get("x-morphguard-topic"),
+            requested_profile=_string(options.get("policy")) or headers.get("x-morphguard-policy"),
+            requested_topic=_string(options.get("topic")) or headers.get("x-morphguard-topic"),
         )
         profile = self.engine.profile_for(facts)
         topic = self.engine.topic_for(profile, extraction.rag, facts.requested_topic)
@@ -142,16 +180,17 @@ class Proxy:
                       topic=topic, model=facts.model, route=facts.path_prefix, detector=options.get("detector"))
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
-                        ) -> tuple[dict[str, Any] | Response, Span, int]:
-        """One non-streamed completion (or the provider's own error response, unchanged), its GenAI span
-        (left open for the evaluation event; the caller ends it) and when the upstream answered."""
+                        ) -> tuple[dict[str, Any] | Response, dict[str, str], Span, int]:
+        """One non-streamed completion (or the provider's own error response, unchanged), the provider's
+        response headers worth keeping, its GenAI span (left open for the evaluation event; the caller ends
+        it) and when the upstream answered."""
         model = body.get("model") if isinstance(body.get("model"), str) else None
         provider = self._provider(route)
         span = telemetry.start_chat_span(model, provider, "upstream", body.get("messages"))
         started = time.perf_counter()
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=True):
-                result = await self._complete_once(body, headers, route)
+                result, kept = await self._complete_once(body, headers, route)
         except BaseException:
             span.end()
             raise
@@ -163,33 +202,30 @@ class Proxy:
         else:
             usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
             telemetry.record_chat(
-                span, provider=provider, role="upstream", request_model=model, response_model=result.get("model"),
-                input_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"),
-                finish_reasons=[str(c.get("finish_reason")) for c in result.get("choices", []) if isinstance(c, dict)],
+                span, provider=provider, role="upstream", request_model=model,
+                response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
+                output_tokens=_int(usage.get("completion_tokens")),
+                finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
                 seconds=time.perf_counter() - started, output_text=answer_of(result))
-        return result, span, answered
+        return result, kept, span, answered
 
     def _provider(self, route: LitellmRoute | None) -> str:
         return route.prefix.split("/")[0] if route else self.config.telemetry.upstream_provider
 
     async def _complete_once(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
-                             ) -> dict[str, Any] | Response:
+                             ) -> tuple[dict[str, Any] | Response, dict[str, str]]:
         if route is not None:
-            return await self.adapter.complete(route, body)
+            return _completion(await self.adapter.complete(route, body)), {}
         async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
-            data = await response.aread()
+            data = await _read(response)
         if response.status_code >= 400:
-            return Response(data, response.status_code, media_type=response.headers.get("content-type"))
-        try:
-            completion = json.loads(data)
-            completion["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise upstream_unavailable("the response is not a chat completion") from None
-        return completion
+            return Response(data, response.status_code, headers=response_headers(response.headers,
+                                                                                    rewritten_body=False)), {}
+        return _completion(_loads_upstream(data)), response_headers(response.headers, rewritten_body=True)
 
     def _reask(self, headers: dict[str, str], route: LitellmRoute | None) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
-            completion, span, answered = await self._complete(body, headers, route)
+            completion, _, span, answered = await self._complete(body, headers, route)
             span.end(end_time=answered)
             if isinstance(completion, Response):
                 raise upstream_unavailable(f"HTTP {completion.status_code} on regeneration")
@@ -198,24 +234,34 @@ class Proxy:
         return reask
 
     async def chat(self, request: Request) -> Response:
-        body = _parse_chat(await self._read_body(request))
         headers = self.upstream.headers_for(request.headers)
         headers["content-type"] = "application/json"
-        extraction = self.extractor.extract(body)
-        review = self._review(request, extraction)
-        route = self.adapter.route_for(body.get("model"))
-        if body.get("stream"):
-            return await self._chat_stream(headers, extraction, review, route)
+        raw = await self._read_body(request)
+        if len(raw) > _OFFLOAD_BYTES:
+            extraction, review = await asyncio.to_thread(self._intake, request, raw)
+        else:
+            extraction, review = self._intake(request, raw)
+        # Accepted: from here on, every way out leaves one audit row.
+        try:
+            return await self._chat(headers, extraction, review)
+        except ProxyError as exc:
+            await self.guard.account(review, exc.code or "upstream_error")
+            raise
 
-        completion, span, answered = await self._complete(extraction.body, headers, route)
+    async def _chat(self, headers: dict[str, str], extraction: Extraction, review: Review) -> Response:
+        route = self.adapter.route_for(extraction.body.get("model"))
+        if extraction.body.get("stream"):
+            return await self._chat_stream(headers, extraction, review, route)
+        completion, kept, span, answered = await self._complete(extraction.body, headers, route)
         try:
             if isinstance(completion, Response):  # the provider's own error, unchanged
+                await self.guard.account(review, f"upstream_http_{completion.status_code}")
                 return completion
             review.chat_span = span
             span.set_attribute(names.REQUEST_ID, review.request_id)
             verdict = None
             if self.settings.mode == "async":
-                verdict = self.guard.check_later(review, completion)
+                verdict = await self.guard.check_later(review, completion)
             if verdict is None:
                 with trace.use_span(span, end_on_exit=False):
                     completion, verdict = await self.guard.review(review, completion,
@@ -223,7 +269,7 @@ class Proxy:
         finally:
             span.end(end_time=answered)  # the span measures the upstream call, not our check
         completion[OUR_FIELD] = verdict
-        return JSONResponse(completion, headers=v.headers(verdict))
+        return JSON(completion, headers=kept | v.headers(verdict))
 
     async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: Review,
                            route: LitellmRoute | None) -> Response:
@@ -233,25 +279,26 @@ class Proxy:
         span.set_attribute(names.REQUEST_ID, review.request_id)
         review.chat_span = span
         started = time.perf_counter()
+        upstream = AsyncExitStack()  # closes the upstream response however the stream ends
+        kept: dict[str, str] = {}
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=True):
                 if route is not None:
                     source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
-                    close = _nothing
                 else:
-                    opened = self.upstream.open("POST", "chat/completions", headers,
-                                                json.dumps(extraction.body).encode())
-                    response = await opened.__aenter__()
+                    response = await upstream.enter_async_context(self.upstream.open(
+                        "POST", "chat/completions", headers, json.dumps(extraction.body).encode()))
                     if response.status_code >= 400:
-                        data = await response.aread()
-                        await opened.__aexit__(None, None, None)
+                        data = await _read(response)
+                        await upstream.aclose()
                         span.end()
-                        return Response(data, response.status_code, media_type=response.headers.get("content-type"))
+                        await self.guard.account(review, f"upstream_http_{response.status_code}")
+                        return Response(data, response.status_code,
+                                        headers=response_headers(response.headers, rewritten_body=False))
+                    kept = response_headers(response.headers, rewritten_body=True)
                     source = events(response.aiter_lines())
-
-                    async def close() -> None:
-                        await opened.__aexit__(None, None, None)
         except BaseException:
+            await upstream.aclose()
             span.end()
             raise
 
@@ -268,8 +315,12 @@ class Proxy:
         if mode == "buffer":  # collect everything, review, then send: the only stream mode that can change the answer
             try:
                 payloads = [p async for p in _chunks(source, answer)]
+            except BaseException as exc:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.end()
+                raise
             finally:
-                await close()
+                await upstream.aclose()
             ended = answered()
             try:
                 with trace.use_span(span, end_on_exit=False):
@@ -284,7 +335,7 @@ class Proxy:
             else:
                 out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
             out += [sse(answer.verdict_chunk(verdict)), DONE]
-            return StreamingResponse(iter(out), media_type="text/event-stream", headers=v.headers(verdict))
+            return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | v.headers(verdict))
 
         async def relay() -> AsyncIterator[bytes]:
             ended = None
@@ -293,62 +344,159 @@ class Proxy:
                     async for payload in _chunks(source, answer):
                         yield b"data: " + payload.encode() + b"\n\n"
                 finally:
-                    await close()
+                    await upstream.aclose()
+            except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
+                span.set_status(Status(StatusCode.ERROR, exc.code or "stream_error"))
+                span.end()
+                log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
+                await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
+                yield error_event(exc.payload())
+                return
+            try:
                 ended = answered()
-                verdict = self.guard.check_later(review, answer.as_completion()) if mode == "async" else None
+                completion = answer.as_completion()
+                verdict = await self.guard.check_later(review, completion) if mode == "async" else None
                 if verdict is None:
                     with trace.use_span(span, end_on_exit=False):
-                        _, verdict = await self.guard.review(review, answer.as_completion(), can_change=False)
+                        _, verdict = await self.guard.review(review, completion, can_change=False)
             finally:
                 span.end(end_time=ended)
             yield sse(answer.verdict_chunk(verdict))
             yield DONE
 
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return StreamingResponse(relay(), media_type="text/event-stream", headers=kept)
 
     async def forward(self, request: Request) -> Response:
-        """Any other /v1 path: bytes through, status and headers kept, streaming included."""
-        body = await self._read_body(request)
-        headers = self.upstream.headers_for(request.headers)
+        """An allow-listed /v1 path: bytes through, status and headers kept, streaming included."""
         path = request.path_params["path"]
-        opened: AbstractAsyncContextManager[httpx.Response] = self.upstream.open(
-            request.method, path, headers, body or None, params=request.query_params)
-        response = await opened.__aenter__()
+        first = path.split("/", 1)[0]
+        unchecked = first in self.settings.unchecked_routes
+        if first not in self.settings.passthrough_routes and not unchecked:
+            if first in GENERATION_ROUTES:
+                raise unchecked_route(f"/v1/{path}")
+            raise not_found(request.url.path)
+        headers = self.upstream.headers_for(request.headers)
+        body = await self._read_body(request)
+        if unchecked:
+            await self.guard.account(self._bare_review(request), "unchecked_route")
+        opened = AsyncExitStack()
+        response = await opened.enter_async_context(
+            self.upstream.open(request.method, path, headers, body or None, params=request.query_params))
 
         async def relay() -> AsyncIterator[bytes]:
             try:
                 async for part in response.aiter_raw():
                     yield part
+            except httpx.HTTPError as exc:  # headers are sent: all we can do is end the body early
+                log.warning("pass-through body from upstream broke: %s", type(exc).__name__)
             finally:
-                await opened.__aexit__(None, None, None)
+                await opened.aclose()
 
-        kept = {k: val for k, val in response.headers.items() if k.lower() not in HOP_HEADERS}
-        return StreamingResponse(relay(), status_code=response.status_code, headers=kept)
+        return StreamingResponse(relay(), status_code=response.status_code,
+                                 headers=response_headers(response.headers, rewritten_body=False))
+
+    def _bare_review(self, request: Request) -> Review:
+        """The request as policy sees it when there is no chat body to read."""
+        headers = {k.lower(): val for k, val in request.headers.items()}
+        prefix = request.path_params.get("prefix")
+        facts = RequestFacts(api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
+                             headers=headers, path_prefix=f"/{prefix}" if prefix else "")
+        profile = self.engine.profile_for(facts)
+        return Review(body={}, rag=None, source=None, profile=profile, topic=self.engine.topic_for(profile, None),
+                      route=facts.path_prefix)
 
 
-async def _nothing() -> None:
-    return None
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+async def _read(response: httpx.Response) -> bytes:
+    """The whole upstream body; a stall is a 504 and a broken connection a 502, never our own 500."""
+    try:
+        return await response.aread()
+    except httpx.TimeoutException:
+        raise upstream_timeout() from None
+    except httpx.HTTPError as exc:
+        raise upstream_unavailable(f"the response body broke off ({type(exc).__name__})") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads_upstream(data: bytes) -> Any:
+    try:
+        return json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise upstream_malformed("the body is not valid JSON") from None
+
+
+def _completion(value: Any) -> dict[str, Any]:
+    """A chat completion with a readable first answer, or a 502: what the client gets is what we checked."""
+    try:
+        message = value["choices"][0]["message"]
+        ok = isinstance(message, dict) and isinstance(message.get("content"), (str, type(None))) \
+            and all(isinstance(c, dict) for c in value["choices"])
+    except (KeyError, IndexError, TypeError):
+        ok = False
+    if not ok:
+        raise upstream_malformed("not a chat completion with a text answer")
+    return value  # type: ignore[no-any-return]
 
 
 async def _chunks(source: AsyncIterator[str], answer: StreamedAnswer) -> AsyncIterator[str]:
-    """The chunk payloads up to [DONE], each also added to `answer`."""
-    async for payload in source:
-        if payload.strip() == "[DONE]":
-            break
-        try:
-            answer.add(json.loads(payload))
-        except ValueError:
-            log.warning("unreadable stream chunk passed through")
-        yield payload
+    """The chunk payloads up to [DONE], each also added to `answer`. A stream that breaks, stalls, carries
+    something other than chunk objects or ends before its finish reason raises ProxyError."""
+    try:
+        async for payload in source:
+            if payload.strip() == "[DONE]":
+                break
+            try:
+                chunk = json.loads(payload, parse_constant=_reject_constant)
+            except (ValueError, RecursionError):
+                raise upstream_malformed("a stream chunk is not valid JSON") from None
+            if isinstance(chunk, dict) and chunk.get("error") is not None:
+                raise upstream_stream_broken("the provider reported an error mid-stream")
+            if not answer.add(chunk):
+                raise upstream_malformed("a stream chunk is not a chat completion chunk")
+            yield payload
+    except httpx.TimeoutException:
+        raise upstream_timeout() from None
+    except httpx.HTTPError as exc:
+        raise upstream_stream_broken(f"the connection broke off ({type(exc).__name__})") from None
+    if answer.finish_reason is None:
+        raise upstream_stream_broken("the stream ended before the answer was finished")
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    """Nesting no deeper than `limit`, checked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return True
 
 
 def _parse_chat(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
     except ValueError:
         raise bad_request("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    if not _depth_ok(body, MAX_JSON_DEPTH):
+        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
     messages = body.get("messages")
     if messages is None:
         raise bad_request("Missing required parameter: 'messages'.", "messages")
@@ -357,15 +505,21 @@ def _parse_chat(raw: bytes) -> dict[str, Any]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
+        _check_content(message.get("content"), f"messages[{i}].content")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad_request("'stream' must be a boolean.", "stream")
+    if "model" in body and not isinstance(body["model"], str):
+        raise bad_request("'model' must be a string.", "model")
     ours = body.get(OUR_FIELD)
     if ours is not None:
         if not isinstance(ours, dict):
             raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
-        if ours.get("detector") is not None and not is_known(ours["detector"]):
+        if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
             raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(DETECTORS))} "
                               f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
+        for key in ("topic", "policy"):
+            if ours.get(key) is not None and not isinstance(ours[key], str):
+                raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")
         context = ours.get("context")
         if context is not None and not (isinstance(context, str) or (
                 isinstance(context, list) and all(isinstance(p, str) for p in context))):
@@ -374,5 +528,18 @@ def _parse_chat(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def create_app(config: Config, detector: Detector | None = None) -> ServerSpans:
+def _check_content(content: Any, where: str) -> None:
+    """A message's content: null, a string, or an array of parts whose `text` (if any) is a string."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}' must be a string or an array of content parts.", where)
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type", ""), str):
+            raise bad_request(f"'{where}[{j}]' must be an object with a string 'type'.", f"{where}[{j}]")
+        if "text" in part and not isinstance(part["text"], str):
+            raise bad_request(f"'{where}[{j}].text' must be a string.", f"{where}[{j}].text")
+
+
+def create_app(config: Config, detector: Detector | None = None) -> Gate:
     return Proxy(config, detector).app()

@@ -3,9 +3,19 @@
 1. explicit: the body field `morphguard.context` (a string or a list of strings); the whole
    `morphguard` object is removed before the body goes upstream;
 2. tool: the content of `role: "tool"` messages (agentic RAG);
-3. tags: `<context>…</context>`-style blocks (and configured regexes) in system and user messages.
+3. tags: `<context>…</context>`-style blocks (and configured regexes) in the messages of
+   `context.tag_roles`.
 
 The question is the last user message with any tagged blocks removed.
+
+Trust: the explicit field and tool messages are written by the app; tags in a `user` message may have
+been typed by the end user, which is why the roles that may carry tags are configurable. A retrieved
+document is untrusted text and may itself contain `</context>`: that ends its block early (the rest of
+the message is still scanned), so apps that cannot escape documents should use the explicit field.
+
+Tag scanning is linear in the message length whatever the input (a backtracking regex over thousands
+of unclosed tags took seconds): tags are found by one pass of a pattern that cannot cross a `<`, then
+paired up; an unclosed block runs to the end of its message rather than silently vanishing.
 """
 
 from __future__ import annotations
@@ -28,21 +38,59 @@ class Extraction:
     options: dict[str, Any] = field(default_factory=dict)  # topic, policy, ... from `morphguard`
 
 
-def _text(content: Any) -> str:
-    """A message's text: a string, or the text parts of a content array."""
+def message_text(content: Any) -> str:
+    """A message's text: a string, or the string `text` of the text parts of a content array."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "\n".join(p["text"] for p in content
+                         if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
     return ""
+
+
+class TagScanner:
+    """Splits text into tagged blocks and the rest, in linear time."""
+
+    def __init__(self, names: list[str]) -> None:
+        alternatives = "|".join(re.escape(n) for n in names)
+        # `[^<>]*` stops at the next `<`: no match attempt reads past it, so the scan is linear.
+        self._tag = re.compile(rf"<(/?)({alternatives})(?:\s[^<>]*)?>", re.I) if names else None
+
+    def split(self, text: str) -> tuple[list[str], str]:
+        """The blocks' inner texts, and the text outside every block."""
+        if self._tag is None or "<" not in text:
+            return [], text
+        blocks: list[str] = []
+        outside: list[str] = []
+        open_name: str | None = None
+        depth = 0
+        start = cursor = 0
+        for tag in self._tag.finditer(text):
+            closing, name = tag.group(1) == "/", tag.group(2).lower()
+            if open_name is None:
+                if not closing:
+                    outside.append(text[cursor:tag.start()])
+                    open_name, depth, start = name, 1, tag.end()
+                continue
+            if name != open_name:
+                continue
+            depth += -1 if closing else 1
+            if depth == 0:
+                blocks.append(text[start:tag.start()])
+                open_name, cursor = None, tag.end()
+        if open_name is not None:  # unclosed: the block runs to the end
+            blocks.append(text[start:])
+        else:
+            outside.append(text[cursor:])
+        return blocks, "".join(outside)
 
 
 class ContextExtractor:
     def __init__(self, settings: ContextSettings) -> None:
         self.sources = settings.sources
-        tag_names = "|".join(re.escape(t) for t in settings.tags)
-        self.patterns = [re.compile(rf"<({tag_names})(?:\s[^>]*)?>(.*?)</\1\s*>", re.S | re.I)] if tag_names else []
-        self.patterns += [re.compile(p, re.S) for p in settings.patterns]
+        self.tag_roles = frozenset(settings.tag_roles)
+        self.scanner = TagScanner(settings.tags)
+        self.patterns = [re.compile(p, re.S) for p in settings.patterns]  # the operator's own regexes
 
     def extract(self, body: dict[str, Any]) -> Extraction:
         ours = body.get(OUR_FIELD)
@@ -63,23 +111,23 @@ class ContextExtractor:
         return [p for p in context if isinstance(p, str) and p.strip()] if isinstance(context, list) else []
 
     def _tool(self, ours: Any, messages: list[dict[str, Any]]) -> list[str]:
-        return [t for m in messages if m.get("role") == "tool" and (t := _text(m.get("content")).strip())]
+        return [t for m in messages if m.get("role") == "tool" and (t := message_text(m.get("content")).strip())]
 
     def _tags(self, ours: Any, messages: list[dict[str, Any]]) -> list[str]:
         passages = []
         for message in messages:
-            if message.get("role") in ("system", "user"):
+            if message.get("role") in self.tag_roles:
+                text = message_text(message.get("content"))
+                blocks, _ = self.scanner.split(text)
                 for pattern in self.patterns:
-                    for match in pattern.finditer(_text(message.get("content"))):
-                        text = match.group(match.lastindex or 0) if pattern.groups else match.group(0)
-                        if text.strip():
-                            passages.append(text.strip())
+                    blocks += [m.group(1 if pattern.groups else 0) or "" for m in pattern.finditer(text)]
+                passages += [b.strip() for b in blocks if b.strip()]
         return passages
 
     def _question(self, messages: list[dict[str, Any]]) -> str:
         for message in reversed(messages):
             if message.get("role") == "user":
-                text = _text(message.get("content"))
+                _, text = self.scanner.split(message_text(message.get("content")))
                 for pattern in self.patterns:
                     text = pattern.sub("", text)
                 return text.strip()

@@ -1,33 +1,69 @@
 """Every error the proxy answers with, as OpenAI-shaped JSON: {"error": {message, type, param, code}}.
 
 No stack trace and no secret ever reaches a client: unexpected exceptions become a generic 500 here,
-and their details go to the log only.
+and their details go to the log only. `code` is short and stable; it is also the `reason` the audit
+trail records for a request that ended in that error.
+
+    ProxyError (status, message, type, param, code)
+    ├── 400 invalid_request      bad_request: the client's body, path or headers
+    ├── 401 invalid_api_key      unauthorized
+    ├── 403 unchecked_route      a generation route the guard cannot check
+    ├── 404 not_found            a path the proxy does not serve or pass through
+    ├── 413 request_too_large
+    ├── 502 upstream_unavailable / upstream_malformed / upstream_stream_broken
+    └── 504 upstream_timeout
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
 
 class ProxyError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
 
-    def response(self) -> JSONResponse:
-        return error_response(self.status, self.message, self.type, self.param, self.code)
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> Response:
+        return JSON(self.payload(), self.status, headers=self.headers)
+
+
+def json_bytes(content: Any) -> bytes:
+    """Compact JSON as UTF-8. A lone surrogate (which JSON escapes can carry) cannot be UTF-8: such a
+    document is written with ASCII escapes instead, so it still round-trips exactly."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+class JSON(Response):
+    """Starlette's JSONResponse, minus its failure on lone surrogates."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content)
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
-                        status_code=status)
+                   param: str | None = None, code: str | None = None) -> Response:
+    return ProxyError(status, message, type_, param, code).response()
 
 
 def bad_request(message: str, param: str | None = None) -> ProxyError:
@@ -39,14 +75,35 @@ def unauthorized() -> ProxyError:
                       "authentication_error", None, "invalid_api_key")
 
 
+def not_found(path: str) -> ProxyError:
+    return ProxyError(404, f"morphguard does not serve or pass through '{path[:200]}' (see proxy.passthrough).",
+                      "invalid_request_error", None, "not_found")
+
+
+def unchecked_route(route: str) -> ProxyError:
+    return ProxyError(403, f"'{route}' generates text that morphguard cannot check, so it is refused. Use "
+                      "/v1/chat/completions, or list the route in proxy.unchecked_routes to let it pass "
+                      "unchecked (audited).", "permission_error", None, "unchecked_route")
+
+
 def too_large(limit: int) -> ProxyError:
     return ProxyError(413, f"The request body is larger than {limit} bytes.", "invalid_request_error", None,
                       "request_too_large")
 
 
-def upstream_unavailable(detail: str) -> ProxyError:
+def upstream_unavailable(detail: str, headers: dict[str, str] | None = None) -> ProxyError:
     return ProxyError(502, f"The upstream provider could not be reached or failed: {detail}", "upstream_error",
-                      None, "upstream_unavailable")
+                      None, "upstream_unavailable", headers)
+
+
+def upstream_malformed(detail: str) -> ProxyError:
+    return ProxyError(502, f"The upstream provider sent a malformed response: {detail}", "upstream_error", None,
+                      "upstream_malformed")
+
+
+def upstream_stream_broken(detail: str) -> ProxyError:
+    return ProxyError(502, f"The upstream stream ended abnormally: {detail}", "upstream_error", None,
+                      "upstream_stream_broken")
 
 
 def upstream_timeout() -> ProxyError:
@@ -54,11 +111,23 @@ def upstream_timeout() -> ProxyError:
                       "upstream_timeout")
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "Internal error in morphguard.", "server_error", None, "internal_error")
+    # The connection may be in an unknown state: do not keep it alive.
+    return JSON({"error": {"message": "Internal error in morphguard.", "type": "server_error", "param": None,
+                           "code": "internal_error"}}, 500, headers={"connection": "close"})
 
 
-async def handle_proxy_error(request: Request, exc: Exception) -> JSONResponse:
+async def handle_proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
     return exc.response()
+
+
+async def handle_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 as OpenAI-shaped errors."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return not_found(request.url.path).response()
+    code = "method_not_allowed" if exc.status_code == 405 else "http_error"
+    return ProxyError(exc.status_code, str(exc.detail), "invalid_request_error", None, code,
+                      dict(exc.headers or {})).response()

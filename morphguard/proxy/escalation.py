@@ -1,5 +1,9 @@
-"""Escalation: flagged decisions POSTed as JSON to a webhook, retried with backoff; what cannot be delivered
-goes to the audit store's undelivered table, so no escalation is ever lost.
+"""Escalation: flagged decisions POSTed as JSON to a webhook, retried with backoff.
+
+Each escalation goes into the audit store's outbox before the first attempt; a process that dies while
+the webhook is down leaves it `pending`, and the next start delivers it (`resume`). What the webhook
+never takes ends `undelivered`, kept for `morphguard audit --undelivered`. Without an audit store
+(`policy.audit.enabled: false`) delivery is best effort, in memory.
 """
 
 from __future__ import annotations
@@ -35,16 +39,36 @@ class Escalator:
                                          headers={k: v.get_secret_value() for k, v in settings.headers.items()})
         self._pending: set[asyncio.Task[None]] = set()
 
-    def submit(self, record: dict[str, Any]) -> None:
-        """Deliver in the background: an escalation never delays the answer."""
-        task = asyncio.create_task(self.deliver(record))
+    async def submit(self, record: dict[str, Any]) -> None:
+        """Write to the outbox, then deliver in the background: an escalation never delays the answer."""
+        outbox_id = None
+        if self.audit is not None:
+            outbox_id = await asyncio.to_thread(self.audit.add_escalation, str(record.get("request_id")), record)
+        self._spawn(outbox_id, record)
+
+    def resume(self) -> int:
+        """Deliver what a previous run left pending; returns how many."""
+        pending = self.audit.pending_escalations() if self.audit is not None else []
+        for outbox_id, record in pending:
+            self._spawn(outbox_id, record)
+        return len(pending)
+
+    def _spawn(self, outbox_id: int | None, record: dict[str, Any]) -> None:
+        task = asyncio.create_task(self._deliver_and_mark(outbox_id, record))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def deliver(self, record: dict[str, Any]) -> bool:
+    async def _deliver_and_mark(self, outbox_id: int | None, record: dict[str, Any]) -> None:
+        delivered, attempts, error = await self.deliver(record)
+        if not delivered:
+            log.warning("escalation %s not delivered (%s); kept in the audit store", record.get("request_id"), error)
+        if self.audit is not None and outbox_id is not None:
+            await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error)
+
+    async def deliver(self, record: dict[str, Any]) -> tuple[bool, int, str | None]:
+        """Delivered?, the attempts made and the last error."""
         if not self.settings.webhook_url:
-            self._keep(record, "no escalation webhook configured (policy.escalation.webhook_url)", 0)
-            return False
+            return False, 0, "no escalation webhook configured (policy.escalation.webhook_url)"
         attempts = 0
         try:
             async for attempt in AsyncRetrying(stop=stop_after_attempt(self.settings.max_attempts),
@@ -53,10 +77,9 @@ class Escalator:
                 with attempt:
                     attempts += 1
                     await self._post(record)
-            return True
-        except Exception as exc:  # undeliverable after the retries, or refused: keep it
-            self._keep(record, f"{type(exc).__name__}: {exc}"[:300], attempts)
-            return False
+            return True, attempts, None
+        except Exception as exc:  # undeliverable after the retries, or refused
+            return False, attempts, f"{type(exc).__name__}: {exc}"[:300]
 
     async def _post(self, record: dict[str, Any]) -> None:
         try:
@@ -68,12 +91,10 @@ class Escalator:
         if response.status_code >= 400:
             raise RuntimeError(f"webhook refused the escalation with {response.status_code}")
 
-    def _keep(self, record: dict[str, Any], error: str, attempts: int) -> None:
-        log.warning("escalation %s not delivered (%s); kept in the audit store", record.get("request_id"), error)
-        if self.audit is not None:
-            self.audit.undelivered(str(record.get("request_id")), record, error, attempts)
-
     async def aclose(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for deliveries under way; what is left stays pending for the next start."""
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=grace_s)
+        for task in list(self._pending):
+            task.cancel()
         await self._client.aclose()

@@ -1,8 +1,11 @@
 """Reviews an answer for the proxy: check it (within the profile's latency budget), let policy decide,
 carry out the action (re-asking the upstream for `regenerate`), then audit and escalate.
 
-Inline, or on a bounded background queue with a worker pool (async mode), where the answer has already
-left and only annotating, auditing and escalating remain possible.
+Inline, or through the durable check queue (async mode), where the answer has already left and only
+annotating, auditing and escalating remain possible. Every request the proxy accepted ends as exactly
+one audit row: checked, or not checked with a short reason code (`no_context`, `queue_full`,
+`upstream_timeout`, ...). A row that cannot be written is counted (`audit_failures`, in /readyz and a
+metric) and logged, never skipped silently.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import Span
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
-from morphguard.errors import MorphguardError
+from morphguard.errors import LLMTimeoutError, MorphguardError
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, now
 from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy import verdict as v
 from morphguard.proxy.escalation import Escalator
+from morphguard.store.queue import CheckQueue
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,24 @@ class Review:
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
 
+    def to_dict(self) -> dict[str, Any]:
+        """What the durable queue keeps; the chat span survives as the context a check links to."""
+        link = self.chat_span.get_span_context() if self.chat_span is not None else None
+        return {"body": self.body, "rag": self.rag.model_dump() if self.rag else None, "source": self.source,
+                "profile": self.profile, "topic": self.topic, "model": self.model, "route": self.route,
+                "request_id": self.request_id, "detector": self.detector,
+                "link": [link.trace_id, link.span_id] if link is not None and link.is_valid else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Review:
+        link = data.get("link")
+        span = NonRecordingSpan(SpanContext(link[0], link[1], is_remote=True, trace_flags=TraceFlags(1))) \
+            if link else None
+        rag = RagInput.model_validate(data["rag"]) if data.get("rag") else None
+        return cls(body=data["body"], rag=rag, source=data.get("source"), profile=data["profile"],
+                   topic=data["topic"], model=data.get("model"), route=data.get("route") or "",
+                   request_id=data["request_id"], chat_span=span, detector=data.get("detector"))
+
 
 @dataclass
 class Checked:
@@ -59,7 +82,7 @@ class Checked:
 
 class Guard:
     def __init__(self, detector: Detector, engine: PolicyEngine, config: Config,
-                 audit: AuditStore | None, escalator: Escalator) -> None:
+                 audit: AuditStore | None, escalator: Escalator, queue: CheckQueue) -> None:
         self.detector = detector
         self._named: dict[str, Detector] = {}
         self.engine = engine
@@ -67,9 +90,10 @@ class Guard:
         self.settings = config.proxy
         self.audit = audit
         self.escalator = escalator
-        self._queue: asyncio.Queue[tuple[Review, dict[str, Any]]] = asyncio.Queue(self.settings.queue_size)
+        self.queue = queue
+        self._wake = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
-        self.dropped = 0
+        self.audit_failures = 0
 
     async def check(self, review: Review, answer: str) -> Checked:
         started = time.perf_counter()
@@ -82,13 +106,13 @@ class Guard:
             detector = await self.detector_for(review.detector)
             detection = await asyncio.wait_for(detector.detect(review.rag, answer), budget)
         except (MorphguardError, asyncio.TimeoutError) as exc:
-            reason = (f"latency budget of {budget:g} s exceeded" if isinstance(exc, asyncio.TimeoutError)
-                      else f"detector error: {exc}")
+            # Clients and the audit get a short stable code; the exception chain stays in the log and span.
+            reason = ("latency_budget_exceeded" if isinstance(exc, asyncio.TimeoutError)
+                      else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
+            trace.get_current_span().record_exception(exc)
             decision = self.engine.failed(review.profile, review.topic, reason)
-            if decision.action == "pass":
-                log.warning("request %s passed unchecked (fail open): %s", review.request_id, reason)
-            else:
-                log.warning("request %s blocked unchecked (fail closed): %s", review.request_id, reason)
+            log.warning("request %s %s unchecked (%s): %s", review.request_id,
+                        "passed" if decision.action == "pass" else "blocked", decision.reason, exc)
             return Checked(decision, None, (time.perf_counter() - started) * 1000)
         decision = self.engine.decide(review.profile, review.topic, detection)
         return Checked(decision, detection, (time.perf_counter() - started) * 1000)
@@ -162,8 +186,8 @@ class Guard:
     async def _record(self, review: Review, result: Checked, answer: str, verdict: dict[str, Any]) -> None:
         d, detection = result.decision, result.detection
         entry = {
-            "time": now(), "request_id": review.request_id, "trace_id": verdict.get("trace_id"), "profile": d.profile, "route": review.route or None,
-            "model": review.model, "topic": d.topic, "checked": detection is not None,
+            "time": now(), "request_id": review.request_id, "trace_id": verdict.get("trace_id"), "profile": d.profile,
+            "route": review.route or None, "model": review.model, "topic": d.topic, "checked": detection is not None,
             "score": detection.score if detection else None, "threshold": d.threshold, "flagged": d.flagged,
             "action": d.action, "escalated": d.escalate, "reason": d.reason,
             "detector": detection.detector if detection else None,
@@ -172,53 +196,105 @@ class Guard:
             "question": review.rag.question if review.rag else None, "answer": answer,
             "context": "\n\n".join(review.rag.passages) if review.rag else None,
         }
-        if self.audit is not None:
-            try:
-                await asyncio.to_thread(self.audit.record, entry)
-            except Exception:
-                log.exception("request %s: audit record failed", review.request_id)
+        await self._write(entry)
         if d.escalate:
-            self.escalator.submit({k: entry[k] for k in entry if k not in ("question", "answer", "context")}
-                                  | {"verdict": verdict})
+            await self.escalator.submit({k: entry[k] for k in entry if k not in ("question", "answer", "context")}
+                                        | {"verdict": verdict})
 
-    def check_later(self, review: Review, completion: dict[str, Any]) -> dict[str, Any] | None:
-        """Queue a review; the verdict to send now, or None when the caller must review inline (queue full)."""
-        if review.rag is None:
-            return v.pending(review, "no_context")
+    async def _write(self, entry: dict[str, Any]) -> None:
+        """One audit row; if it cannot be written, a row without the texts, and the failure counted."""
+        if self.audit is None:
+            return
         try:
-            self._queue.put_nowait((review, completion))
-            telemetry.queue_changed(+1)
-        except asyncio.QueueFull:
+            await asyncio.to_thread(self.audit.record, entry)
+            return
+        except Exception:
+            log.exception("request %s: audit record failed; recording it without its texts", entry["request_id"])
+        self.audit_failures += 1
+        telemetry.count_error("audit_failed")
+        bare = {**entry, "question": None, "answer": None, "context": None, "factoids": [],
+                "reason": f"{entry.get('reason') or ''} audit_failed".strip()}
+        try:
+            await asyncio.to_thread(self.audit.record, bare)
+        except Exception:
+            log.exception("request %s: audit trail unavailable", entry["request_id"])
+
+    async def account(self, review: Review, reason: str, answer: str | None = None) -> dict[str, Any]:
+        """Record a request that ends without a check (an upstream failure, no context, a full queue), and
+        the verdict that says so."""
+        result = Checked(self.engine.unchecked(review.profile, review.topic, reason), None, 0.0)
+        with telemetry.guardrail_span(review.request_id, "inline") as span:
+            telemetry.record_check(span, span, decision=result.decision, detection=None)
+            verdict = v.verdict(review, result, trace_id=telemetry.trace_id(span))
+        if reason.startswith("upstream") or reason.startswith("stream"):
+            telemetry.count_error(reason)
+        await self._record(review, result, answer or "", verdict)
+        return verdict
+
+    async def check_later(self, review: Review, completion: dict[str, Any]) -> dict[str, Any] | None:
+        """Queue a review durably; the verdict to send now, or None when the caller must review inline."""
+        if review.rag is None:
+            await self.account(review, "no_context", actions.answer_of(completion))
+            return v.pending(review, "no_context")
+        stored = await asyncio.to_thread(self.queue.put, review.request_id,
+                                         {"review": review.to_dict(), "completion": completion})
+        if not stored:
             if self.settings.on_queue_full == "inline":
                 return None
-            self.dropped += 1
-            log.warning("async check queue full (%d): check dropped", self.settings.queue_size)
-            return v.pending(review, "dropped")
+            log.warning("async check queue full (%d): request %s recorded as not checked",
+                        self.settings.queue_size, review.request_id)
+            await self.account(review, "queue_full", actions.answer_of(completion))
+            return v.pending(review, "queue_full")
+        telemetry.queue_changed(+1)
+        self._wake.set()
         return v.pending(review, "queued")
 
     def start(self) -> None:
+        waiting = self.queue.recover()
+        if waiting:
+            log.info("resuming %d async checks left by an earlier run", waiting)
+            telemetry.queue_changed(waiting)
+        resumed = self.escalator.resume()
+        if resumed:
+            log.info("resuming %d escalations left by an earlier run", resumed)
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.settings.workers)]
 
     async def _work(self) -> None:
         while True:
-            review, completion = await self._queue.get()
-            telemetry.queue_changed(-1)
+            entry = await asyncio.to_thread(self.queue.take)
+            if entry is None:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            review = Review.from_dict(entry.payload["review"])
+            completion = entry.payload["completion"]
             try:
-                _, verdict = await self.review(review, completion, can_change=False, mode="async")
-                log.info("async check: %s", {k: verdict.get(k) for k in ("request_id", "score", "flagged", "action")})
+                if entry.poisoned:
+                    await self.account(review, "check_crashed", actions.answer_of(completion))
+                else:
+                    _, verdict = await self.review(review, completion, can_change=False, mode="async")
+                    log.info("async check: %s",
+                             {k: verdict.get(k) for k in ("request_id", "score", "flagged", "action")})
             except Exception:
-                log.exception("async check crashed")
-            finally:
-                self._queue.task_done()
+                log.exception("async check of %s crashed (try %d)", review.request_id, entry.tries + 1)
+                await asyncio.to_thread(self.queue.retry, entry.id)
+                continue
+            await asyncio.to_thread(self.queue.done, entry.id)
+            telemetry.queue_changed(-1)
 
     async def stop(self) -> None:
-        """Let queued checks finish within the grace period, then stop the workers and deliver escalations."""
+        """Let queued checks finish within the grace period; what is left stays queued for the next start."""
         grace = self.settings.shutdown_grace_s
-        try:
-            await asyncio.wait_for(self._queue.join(), timeout=grace)
-        except asyncio.TimeoutError:
-            log.warning("shutdown: %d queued checks abandoned after %.0f s", self._queue.qsize(), grace)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and await asyncio.to_thread(self.queue.pending):
+            await asyncio.sleep(0.1)
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        await self.escalator.aclose(grace)
+        left = await asyncio.to_thread(self.queue.pending)
+        if left:
+            log.warning("shutdown: %d async checks left queued for the next start", left)
+        await self.escalator.aclose(max(0.0, deadline - time.monotonic()))

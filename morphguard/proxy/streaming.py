@@ -15,6 +15,11 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+def error_event(error: dict[str, Any]) -> bytes:
+    """An OpenAI-shaped error as the stream's last event: the official SDKs raise it as an APIError."""
+    return sse(error)
+
+
 async def events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     """The `data:` payloads of an SSE stream, one per event (multi-line data joined)."""
     data: list[str] = []
@@ -38,17 +43,24 @@ class StreamedAnswer:
     parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
 
-    def add(self, chunk: dict[str, Any]) -> None:
-        self.id = chunk.get("id") or self.id
-        self.model = chunk.get("model") or self.model
-        self.created = chunk.get("created") or self.created
-        for choice in chunk.get("choices") or []:
+    def add(self, chunk: Any) -> bool:
+        """Take in one chunk; False (nothing taken) when it is not shaped like a chat completion chunk."""
+        choices = chunk.get("choices", []) if isinstance(chunk, dict) else None
+        if not isinstance(choices, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("delta") or {}, dict) for c in choices):
+            return False
+        self.id = _string(chunk.get("id")) or self.id
+        self.model = _string(chunk.get("model")) or self.model
+        created = chunk.get("created")
+        self.created = created if isinstance(created, int) else self.created
+        for choice in choices:
             if choice.get("index", 0) == 0:
                 content = (choice.get("delta") or {}).get("content")
                 if isinstance(content, str):
                     self.parts.append(content)
                 if choice.get("finish_reason"):
                     self.finish_reason = str(choice["finish_reason"])
+        return True
 
     @property
     def text(self) -> str:
@@ -62,7 +74,7 @@ class StreamedAnswer:
         """The assembled answer as a non-streamed completion, for review."""
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
-                             "finish_reason": "stop"}]}
+                             "finish_reason": self.finish_reason or "stop"}]}
 
     def verdict_chunk(self, verdict: dict[str, Any]) -> dict[str, Any]:
         """One extra chunk with no choices (clients skip it like a usage chunk) carrying the verdict."""
@@ -71,3 +83,7 @@ class StreamedAnswer:
     def replacement_chunks(self, content: str, finish_reason: str) -> list[dict[str, Any]]:
         return [self.chunk([{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]),
                 self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

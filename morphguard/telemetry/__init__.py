@@ -40,6 +40,10 @@ def _instruments() -> dict[str, Any]:
                                               description="Checks waiting in the async queue"),
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
                                           description="Answers passed unchecked because the check failed"),
+        "errors": meter.create_counter(names.METRIC_ERRORS, unit="{error}",
+                                       description="Requests that ended in an error, and audit rows not written"),
+        "judge_restarts": meter.create_counter(names.METRIC_JUDGE_RESTARTS, unit="{restart}",
+                                               description="Restarts of the embedded judge after it died"),
     }
 
 
@@ -185,3 +189,11 @@ def record_check(span: Span, evaluated: Span, *, decision: Any, detection: Any |
 
 def queue_changed(delta: int) -> None:
     _instruments()["queue"].add(delta)
+
+
+def count_error(reason: str) -> None:
+    _instruments()["errors"].add(1, {names.REASON: reason})
+
+
+def judge_restarted() -> None:
+    _instruments()["judge_restarts"].add(1)

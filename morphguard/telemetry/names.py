@@ -89,6 +89,8 @@ METRIC_SCORE = "morphguard.score"
 METRIC_DECISIONS = "morphguard.decisions"
 METRIC_QUEUE_DEPTH = "morphguard.queue.depth"
 METRIC_FAIL_OPEN = "morphguard.fail_open"
+METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, upstream_stream_broken, audit_failed, ...
+METRIC_JUDGE_RESTARTS = "morphguard.judge.restarts"
 
 # Services
 SERVICE_NAME = "service.name"

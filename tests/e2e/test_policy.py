@@ -147,7 +147,7 @@ def test_profile_chosen_by_header(policy_proxy):
     assert verdict["profile"] == "maternity" and verdict["action"] == "block"
 
 
-def test_refugees_answer_scoring_0375_is_flagged_under_asylum_and_passes_the_general_threshold(
+def test_refugees_answer_scoring_0375_is_flagged_under_asylum_and_a_requested_topic_cannot_loosen_it(
         policy_proxy, provider):
     c = client(policy_proxy)
     asylum = ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE)
@@ -155,11 +155,6 @@ def test_refugees_answer_scoring_0375_is_flagged_under_asylum_and_passes_the_gen
     assert verdict["profile"] == "asylum"  # chosen by the model glob "refug*"
     assert verdict["topic"] == "migration" and verdict["score"] == 0.375 and verdict["threshold"] == 0.3
     assert verdict["flagged"] and verdict["action"] == "block" and verdict["escalated"]
-    # the topic named by the request overrides the tagger: the general threshold 0.5 applies
-    general = ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE, topic="general")
-    g = verdict_of(general)
-    assert (g["topic"], g["threshold"], g["score"], g["flagged"]) == ("general", 0.5, 0.375, False)
-    assert general.choices[0].message.content == "Refugees automatically receive protection."
     # the escalation reached the webhook on its third attempt (two 503s first)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -171,12 +166,18 @@ def test_refugees_answer_scoring_0375_is_flagged_under_asylum_and_passes_the_gen
     assert hook["attempt"] == 3
     assert hook["body"]["request_id"] == verdict["request_id"] and hook["body"]["topic"] == "migration"
     assert "answer" not in hook["body"]  # the webhook gets the decision, not the text
+    # a topic named by the request is one more candidate, never a way out of the stricter tagged one
+    for named in ("general", "none", "finance"):
+        g = verdict_of(ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE, topic=named))
+        assert (g["topic"], g["threshold"], g["flagged"], g["action"]) == ("migration", 0.3, True, "block")
 
 
-def test_topic_header_overrides_the_tagger(policy_proxy):
-    c = client(policy_proxy, **{"x-morphguard-topic": "finance"})
-    verdict = verdict_of(ask(c))
-    assert verdict["topic"] == "finance" and verdict["threshold"] == 0.5
+def test_topic_header_can_make_policy_stricter_but_not_looser(policy_proxy):
+    looser = verdict_of(ask(client(policy_proxy, **{"x-morphguard-topic": "finance"})))
+    assert looser["topic"] == "pregnancy" and looser["threshold"] == 0.3  # the tagged topic is stricter
+    stricter = verdict_of(ask(client(policy_proxy, **{"x-morphguard-topic": "pregnancy"}),
+                              question="What does the leaflet say?", context="The leaflet lists opening hours."))
+    assert stricter["topic"] == "pregnancy" and stricter["threshold"] == 0.3
 
 
 def test_audit_lists_filters_and_exports(policy_proxy, proxy_factory):
@@ -219,12 +220,12 @@ def test_fail_open_passes_the_answer_unchecked_and_says_why(broken_judge_proxy, 
     completion = ask(client(broken_judge_proxy))
     verdict = verdict_of(completion)
     assert not verdict["checked"] and verdict["action"] == "pass"
-    assert verdict["reason"].startswith("fail_open: detector error")
+    assert verdict["reason"] == "fail_open: judge_error"  # a stable code; the details stay in the log
     assert completion.choices[0].message.content == "Ibuprofen is safe throughout pregnancy."
     rows = [json.loads(line) for line in audit(proxy_factory, broken_judge_proxy, "--format", "jsonl").stdout.splitlines()]
     assert rows[-1]["reason"].startswith("fail_open") and rows[-1]["checked"] is False
     log = (proxy_factory.folders[broken_judge_proxy] / "proxy.log").read_text()
-    assert "passed unchecked (fail open)" in log and "sk-judge" not in log
+    assert "passed unchecked (fail_open: judge_error)" in log and "sk-judge" not in log
 
 
 def test_fail_closed_blocks_and_an_undeliverable_escalation_is_kept(broken_judge_proxy, proxy_factory):
@@ -247,4 +248,4 @@ def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
     base = proxy_factory(judge_model="openai/slow-judge",
                          policy={"profiles": {"general": profile("block", latency_budget_s=0.5)}})
     verdict = verdict_of(ask(client(base)))
-    assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency budget of 0.5 s exceeded"
+    assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency_budget_exceeded"

@@ -29,7 +29,10 @@ def test_the_strictest_matching_topic_rule_applies():
         "finance": {"threshold": 0.4}}}})
     rag = RagInput(question="Which dose of ibuprofen is allowed in pregnancy, and does insurance pay?", passages=[])
     assert e.topic_for("general", rag) == "healthcare"  # same threshold as pregnancy, stronger action
-    assert e.topic_for("general", rag, requested="Finance ") == "finance"  # explicit wins, cleaned
+    assert e.topic_for("general", rag, requested="Finance ") == "healthcare"  # a request cannot loosen policy
+    calm = RagInput(question="Opening hours?", passages=[])
+    assert e.topic_for("general", calm, requested="Finance ") == "finance"  # ... but can tighten it (cleaned)
+    assert e.topic_for("general", calm, requested="made-up") == "general"  # only configured topics count
     assert e.topic_for("general", RagInput(question="Hello", passages=[])) == "general"
 
 

@@ -1,0 +1,79 @@
+"""What every request must satisfy before a route sees it: one canonical path, unambiguous headers.
+
+The path a client sends is hostile input. Routing on it as sent let `/v1//chat/completions`,
+`/v1/./chat/completions` or `/v1/chat/completions/` miss the checked route and reach the provider as an
+ordinary generation. Here the path is rewritten to its canonical form (empty and `.` segments dropped,
+no trailing slash) and anything that cannot be made canonical without guessing (`..`, control
+characters, backslashes) is refused, so every later decision sees the path the upstream would see.
+
+Headers that decide who the client is or which policy applies must appear once: with two
+`Authorization` headers, one part of a stack may authenticate the first and another route on the last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Headers that authenticate, select policy or frame the body: a second copy is refused, never merged.
+_SINGLE = frozenset({"authorization", "api-key", "x-api-key", "content-length", "content-type", "host",
+                     "transfer-encoding"})
+_OURS = "x-morphguard-"
+
+
+def canonical_path(path: str) -> str:
+    """`path` with empty and `.` segments dropped; ProxyError 400 for what has no safe canonical form."""
+    if any(ch < " " or ch == "\x7f" or ch == "\\" for ch in path):
+        raise bad_request("The request path contains control characters or backslashes.")
+    segments = [s for s in path.split("/") if s and s != "."]
+    if ".." in segments:
+        raise bad_request("The request path may not contain '..' segments.")
+    return "/" + "/".join(segments)
+
+
+class Gate:
+    """ASGI middleware: canonical `path`/`raw_path`, refused duplicates, OpenAI-shaped 400s."""
+
+    def __init__(self, app: ASGIApp, extra_single: frozenset[str] = frozenset()) -> None:
+        self.app = app
+        self.single = _SINGLE | {h.lower() for h in extra_single}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            path = canonical_path(scope["path"])
+            duplicate = self._duplicate(scope.get("headers", []))
+            if duplicate:
+                raise bad_request(f"The header '{duplicate}' was sent more than once.")
+        except ProxyError as exc:
+            await refuse(send, exc)
+            return
+        if path != scope["path"]:
+            scope = {**scope, "path": path, "raw_path": path.encode()}
+        await self.app(scope, receive, send)
+
+    def _duplicate(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        seen: set[str] = set()
+        for raw, _ in headers:
+            name = raw.decode("latin-1").lower()
+            if name in seen and (name in self.single or name.startswith(_OURS)):
+                return name
+            seen.add(name)
+        return None
+
+
+async def refuse(send: Send, error: ProxyError) -> None:
+    """Answer with an error before any route ran (the body is not read)."""
+    body = json_bytes(error.payload())
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

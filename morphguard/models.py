@@ -5,7 +5,17 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+
+def utf8(text: str) -> str:
+    """`text` with any lone surrogate (JSON escapes can carry one; UTF-8 cannot) replaced by U+FFFD, so
+    a judge call never fails on it: a failed check must not be something a client can cause."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 class RagInput(BaseModel):
@@ -13,6 +23,16 @@ class RagInput(BaseModel):
 
     question: str
     passages: list[str]
+
+    @field_validator("question")
+    @classmethod
+    def _valid_question(cls, value: str) -> str:
+        return utf8(value)
+
+    @field_validator("passages")
+    @classmethod
+    def _valid_passages(cls, value: list[str]) -> list[str]:
+        return [utf8(p) for p in value]
 
 
 class Verdict(str, Enum):

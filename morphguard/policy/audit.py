@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from morphguard.config import AuditSettings
+from morphguard.models import utf8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -157,8 +158,8 @@ class AuditStore:
 def _sql(value: Any) -> Any:
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, str):  # a lone surrogate (valid in JSON escapes) is not UTF-8: store U+FFFD instead
-        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, str):
+        return utf8(value)
     return value
 
 

@@ -25,7 +25,7 @@ from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
 from morphguard.errors import LLMTimeoutError, MorphguardError
-from morphguard.models import Decision, Detection, RagInput
+from morphguard.models import Decision, Detection, RagInput, utf8
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, now
 from morphguard.policy.engine import PolicyEngine
@@ -104,7 +104,7 @@ class Guard:
         budget = self.engine.budget_s(review.profile)
         try:
             detector = await self.detector_for(review.detector)
-            detection = await asyncio.wait_for(detector.detect(review.rag, answer), budget)
+            detection = await asyncio.wait_for(detector.detect(review.rag, utf8(answer)), budget)
         except (MorphguardError, asyncio.TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
             reason = ("latency_budget_exceeded" if isinstance(exc, asyncio.TimeoutError)

@@ -58,6 +58,15 @@ def provider(tmp_path_factory) -> Iterator[str]:
     stop(process)
 
 
+def serve(config: dict, folder: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """`morphguard serve` with `config` written to `folder`; its base URL and process."""
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    port = port or free_port()
+    process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
+                     "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log", timeout=300)
+    return f"http://127.0.0.1:{port}", process
+
+
 @pytest.fixture(scope="session")
 def proxy_factory(provider, tmp_path_factory):
     """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider."""
@@ -76,14 +85,10 @@ def proxy_factory(provider, tmp_path_factory):
             "policy": policy,
             "telemetry": telemetry or {},
         }
-        (folder / "config.yaml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
-                         "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log",
-                        timeout=300)
+        base, process = serve(config, folder)
         started.append(process)
-        make.folders[f"http://127.0.0.1:{port}"] = folder
-        return f"http://127.0.0.1:{port}"
+        make.folders[base] = folder
+        return base
 
     make.folders = {}  # base URL → the proxy's folder (config, log, audit.db)
 

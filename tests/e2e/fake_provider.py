@@ -8,7 +8,13 @@ It stands in for a paid API in two roles, told apart by the request:
   passages contain it word for word), so verdicts are exact and known in advance. Statements with
   "automatically" get NOT SURE except the second antonym (NO): a score of exactly 0.375. The judge
   models "slow-judge" (3 s per call) and "broken-judge" (HTTP 400) make checks fail.
-Every chat request body is kept and served back at GET /_requests. It also receives escalation
+Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit headers), "unavailable"
+(503), "stall-body" (headers, half a body, then silence), "reset" (headers, half a body, then the
+connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "surrogate" (a lone
+surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
+(`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream).
+Every chat request body is kept and served back at GET /_requests; a request to any other path is
+recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider. It also receives escalation
 webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503);
 GET /_webhooks lists what arrived.
 """
@@ -35,6 +41,7 @@ ANSWERS = {
 REGENERATE_MARK = "Answer again using only the retrieved context"
 webhooks: list[dict] = []
 received: list[dict] = []
+others: list[dict] = []
 attempts: dict[str, int] = {}
 
 
@@ -76,12 +83,12 @@ async def chat(request: Request) -> Response:
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""
     judged = _judge(system if isinstance(system, str) else "", messages[-1].get("content") or "")
     model = body.get("model", "")
+    if model == "slow-judge":
+        await asyncio.sleep(3)
     if judged is not None:
         if model == "broken-judge":
             return JSONResponse({"error": {"message": "judge rejected", "type": "invalid_request_error"}},
                                 status_code=400)
-        if model == "slow-judge":
-            await asyncio.sleep(3)
         return JSONResponse(_completion(model, judged))
     if REGENERATE_MARK in str(messages[-1].get("content")):
         return JSONResponse(_completion(model, ANSWERS["faithful"]))
@@ -96,20 +103,55 @@ async def chat(request: Request) -> Response:
             return JSONResponse({"error": {"message": "try again", "type": "server_error"}}, status_code=503)
     if model == "slow":
         await asyncio.sleep(5)
+    fault = _fault(model, bool(body.get("stream")))
+    if fault is not None:
+        return fault
     text = ANSWERS.get(model, ANSWERS["faithful"])
     if not body.get("stream"):
         return JSONResponse(_completion(model, text))
+    return StreamingResponse(_chunks(model, text), media_type="text/event-stream")
 
-    async def chunks():
-        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
-        for word in re.findall(r"\S+\s*", text):
-            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]}) + "\n\n"
-            await asyncio.sleep(0.01)
+
+async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    for i, word in enumerate(re.findall(r"\S+\s*", text)):
+        if i == 2 and broken == "malformed":
+            yield "data: [1,2,3]\n\n"
+        if i == 2 and broken == "stall":
+            await asyncio.sleep(30)
+        if i == 2 and broken == "reset":
+            raise ConnectionResetError("scripted reset")
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]}) + "\n\n"
+        await asyncio.sleep(0.01)
+    if finish:
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(chunks(), media_type="text/event-stream")
+
+def _fault(model: str, stream: bool) -> Response | None:
+    if model == "rate-limited":
+        return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limit"}},
+                            status_code=429, headers={"retry-after": "0", "x-ratelimit-remaining-requests": "0"})
+    if model == "unavailable":
+        return JSONResponse({"error": {"message": "busy", "type": "server_error"}}, status_code=503,
+                            headers={"retry-after": "0"})
+    if model in ("nan", "content-int", "surrogate"):
+        text = {"nan": '"ok", "score": NaN', "content-int": "12345", "surrogate": '"half \\ud800 a pair"'}[model]
+        raw = json.dumps(_completion(model, "PLACEHOLDER")).replace('"PLACEHOLDER"', text)
+        return Response(raw, media_type="application/json")
+    if model in ("stall-body", "reset"):
+        async def half():
+            yield json.dumps(_completion(model, ANSWERS["faithful"]))[:40]
+            if model == "stall-body":
+                await asyncio.sleep(30)
+            raise ConnectionResetError("scripted reset")
+        return StreamingResponse(half(), media_type="application/json")
+    if stream and model in ("truncated", "malformed-chunk", "stall-stream", "reset-stream"):
+        broken = {"malformed-chunk": "malformed", "stall-stream": "stall", "reset-stream": "reset"}.get(model, "")
+        return StreamingResponse(_chunks(model, ANSWERS["hallucinated"], finish=model != "truncated", broken=broken),
+                                 media_type="text/event-stream")
+    return None
 
 
 async def models(request: Request) -> Response:
@@ -142,6 +184,12 @@ async def webhooks_seen(request: Request) -> Response:
     return JSONResponse(webhooks)
 
 
+async def anything(request: Request) -> Response:
+    others.append({"method": request.method, "path": request.url.path,
+                   "authorization": request.headers.get("authorization")})
+    return JSONResponse({"reached": request.url.path})
+
+
 app = Starlette(routes=[
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/models", models),
@@ -149,6 +197,8 @@ app = Starlette(routes=[
     Route("/_requests", requests_seen),
     Route("/_webhook/{kind}", webhook, methods=["POST"]),
     Route("/_webhooks", webhooks_seen),
+    Route("/_others", lambda request: JSONResponse(others)),
+    Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ])
 
 if __name__ == "__main__":

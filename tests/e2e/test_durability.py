@@ -1,0 +1,104 @@
+"""Nothing accepted is lost: kill -9 the proxy under async load, start it again on the same store, and
+every accepted request ends audited exactly once (checked, or not checked with its reason); escalations
+waiting for a down webhook at the kill are delivered after the restart."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import serve, stop
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+
+
+def config(provider: str, folder, judge: str, webhook: str) -> dict:
+    base = provider.removesuffix("/v1")
+    return {
+        "judge": {"model": f"openai/{judge}", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "detector": {"name": "direct"},
+        "proxy": {"upstream": {"base_url": provider, "timeout_s": 5}, "mode": "async", "workers": 2,
+                  "queue_size": 1000, "shutdown_grace_s": 1},
+        "policy": {"profiles": {"general": {"action": "annotate", "escalate": True, "threshold": 0.0,
+                                            "topics": {}}},
+                   "escalation": {"webhook_url": f"{base}/_webhook/{webhook}", "max_attempts": 50},
+                   "audit": {"path": str(folder / "audit.db")}},
+    }
+
+
+def rows(folder) -> list[tuple[str, int, str | None]]:
+    with sqlite3.connect(folder / "audit.db") as db:
+        return db.execute("SELECT request_id, checked, reason FROM decisions").fetchall()
+
+
+def outbox(folder) -> dict[str, int]:
+    with sqlite3.connect(folder / "audit.db") as db:
+        return dict(db.execute("SELECT state, count(*) FROM escalations GROUP BY state").fetchall())
+
+
+def post(base: str, i: int) -> str:
+    body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+            "morphguard": {"context": PASSAGE}}
+    response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    verdict = response.json()["morphguard"]
+    assert verdict["reason"] == "queued"
+    return verdict["request_id"]
+
+
+def test_kill_9_under_async_load_loses_nothing(provider, tmp_path):
+    n = 200
+    # first life: a judge that takes 3 s per call, so most checks are still queued at the kill
+    base, process = serve(config(provider, tmp_path, "slow-judge", "down"), tmp_path)
+    with ThreadPoolExecutor(16) as pool:
+        accepted = list(pool.map(lambda i: post(base, i), range(n)))
+    time.sleep(4)  # a few checks finish and escalate to the down webhook
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    before = rows(tmp_path)
+    pending_escalations = outbox(tmp_path).get("pending", 0)
+    assert len(before) < n  # the kill did interrupt the work
+    # second life: the same store, a fast judge and a webhook that is up
+    base, process = serve(config(provider, tmp_path, "judge", "ok"), tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (len({r[0] for r in rows(tmp_path)}) < n or outbox(tmp_path).get("pending")):
+            time.sleep(0.5)
+    finally:
+        stop(process)
+    after = rows(tmp_path)
+    ids = [r[0] for r in after]
+    assert set(ids) == set(accepted)  # accepted = checked + recorded as not checked: 0 lost
+    assert len(ids) - len(set(ids)) <= 2  # at-least-once: a check cut by the kill may have been recorded twice
+    final = outbox(tmp_path)
+    assert final.get("pending", 0) == 0
+    if pending_escalations:
+        delivered = [h for h in httpx.get(provider.removesuffix("/v1") + "/_webhooks").json() if h["kind"] == "ok"]
+        assert len(delivered) >= pending_escalations
+    print(f"accepted {n}, audited before restart {len(before)}, after {len(set(ids))} "
+          f"(duplicates {len(ids) - len(set(ids))}); escalations pending at kill {pending_escalations}, "
+          f"outbox now {final}")
+
+
+@pytest.mark.parametrize("on_full", ["drop"])
+def test_a_full_queue_records_what_it_cannot_take(provider, tmp_path, on_full):
+    cfg = config(provider, tmp_path, "slow-judge", "down")
+    cfg["proxy"] |= {"queue_size": 3, "workers": 1, "on_queue_full": on_full}
+    base, process = serve(cfg, tmp_path)
+    try:
+        reasons = []
+        for i in range(8):
+            body = {"model": "hallucinated", "messages": [{"role": "user", "content": QUESTION}],
+                    "morphguard": {"context": PASSAGE}}
+            reasons.append(httpx.post(base + "/v1/chat/completions", json=body, timeout=30).json()["morphguard"]["reason"])
+        assert "queue_full" in reasons
+        full = [r for r in rows(tmp_path) if r[2] == "queue_full"]
+        assert len(full) == reasons.count("queue_full")
+    finally:
+        stop(process)

@@ -77,6 +77,15 @@ def _completion(model: str, text: str) -> dict:
 
 
 async def chat(request: Request) -> Response:
+    try:
+        return await _chat(request)
+    except Exception as exc:  # as a real provider does: odd input is the client's error, never a 500
+        return JSONResponse({"error": {"message": f"cannot read the request: {type(exc).__name__}",
+                                       "type": "invalid_request_error", "param": None, "code": None}},
+                            status_code=400)
+
+
+async def _chat(request: Request) -> Response:
     body = json.loads(await request.body())
     received.append({"body": body, "authorization": request.headers.get("authorization")})
     messages = body["messages"]

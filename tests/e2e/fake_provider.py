@@ -177,15 +177,17 @@ async def embeddings(request: Request) -> Response:
 
 
 async def requests_seen(request: Request) -> Response:
-    return JSONResponse(received)
+    # ASCII escapes: fuzzed bodies carry lone surrogates, which UTF-8 (JSONResponse) cannot encode
+    return Response(json.dumps(received), media_type="application/json")
 
 
 async def webhook(request: Request) -> Response:
     kind = request.path_params["kind"]
-    attempts[kind] = attempts.get(kind, 0) + 1
-    if kind == "down" or (kind == "flaky" and attempts[kind] <= 2):
+    key = f"webhook-{kind}"  # apart from the chat model "flaky"'s own count
+    attempts[key] = attempts.get(key, 0) + 1
+    if kind == "down" or (kind == "flaky" and attempts[key] <= 2):
         return JSONResponse({"error": "unavailable"}, status_code=503)
-    webhooks.append({"kind": kind, "attempt": attempts[kind], "body": json.loads(await request.body())})
+    webhooks.append({"kind": kind, "attempt": attempts[key], "body": json.loads(await request.body())})
     return JSONResponse({"ok": True})
 
 

@@ -109,3 +109,20 @@ def test_the_judge_server_does_not_outlive_a_killed_parent(tmp_path):
         time.sleep(0.5)
     with pytest.raises(httpx.HTTPError):
         httpx.get(root + "/health", timeout=1)
+
+
+def test_a_killed_judge_is_restarted_on_its_port():
+    judge = LocalJudge(Config().local)
+    base_url = judge.start()
+    root = base_url.removesuffix("/v1")
+    try:
+        assert judge._process is not None
+        judge._process.kill()  # kill -9 of the server process
+        judge._process.wait()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and judge.restarts == 0:
+            time.sleep(0.5)
+        assert judge.restarts == 1 and judge.alive
+        assert httpx.get(root + "/health", timeout=5).status_code == 200  # same URL: clients need no change
+    finally:
+        judge.stop()

@@ -255,3 +255,16 @@ def test_the_official_client_sees_stream_failures_as_errors(proxy_factory):
     with pytest.raises(openai.APIError) as err:
         list(stream)
     assert "ended before the answer was finished" in str(err.value)
+
+
+def test_an_audit_row_that_cannot_be_written_is_counted_and_shown_in_readyz(proxy_factory):
+    base = proxy_factory()
+    assert httpx.get(base + "/readyz", timeout=10).json()["checks"].get("audit_failures") is None
+    with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+        db.execute("DROP TABLE decisions")  # the store breaks under the running proxy
+    status, _, data = raw(base, "POST", "/v1/chat/completions", chat_body(model="faithful"),
+                          headers=[("content-type", "application/json")])
+    assert status == 200 and json.loads(data)["morphguard"]["checked"]  # the client is still answered
+    ready = httpx.get(base + "/readyz", timeout=10)
+    assert ready.status_code == 503 and ready.json()["checks"]["audit_failures"] == 1
+    assert "audit record failed" in (proxy_factory.folders[base] / "proxy.log").read_text()

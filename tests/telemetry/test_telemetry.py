@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -244,3 +245,16 @@ def _points() -> dict[str, list]:
             for metric in scope.metrics:
                 points.setdefault(metric.name, []).extend(metric.data.data_points)
     return points
+
+
+def test_requests_that_end_in_an_upstream_error_are_counted_by_reason(llm, tmp_path):
+    config = make_config(llm, tmp_path)
+    config = config.model_copy(update={"proxy": config.proxy.model_copy(update={
+        "upstream": config.proxy.upstream.model_copy(update={"base_url": "http://127.0.0.1:9/v1",
+                                                             "max_attempts": 1})})})
+    with InProcessProxy(config) as proxy:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            post(proxy.url)
+    assert err.value.code == 502
+    errors = {p.attributes[names.REASON]: p.value for p in _points().get("morphguard.errors", [])}
+    assert errors.get("upstream_unavailable", 0) >= 1

@@ -247,6 +247,9 @@ class Proxy:
         except ProxyError as exc:
             await self.guard.account(review, exc.code or "upstream_error")
             raise
+        except Exception:  # a bug of ours: the client gets a 500, the audit trail still gets its row
+            await self.guard.account(review, "internal_error")
+            raise
 
     async def _chat(self, headers: dict[str, str], extraction: Extraction, review: Review) -> Response:
         route = self.adapter.route_for(extraction.body.get("model"))

@@ -43,7 +43,10 @@ class Escalator:
         """Write to the outbox, then deliver in the background: an escalation never delays the answer."""
         outbox_id = None
         if self.audit is not None:
-            outbox_id = await asyncio.to_thread(self.audit.add_escalation, str(record.get("request_id")), record)
+            try:
+                outbox_id = await asyncio.to_thread(self.audit.add_escalation, str(record.get("request_id")), record)
+            except Exception:  # the outbox is broken: still try to deliver, from memory
+                log.exception("escalation %s: outbox write failed", record.get("request_id"))
         self._spawn(outbox_id, record)
 
     def resume(self) -> int:
@@ -63,7 +66,10 @@ class Escalator:
         if not delivered:
             log.warning("escalation %s not delivered (%s); kept in the audit store", record.get("request_id"), error)
         if self.audit is not None and outbox_id is not None:
-            await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error)
+            try:
+                await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error)
+            except Exception:  # left pending: delivered again at the next start (at-least-once)
+                log.exception("escalation %s: outbox update failed", record.get("request_id"))
 
     async def deliver(self, record: dict[str, Any]) -> tuple[bool, int, str | None]:
         """Delivered?, the attempts made and the last error."""

@@ -261,6 +261,16 @@ class Guard:
 
     async def _work(self) -> None:
         while True:
+            try:
+                await self._consume()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the queue itself failed (a locked or broken database): keep the worker alive
+                log.exception("async check queue unavailable; retrying")
+                await asyncio.sleep(1.0)
+
+    async def _consume(self) -> None:
+        while True:
             entry = await asyncio.to_thread(self.queue.take)
             if entry is None:
                 self._wake.clear()

@@ -66,7 +66,10 @@ class SqliteCheckQueue:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # an accepted check survives a power cut, not just kill -9
+        # WAL + NORMAL: a committed entry survives the process being killed (kill -9, OOM), not a power cut
+        # of the host. FULL fsyncs every accepted request: in benchmarks/proxy_overhead.py at concurrency 16
+        # it measured 176 req/s (p50 84.5 ms) against 211 req/s (p50 71.0 ms) with NORMAL, in two runs here.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
     def put(self, entry_id: str, payload: dict[str, Any]) -> bool:

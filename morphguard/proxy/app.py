@@ -26,12 +26,13 @@ from starlette.routing import Route
 
 from morphguard import telemetry
 from morphguard.config import Config, LitellmRoute
-from morphguard.detectors import DETECTORS, Detector, build_detector, is_known
+from morphguard.detectors import Detector, build_detector
 from morphguard.policy.actions import answer_of
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.proxy import verdict as v
 from morphguard.proxy.adapter import LitellmAdapter
+from morphguard.proxy.body import chat_completion, loads_upstream, parse_chat
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
     JSON,
@@ -43,16 +44,13 @@ from morphguard.proxy.errors import (
     not_found,
     too_large,
     unchecked_route,
-    upstream_malformed,
-    upstream_stream_broken,
-    upstream_timeout,
     upstream_unavailable,
 )
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.gate import Gate
 from morphguard.proxy.guard import Guard, Reask, Review
-from morphguard.proxy.streaming import DONE, StreamedAnswer, error_event, events, sse
-from morphguard.proxy.upstream import Upstream, response_headers
+from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, error_event, events, sse
+from morphguard.proxy.upstream import Upstream, read_body, response_headers
 from morphguard.store.queue import SqliteCheckQueue
 from morphguard.telemetry import names
 from morphguard.telemetry import setup as telemetry_setup
@@ -64,7 +62,6 @@ log = logging.getLogger(__name__)
 # `proxy.unchecked_routes` names them.
 GENERATION_ROUTES = frozenset({"completions", "responses", "messages", "batches", "threads", "assistants",
                                "realtime", "chat", "audio", "images", "fine_tuning"})
-MAX_JSON_DEPTH = 64
 _OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event loop
 
 
@@ -156,7 +153,7 @@ class Proxy:
 
     def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, Review]:
         """Parse, extract the context, choose profile and topic: CPU work, run off the loop for big bodies."""
-        extraction = self.extractor.extract(_parse_chat(raw))
+        extraction = self.extractor.extract(parse_chat(raw))
         return extraction, self._review(request, extraction)
 
     def _review(self, request: Request, extraction: Extraction) -> Review:
@@ -215,13 +212,13 @@ class Proxy:
     async def _complete_once(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
                              ) -> tuple[dict[str, Any] | Response, dict[str, str]]:
         if route is not None:
-            return _completion(await self.adapter.complete(route, body)), {}
+            return chat_completion(await self.adapter.complete(route, body)), {}
         async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
-            data = await _read(response)
+            data = await read_body(response)
         if response.status_code >= 400:
             return Response(data, response.status_code, headers=response_headers(response.headers,
                                                                                     rewritten_body=False)), {}
-        return _completion(_loads_upstream(data)), response_headers(response.headers, rewritten_body=True)
+        return chat_completion(loads_upstream(data)), response_headers(response.headers, rewritten_body=True)
 
     def _reask(self, headers: dict[str, str], route: LitellmRoute | None) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
@@ -292,7 +289,7 @@ class Proxy:
                     response = await upstream.enter_async_context(self.upstream.open(
                         "POST", "chat/completions", headers, json.dumps(extraction.body).encode()))
                     if response.status_code >= 400:
-                        data = await _read(response)
+                        data = await read_body(response)
                         await upstream.aclose()
                         span.end()
                         await self.guard.account(review, f"upstream_http_{response.status_code}")
@@ -317,7 +314,7 @@ class Proxy:
 
         if mode == "buffer":  # collect everything, review, then send: the only stream mode that can change the answer
             try:
-                payloads = [p async for p in _chunks(source, answer)]
+                payloads = [p async for p in chunk_payloads(source, answer)]
             except BaseException as exc:
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 span.end()
@@ -344,7 +341,7 @@ class Proxy:
             ended = None
             try:
                 try:
-                    async for payload in _chunks(source, answer):
+                    async for payload in chunk_payloads(source, answer):
                         yield b"data: " + payload.encode() + b"\n\n"
                 finally:
                     await upstream.aclose()
@@ -415,133 +412,6 @@ def _string(value: Any) -> str | None:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-async def _read(response: httpx.Response) -> bytes:
-    """The whole upstream body; a stall is a 504 and a broken connection a 502, never our own 500."""
-    try:
-        return await response.aread()
-    except httpx.TimeoutException:
-        raise upstream_timeout() from None
-    except httpx.HTTPError as exc:
-        raise upstream_unavailable(f"the response body broke off ({type(exc).__name__})") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _loads_upstream(data: bytes) -> Any:
-    try:
-        return json.loads(data, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        raise upstream_malformed("the body is not valid JSON") from None
-
-
-def _completion(value: Any) -> dict[str, Any]:
-    """A chat completion with a readable first answer, or a 502: what the client gets is what we checked."""
-    try:
-        message = value["choices"][0]["message"]
-        ok = isinstance(message, dict) and isinstance(message.get("content"), (str, type(None))) \
-            and all(isinstance(c, dict) for c in value["choices"])
-    except (KeyError, IndexError, TypeError):
-        ok = False
-    if not ok:
-        raise upstream_malformed("not a chat completion with a text answer")
-    return value  # type: ignore[no-any-return]
-
-
-async def _chunks(source: AsyncIterator[str], answer: StreamedAnswer) -> AsyncIterator[str]:
-    """The chunk payloads up to [DONE], each also added to `answer`. A stream that breaks, stalls, carries
-    something other than chunk objects or ends before its finish reason raises ProxyError."""
-    try:
-        async for payload in source:
-            if payload.strip() == "[DONE]":
-                break
-            try:
-                chunk = json.loads(payload, parse_constant=_reject_constant)
-            except (ValueError, RecursionError):
-                raise upstream_malformed("a stream chunk is not valid JSON") from None
-            if isinstance(chunk, dict) and chunk.get("error") is not None:
-                raise upstream_stream_broken("the provider reported an error mid-stream")
-            if not answer.add(chunk):
-                raise upstream_malformed("a stream chunk is not a chat completion chunk")
-            yield payload
-    except httpx.TimeoutException:
-        raise upstream_timeout() from None
-    except httpx.HTTPError as exc:
-        raise upstream_stream_broken(f"the connection broke off ({type(exc).__name__})") from None
-    if answer.finish_reason is None:
-        raise upstream_stream_broken("the stream ended before the answer was finished")
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    """Nesting no deeper than `limit`, checked without recursion."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
-    return True
-
-
-def _parse_chat(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
-    except ValueError:
-        raise bad_request("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.")
-    if not _depth_ok(body, MAX_JSON_DEPTH):
-        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
-    messages = body.get("messages")
-    if messages is None:
-        raise bad_request("Missing required parameter: 'messages'.", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty array.", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
-        _check_content(message.get("content"), f"messages[{i}].content")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise bad_request("'stream' must be a boolean.", "stream")
-    if "model" in body and not isinstance(body["model"], str):
-        raise bad_request("'model' must be a string.", "model")
-    ours = body.get(OUR_FIELD)
-    if ours is not None:
-        if not isinstance(ours, dict):
-            raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
-        if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
-            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(DETECTORS))} "
-                              f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
-        for key in ("topic", "policy"):
-            if ours.get(key) is not None and not isinstance(ours[key], str):
-                raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")
-        context = ours.get("context")
-        if context is not None and not (isinstance(context, str) or (
-                isinstance(context, list) and all(isinstance(p, str) for p in context))):
-            raise bad_request(f"'{OUR_FIELD}.context' must be a string or an array of strings.",
-                              f"{OUR_FIELD}.context")
-    return body
-
-
-def _check_content(content: Any, where: str) -> None:
-    """A message's content: null, a string, or an array of parts whose `text` (if any) is a string."""
-    if content is None or isinstance(content, str):
-        return
-    if not isinstance(content, list):
-        raise bad_request(f"'{where}' must be a string or an array of content parts.", where)
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type", ""), str):
-            raise bad_request(f"'{where}[{j}]' must be an object with a string 'type'.", f"{where}[{j}]")
-        if "text" in part and not isinstance(part["text"], str):
-            raise bad_request(f"'{where}[{j}].text' must be a string.", f"{where}[{j}].text")
 
 
 def create_app(config: Config, detector: Detector | None = None) -> Gate:

@@ -105,9 +105,9 @@ class Guard:
         try:
             detector = await self.detector_for(review.detector)
             detection = await asyncio.wait_for(detector.detect(review.rag, utf8(answer)), budget)
-        except (MorphguardError, asyncio.TimeoutError) as exc:
+        except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
-            reason = ("latency_budget_exceeded" if isinstance(exc, asyncio.TimeoutError)
+            reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
                       else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
             trace.get_current_span().record_exception(exc)
             decision = self.engine.failed(review.profile, review.topic, reason)
@@ -276,7 +276,7 @@ class Guard:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             review = Review.from_dict(entry.payload["review"])

@@ -148,3 +148,13 @@ class Upstream:
         except httpx.TransportError as exc:
             raise upstream_unavailable(type(exc).__name__) from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def read_body(response: httpx.Response) -> bytes:
+    """The whole upstream body; a stall is a 504 and a broken connection a 502, never our own 500."""
+    try:
+        return await response.aread()
+    except httpx.TimeoutException:
+        raise upstream_timeout() from None
+    except httpx.HTTPError as exc:
+        raise upstream_unavailable(f"the response body broke off ({type(exc).__name__})") from None

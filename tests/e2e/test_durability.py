@@ -68,7 +68,8 @@ def test_kill_9_under_async_load_loses_nothing(provider, tmp_path):
     base, process = serve(config(provider, tmp_path, "judge", "ok"), tmp_path)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and (len({r[0] for r in rows(tmp_path)}) < n or outbox(tmp_path).get("pending")):
+        while time.monotonic() < deadline and (len({r[0] for r in rows(tmp_path)}) < n
+                                               or outbox(tmp_path).get("pending")):
             time.sleep(0.5)
     finally:
         stop(process)
@@ -93,10 +94,11 @@ def test_a_full_queue_records_what_it_cannot_take(provider, tmp_path, on_full):
     base, process = serve(cfg, tmp_path)
     try:
         reasons = []
-        for i in range(8):
+        for _ in range(8):
             body = {"model": "hallucinated", "messages": [{"role": "user", "content": QUESTION}],
                     "morphguard": {"context": PASSAGE}}
-            reasons.append(httpx.post(base + "/v1/chat/completions", json=body, timeout=30).json()["morphguard"]["reason"])
+            verdict = httpx.post(base + "/v1/chat/completions", json=body, timeout=30).json()["morphguard"]
+            reasons.append(verdict["reason"])
         assert "queue_full" in reasons
         full = [r for r in rows(tmp_path) if r[2] == "queue_full"]
         assert len(full) == reasons.count("queue_full")

@@ -133,7 +133,8 @@ def test_allow_listed_paths_pass_through_with_the_upstream_key(guarded, provider
 def test_generation_routes_that_cannot_be_checked_are_refused_or_pass_audited(guarded, proxy_factory, provider):
     status, _, data = raw(guarded, "POST", "/v1/responses", {"model": "hallucinated", "input": QUESTION})
     assert status == 403 and json.loads(data)["error"]["code"] == "unchecked_route"
-    assert not any(o["path"].endswith("/responses") for o in httpx.get(provider.removesuffix("/v1") + "/_others").json())
+    others = httpx.get(provider.removesuffix("/v1") + "/_others").json()
+    assert not any(o["path"].endswith("/responses") for o in others)
     status, _, _ = raw(guarded, "POST", "/v1/completions", {"model": "hallucinated", "prompt": QUESTION})
     assert status == 200  # listed in proxy.unchecked_routes: passes, and the audit says so
     assert audit_rows(proxy_factory, guarded)[-1]["reason"] == "unchecked_route"
@@ -179,7 +180,8 @@ def test_malformed_fields_are_a_400_naming_the_field(guarded, body, param):
 
 @pytest.mark.parametrize("raw_body", [
     b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}",
-    b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": ' + b"{\"a\":" * 100 + b"1" + b"}" * 100 + b"}",
+    b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": '
+    + b'{"a":' * 100 + b"1" + b"}" * 100 + b"}",
     b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
     b"\xff\xfe not json",
 ])

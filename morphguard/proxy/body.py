@@ -1,0 +1,110 @@
+"""What a chat request body and an upstream answer must look like before anything else reads them.
+
+Both are hostile input. A body is a 400 naming the field, never a crash further in: JSON deeper than
+`MAX_JSON_DEPTH` levels, `NaN`, non-string text parts and the like are refused here. An upstream answer
+that is not a readable chat completion is a 502, so what the client gets is always what was checked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from morphguard.detectors import DETECTORS, is_known
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.errors import bad_request, upstream_malformed
+
+MAX_JSON_DEPTH = 64
+
+
+def reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_upstream(data: bytes) -> Any:
+    try:
+        return json.loads(data, parse_constant=reject_constant)
+    except (ValueError, RecursionError):
+        raise upstream_malformed("the body is not valid JSON") from None
+
+
+def chat_completion(value: Any) -> dict[str, Any]:
+    """A chat completion with a readable first answer, or a 502: what the client gets is what we checked."""
+    try:
+        message = value["choices"][0]["message"]
+        ok = isinstance(message, dict) and isinstance(message.get("content"), (str, type(None))) \
+            and all(isinstance(c, dict) for c in value["choices"])
+    except (KeyError, IndexError, TypeError):
+        ok = False
+    if not ok:
+        raise upstream_malformed("not a chat completion with a text answer")
+    return value  # type: ignore[no-any-return]
+
+
+def depth_ok(value: Any, limit: int) -> bool:
+    """Nesting no deeper than `limit`, checked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
+    return True
+
+
+def parse_chat(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw, parse_constant=reject_constant)
+    except RecursionError:
+        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
+    except ValueError:
+        raise bad_request("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    if not depth_ok(body, MAX_JSON_DEPTH):
+        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
+    messages = body.get("messages")
+    if messages is None:
+        raise bad_request("Missing required parameter: 'messages'.", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array.", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
+        check_content(message.get("content"), f"messages[{i}].content")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("'stream' must be a boolean.", "stream")
+    if "model" in body and not isinstance(body["model"], str):
+        raise bad_request("'model' must be a string.", "model")
+    ours = body.get(OUR_FIELD)
+    if ours is not None:
+        if not isinstance(ours, dict):
+            raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
+        if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
+            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(DETECTORS))} "
+                              f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
+        for key in ("topic", "policy"):
+            if ours.get(key) is not None and not isinstance(ours[key], str):
+                raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")
+        context = ours.get("context")
+        if context is not None and not (isinstance(context, str) or (
+                isinstance(context, list) and all(isinstance(p, str) for p in context))):
+            raise bad_request(f"'{OUR_FIELD}.context' must be a string or an array of strings.",
+                              f"{OUR_FIELD}.context")
+    return body
+
+
+def check_content(content: Any, where: str) -> None:
+    """A message's content: null, a string, or an array of parts whose `text` (if any) is a string."""
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}' must be a string or an array of content parts.", where)
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type", ""), str):
+            raise bad_request(f"'{where}[{j}]' must be an object with a string 'type'.", f"{where}[{j}]")
+        if "text" in part and not isinstance(part["text"], str):
+            raise bad_request(f"'{where}[{j}].text' must be a string.", f"{where}[{j}].text")

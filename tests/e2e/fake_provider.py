@@ -170,6 +170,9 @@ async def models(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     body = json.loads(await request.body())
+    if not isinstance(body, dict) or "input" not in body:
+        return JSONResponse({"error": {"message": "'input' is required", "type": "invalid_request_error",
+                                       "param": "input", "code": None}}, status_code=400)
     inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
     return JSONResponse({"object": "list", "model": body.get("model"), "usage": {"prompt_tokens": 3, "total_tokens": 3},
                          "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, float(len(t))]}

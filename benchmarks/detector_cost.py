@@ -50,7 +50,8 @@ def main() -> None:
             "input_tokens": statistics.fmean(o.input_tokens for o in mine),
             "output_tokens": statistics.fmean(o.output_tokens for o in mine),
             "seconds_median": statistics.median(o.seconds for o in mine),
-            "seconds_p90": statistics.quantiles([o.seconds for o in mine], n=10)[-1] if len(mine) > 1 else mine[0].seconds,
+            "seconds_p90": (statistics.quantiles([o.seconds for o in mine], n=10)[-1] if len(mine) > 1
+                            else mine[0].seconds),
             "stage_seconds_median": {s: statistics.median(o.stage_seconds.get(s, 0.0) for o in mine) for s in stages},
             "f1": d["f1"]["mean"], "auroc": d["auroc"]["mean"], "pr_auc": d["pr_auc"]["mean"],
         })

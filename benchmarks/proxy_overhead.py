@@ -165,7 +165,8 @@ def main() -> None:
             requests = max(args.requests, 4 * concurrency) if concurrency > 1 else min(args.requests, 100)
             for name, base in bases.items():
                 print(f"… {name} at concurrency {concurrency}", file=sys.stderr)
-                rows.append({"target": name, "concurrency": concurrency, **asyncio.run(load(base, concurrency, requests))})
+                measured = asyncio.run(load(base, concurrency, requests))
+                rows.append({"target": name, "concurrency": concurrency, **measured})
 
     direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
     header = (f"{'target':<26} {'conc':>4} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>8} "

@@ -222,7 +222,8 @@ def render_detection(answer: str, result: Detection, color: bool = False) -> str
     marked.append(answer[cursor:])
     verdict = "FLAGGED" if result.flagged else "ok"
     lines = [
-        f"{verdict}: hallucination score {result.score:.2f} (threshold {result.threshold:.2f}, detector {result.detector})",
+        f"{verdict}: hallucination score {result.score:.2f} "
+        f"(threshold {result.threshold:.2f}, detector {result.detector})",
         "",
         "".join(marked).strip(),
         "",

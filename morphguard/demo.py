@@ -59,13 +59,14 @@ def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
                 messages=[{"role": "system", "content": f"{instruction}\n<documents>\n{context}\n</documents>"},
                           {"role": "user", "content": QUESTION}],
             )
-            verdict = completion.model_extra["morphguard"]
+            verdict = (completion.model_extra or {})["morphguard"]
             flagged_any |= bool(verdict.get("flagged"))
             out(f"--- {who}")
             out(f"question: {QUESTION}")
-            out(f"answer:   {completion.choices[0].message.content.strip()}")
+            out(f"answer:   {(completion.choices[0].message.content or '').strip()}")
             out(f"verdict:  score {verdict.get('score')}  flagged {verdict.get('flagged')}  "
-                f"action {verdict.get('action')}  ({verdict.get('latency_ms')} ms, context from {verdict.get('context_source')})")
+                f"action {verdict.get('action')}  ({verdict.get('latency_ms')} ms, "
+                f"context from {verdict.get('context_source')})")
             for factoid in verdict.get("factoids", []):
                 out(f"          {factoid['score']:.2f}  {factoid['text']}")
             out("")

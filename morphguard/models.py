@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -35,7 +35,7 @@ class RagInput(BaseModel):
         return [utf8(p) for p in value]
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     """What a verifier says about one statement, given the passages."""
 
     YES = "YES"  # entailed by the passages
@@ -43,7 +43,7 @@ class Verdict(str, Enum):
     NOT_SURE = "NOT SURE"  # the passages do not settle it
 
 
-class VariantKind(str, Enum):
+class VariantKind(StrEnum):
     """The metamorphic relation that produced a variant of a factoid."""
 
     SYNONYM = "synonym"  # same meaning: should be entailed

@@ -44,7 +44,10 @@ def test_flagged_answer_exits_1_and_highlights_the_span(tmp_path):
 
 
 def test_json_output_is_the_detection_and_a_supported_answer_exits_0(tmp_path):
-    with ScriptedLLM(judge([CONTEXT], lambda s: '{"verdict": "NO"}' if s.startswith("A") else '{"verdict": "YES"}')) as server:
+    def verdict(statement: str) -> str:
+        return '{"verdict": "NO"}' if statement.startswith("A") else '{"verdict": "YES"}'
+
+    with ScriptedLLM(judge([CONTEXT], verdict)) as server:
         config = write_config(tmp_path, server.base_url)
         answer_file = tmp_path / "answer.txt"
         answer_file.write_text(CONTEXT)

@@ -89,6 +89,6 @@ def build_detector(config: Config, llm: LLMClient | None = None, name: str | Non
     if llm is None and needs_llm:
         llm = build_client(config, stage_models(config, name))
     detector = builder(config, llm)  # type: ignore[arg-type]
-    if ":" in (name or ""):
-        detector.name = name  # type: ignore[misc]  # keep the profile in results: "metarag:paper"
+    if name and ":" in name:
+        detector.name = name  # keep the profile in results: "metarag:paper"
     return detector

@@ -207,6 +207,6 @@ def _majority(runs: list[list[_Claim]], aggregate: str) -> list[_Claim]:
 
     flagged = [bad(r) > 0 for r in runs]
     majority = sum(flagged) * 2 >= len(runs)
-    agreeing = sorted((r for r, f in zip(runs, flagged) if f == majority), key=bad)
+    agreeing = sorted((r for r, f in zip(runs, flagged, strict=True) if f == majority), key=bad)
     return [c for c in agreeing[len(agreeing) // 2] if c.text] if agreeing else []
 

@@ -117,7 +117,7 @@ class HierarchicalVerifier:
         verdicts = await meter.run("verify",
                                      lambda: asyncio.gather(*(verify_claim(text) for text, _ in claims)))
         factoids = []
-        for (text, (s_start, s_end)), verdict in zip(claims, verdicts):
+        for (text, (s_start, s_end)), verdict in zip(claims, verdicts, strict=True):
             inside = locate(text, answer[s_start:s_end])
             start, end = (s_start + inside[0], s_start + inside[1]) if inside else (s_start, s_end)
             if verdict.probabilities:
@@ -185,7 +185,7 @@ class HierarchicalVerifier:
             data = json.loads(reply.text)
         except ValueError:
             data = {}
-        label = data.get("label") if isinstance(data, dict) and data.get("label") in LABELS else BASELESS
+        label = str(data["label"]) if isinstance(data, dict) and data.get("label") in LABELS else BASELESS
         cited = [n - 1 for n in data.get("evidence", []) if isinstance(n, int) and n - 1 in window] \
             if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
         probabilities = (label_probabilities(reply.logprobs, "label", LABELS)

@@ -19,6 +19,7 @@ import json
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -117,12 +118,14 @@ class MetaRAG:
         else:
             statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
-        variants_of = lambda: asyncio.gather(
-            *(self._variants_of(rag.question, s, meter, stats) for s in statements))
+        def variants_of() -> Awaitable[list[list[tuple[VariantKind, str]]]]:
+            return asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
+
         if self.options.n_mutations == 0:  # the factoid itself and rule antonyms: no call, no stage
             mutations = await variants_of()
         elif self.options.batch_mutations:
-            mutations = await meter.run("mutate", lambda: self._variants_batched(rag.question, statements, meter, stats))
+            mutations = await meter.run(
+                "mutate", lambda: self._variants_batched(rag.question, statements, meter, stats))
         else:
             mutations = await meter.run("mutate", variants_of)
         focused = focus.focus(statements, rag.passages, self.options.context_budget)
@@ -130,7 +133,7 @@ class MetaRAG:
         verified = await meter.run("verify", lambda: self._verify_all(passages, mutations, meter))
 
         factoids = []
-        for statement, variants in zip(statements, verified):
+        for statement, variants in zip(statements, verified, strict=True):
             flat = [v for per_model in variants for v in per_model]
             stats.unparseable_verdicts += sum(not v.parsed for v in flat)
             span = locate(statement, answer)
@@ -183,7 +186,9 @@ class MetaRAG:
             variants.append((VariantKind.IDENTITY, factoid))
         n = self.options.n_mutations
         ruled = negate(factoid) if self.options.rule_antonyms else None
-        by_judge = lambda prompt: self._mutate(prompt, question, factoid, n, meter, stats) if n else _just([])
+        def by_judge(prompt: str) -> Awaitable[list[str]]:
+            return self._mutate(prompt, question, factoid, n, meter, stats) if n else _just([])
+
         synonyms, antonyms = await asyncio.gather(
             by_judge("synonym_system"), _just([ruled]) if ruled else by_judge("antonym_system"))
         variants += [(VariantKind.SYNONYM, s) for s in synonyms]
@@ -324,7 +329,8 @@ class MetaRAG:
         else:
             penalty = scoring.penalty(kind, parsed.verdict)
         return Variant(kind=kind, text=statement, verdict=parsed.verdict, reason=parsed.reason, penalty=penalty,
-                       probabilities={v.value: round(p, 4) for v, p in probabilities.items()} if probabilities else None,
+                       probabilities=({v.value: round(p, 4) for v, p in probabilities.items()}
+                                      if probabilities else None),
                        verifier=verifier, parsed=parsed.parsed)
 
     async def _verify(self, passages: str, kind: VariantKind, statement: str, meter: Meter) -> list[Variant]:

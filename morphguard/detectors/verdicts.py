@@ -43,7 +43,8 @@ def parse_verdict(text: str) -> ParsedVerdict:
     if match:
         verdict = _normalise(match.group(1))
         if verdict is not None:
-            return ParsedVerdict(verdict, match.group(2).strip().splitlines()[0] if match.group(2).strip() else "", True)
+            reason = match.group(2).strip()
+            return ParsedVerdict(verdict, reason.splitlines()[0] if reason else "", True)
     return ParsedVerdict(Verdict.NOT_SURE, stripped[:200], False)
 
 

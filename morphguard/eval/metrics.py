@@ -74,8 +74,8 @@ def pr_auc(labels: Sequence[bool], scores: Sequence[float]) -> float | None:
         return None
     area, tp, fp, last_recall = 0.0, 0, 0, 0.0
     for threshold in sorted(set(scores), reverse=True):
-        tp += sum(1 for y, s in zip(labels, scores) if s == threshold and y)
-        fp += sum(1 for y, s in zip(labels, scores) if s == threshold and not y)
+        tp += sum(1 for y, s in zip(labels, scores, strict=True) if s == threshold and y)
+        fp += sum(1 for y, s in zip(labels, scores, strict=True) if s == threshold and not y)
         recall = tp / total_positive
         area += (recall - last_recall) * (tp / (tp + fp))
         last_recall = recall

@@ -41,8 +41,9 @@ def summarize(items: Sequence[Item], outcomes: Sequence[Outcome], detectors: Seq
         good = [o for o in mine if o.error is None]
         threshold = None
         if calibrate:
-            tune = [o for o in good if o.item_id in dev_ids]
-            threshold = metrics.best_threshold([o.hallucinated for o in tune], [o.score for o in tune]) if tune else None
+            tune = [(o.hallucinated, o.score) for o in good if o.item_id in dev_ids and o.score is not None]
+            threshold = (metrics.best_threshold([label for label, _ in tune], [score for _, score in tune])
+                         if tune else None)
         summary["detectors"][name] = _detector_summary(
             [o for o in good if o.item_id in test_ids], by_id, threshold,
             errors=sum(1 for o in mine if o.error is not None))
@@ -120,13 +121,15 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary["items"] < summary.get("sampled_items", summary["items"]):
         scope += f"; only the {summary['items']} of {summary['sampled_items']} sampled items every detector has scored"
     lines = [f"Detection quality — {scope}", "",
-             "| detector | τ | P | R | F1 | acc | AUROC | PR-AUC | span P | span R | span F1 | calls | in tok | out tok | s (median) | errors |",
+             "| detector | τ | P | R | F1 | acc | AUROC | PR-AUC | span P | span R | span F1 | calls | in tok "
+             "| out tok | s (median) | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in summary["detectors"].items():
         span = d.get("span", {})
         cost = d["cost"]
         lines.append("| " + " | ".join([
-            name, _fmt(d["threshold"], 2), *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc")),
+            name, _fmt(d["threshold"], 2),
+            *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc")),
             *(_fmt(span.get(k)) for k in ("precision", "recall", "f1")),
             _fmt(cost["llm_calls"], 1), _fmt(cost["input_tokens"], 0), _fmt(cost["output_tokens"], 0),
             _fmt(cost["seconds_median"], 1), str(d["errors"])]) + " |")
@@ -187,7 +190,7 @@ def _plots(folder: Path, outcomes: Sequence[Outcome], detectors: list[str]) -> l
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
         plt.close(fig)
     fig, axs = plt.subplots(1, len(detectors), figsize=(4 * len(detectors), 3.2), squeeze=False)
-    for ax, (name, group) in zip(axs[0], first.items()):
+    for ax, (name, group) in zip(axs[0], first.items(), strict=False):
         for label, colour in ((False, "tab:green"), (True, "tab:red")):
             ax.hist([o.score or 0.0 for o in group if o.hallucinated == label], bins=20, range=(0, 1), alpha=0.6,
                     color=colour, label="hallucinated" if label else "faithful")

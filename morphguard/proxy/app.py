@@ -80,7 +80,8 @@ class Proxy:
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         telemetry_setup.configure(self.config.telemetry)
-        detector = self._detector or await asyncio.to_thread(build_detector, self.config)  # may start the judge
+        detector = self._detector if self._detector is not None else await asyncio.to_thread(
+            build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
         self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         policy = self.config.policy
@@ -197,7 +198,8 @@ class Proxy:
                                   input_tokens=None, output_tokens=None, seconds=time.perf_counter() - started,
                                   error=f"HTTP {result.status_code}")
         else:
-            usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
+            usage = result.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
             telemetry.record_chat(
                 span, provider=provider, role="upstream", request_model=model,
                 response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),

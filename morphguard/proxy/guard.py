@@ -299,7 +299,7 @@ class Guard:
         """Let queued checks finish within the grace period; what is left stays queued for the next start."""
         grace = self.settings.shutdown_grace_s
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and await asyncio.to_thread(self.queue.pending):
+        while time.monotonic() < deadline and await asyncio.to_thread(self.queue.pending) > 0:
             await asyncio.sleep(0.1)
         for worker in self._workers:
             worker.cancel()

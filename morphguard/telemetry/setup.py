@@ -57,15 +57,10 @@ def _exporters(settings: TelemetrySettings) -> tuple[SpanExporter | None, object
         return (OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, headers=headers),
                 OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, headers=headers))
     if kind == "otlp-grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-            OTLPMetricExporter,
-        )
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter,
-        )
+        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter, trace_exporter
 
-        return (OTLPSpanExporter(endpoint=settings.endpoint, headers=headers),
-                OTLPMetricExporter(endpoint=settings.endpoint, headers=headers))
+        return (trace_exporter.OTLPSpanExporter(endpoint=settings.endpoint, headers=headers),
+                metric_exporter.OTLPMetricExporter(endpoint=settings.endpoint, headers=headers))
     return None, None
 
 
@@ -79,7 +74,8 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
     if settings.exporter == "none" and span_exporter is None and metric_reader is None:
         return  # the API's no-op providers stay: instrumented code costs next to nothing
     _configured = True
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {names.SERVICE_NAME: settings.service_name or "morphguard"}
+    attributes = ({} if os.environ.get("OTEL_SERVICE_NAME")
+                  else {names.SERVICE_NAME: settings.service_name or "morphguard"})
     resource = Resource.create(attributes)
     spans, metric_exporter = _exporters(settings)
     spans = span_exporter or spans

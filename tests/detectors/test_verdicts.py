@@ -37,7 +37,8 @@ def _tokens(*pieces: str, alternatives: dict[int, list[tuple[str, float]]]) -> l
 def test_probabilities_are_read_where_the_json_verdict_is_written():
     alts = {3: [("NO", math.log(0.6)), ("NOT", math.log(0.3)), ("YES", math.log(0.1))],
             0: [("YES", math.log(0.99))]}  # the first token's alternatives must be ignored
-    tokens = _tokens("{", ' "verdict', '":', ' "', "NO", '",', ' "reason": "x" }', alternatives={4: alts[3], 0: alts[0]})
+    tokens = _tokens("{", ' "verdict', '":', ' "', "NO", '",', ' "reason": "x" }',
+                     alternatives={4: alts[3], 0: alts[0]})
     probs = verdict_probabilities(tokens)
     assert probs == pytest.approx({V.NO: 0.6, V.NOT_SURE: 0.3, V.YES: 0.1})
 

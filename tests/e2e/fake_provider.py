@@ -14,7 +14,8 @@ connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "su
 surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
 (`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream).
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
-recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider. It also receives escalation
+recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
+It also receives escalation
 webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503);
 GET /_webhooks lists what arrived.
 """

@@ -32,7 +32,8 @@ def phoenix(tmp_path_factory):
     if binary is None:
         if os.environ.get("CI"):
             pytest.fail("Arize Phoenix is not installed (.ci/run puts it in .venv-phoenix)")
-        pytest.skip("Arize Phoenix not installed: python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install arize-phoenix")
+        pytest.skip("Arize Phoenix not installed: "
+                    "python3 -m venv .venv-phoenix && .venv-phoenix/bin/pip install arize-phoenix")
     folder = tmp_path_factory.mktemp("phoenix")
     port = free_port()
     env = {**os.environ, "PHOENIX_WORKING_DIR": str(folder), "PHOENIX_PORT": str(port),

@@ -103,7 +103,8 @@ def test_cite_appends_what_the_context_says(policy_proxy):
 
 
 def test_cite_says_when_no_source_bears_on_a_claim(policy_proxy):
-    content = ask(client(policy_proxy, prefix="/cite"), context="Paracetamol is widely used.").choices[0].message.content
+    reply = ask(client(policy_proxy, prefix="/cite"), context="Paracetamol is widely used.")
+    content = reply.choices[0].message.content
     assert content.endswith('- "Ibuprofen is safe throughout pregnancy.": no retrieved source supports this.')
 
 
@@ -195,7 +196,8 @@ def test_audit_lists_filters_and_exports(policy_proxy, proxy_factory):
     assert blocked["cost"]["llm_calls"] + blocked["cost"]["cached_calls"] >= 7  # decompose, 2 mutations, 4 verifies
     topic = audit(proxy_factory, policy_proxy, "--topic", "migration", "--format", "csv")
     lines = topic.stdout.splitlines()
-    assert lines[0].startswith("id,time,request_id") and len(lines) > 1 and all(",migration," in row for row in lines[1:])
+    assert lines[0].startswith("id,time,request_id") and len(lines) > 1
+    assert all(",migration," in row for row in lines[1:])
     out = proxy_factory.folders[policy_proxy] / "export.jsonl"
     assert audit(proxy_factory, policy_proxy, "--since", "1h", "--out", str(out), "--format", "jsonl").returncode == 0
     assert len(out.read_text().splitlines()) >= len(rows)
@@ -222,7 +224,8 @@ def test_fail_open_passes_the_answer_unchecked_and_says_why(broken_judge_proxy, 
     assert not verdict["checked"] and verdict["action"] == "pass"
     assert verdict["reason"] == "fail_open: judge_error"  # a stable code; the details stay in the log
     assert completion.choices[0].message.content == "Ibuprofen is safe throughout pregnancy."
-    rows = [json.loads(line) for line in audit(proxy_factory, broken_judge_proxy, "--format", "jsonl").stdout.splitlines()]
+    exported = audit(proxy_factory, broken_judge_proxy, "--format", "jsonl").stdout
+    rows = [json.loads(line) for line in exported.splitlines()]
     assert rows[-1]["reason"].startswith("fail_open") and rows[-1]["checked"] is False
     log = (proxy_factory.folders[broken_judge_proxy] / "proxy.log").read_text()
     assert "passed unchecked (fail_open: judge_error)" in log and "sk-judge" not in log

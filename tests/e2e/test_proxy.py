@@ -94,7 +94,8 @@ def test_without_context_the_answer_is_passed_and_says_so(annotate_proxy):
 def test_async_client_works_through_the_proxy(annotate_proxy):
     async def call():
         async with openai.AsyncOpenAI(base_url=annotate_proxy + "/v1", api_key="k", max_retries=0) as c:
-            return await c.chat.completions.create(**ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE}})
+            return await c.chat.completions.create(**ask("hallucinated"),
+                                                   extra_body={"morphguard": {"context": PASSAGE}})
 
     assert verdict_of(asyncio.run(call()))["flagged"]
 

@@ -43,7 +43,8 @@ def test_missing_data_says_where_it_looked(tmp_path):
 def test_ragtruth_qa_context_becomes_passages_and_labels_become_spans(tmp_path):
     (tmp_path / "ragtruth").mkdir()
     write_lines(tmp_path / "ragtruth" / "test_qa.jsonl", [{
-        "id": "7", "task_type": "QA", "question": "who?", "context": "passage 1:Alice wrote it.\n\npassage 2:Bob read it.",
+        "id": "7", "task_type": "QA", "question": "who?",
+        "context": "passage 1:Alice wrote it.\n\npassage 2:Bob read it.",
         "answer": "Carol wrote it.", "hallucinated": True,
         "labels": [{"start": 0, "end": 5, "text": "Carol", "label_type": "Evident Conflict"}]}])
     (item,) = datasets.load("ragtruth-qa", tmp_path)

@@ -216,7 +216,8 @@ def test_metrics_for_calls_scores_and_decisions(llm, tmp_path):
     assert {("upstream", "input"), ("upstream", "output"), ("judge", "input"), ("judge", "output")} <= roles
     assert any(p.attributes[names.ROLE] == "judge" and p.count >= 7 for p in points["gen_ai.client.operation.duration"])
     assert any(p.max == 1.0 for p in points["morphguard.score"])
-    decisions = {(p.attributes[names.ACTION], p.attributes[names.TOPIC]): p.value for p in points["morphguard.decisions"]}
+    decisions = {(p.attributes[names.ACTION], p.attributes[names.TOPIC]): p.value
+                 for p in points["morphguard.decisions"]}
     assert decisions[("annotate", "pregnancy")] >= 1
 
 

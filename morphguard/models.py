@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from morphguard.config import Action
+
 
 def utf8(text: str) -> str:
     """`text` with any lone surrogate (JSON escapes can carry one; UTF-8 cannot) replaced by U+FFFD, so
@@ -144,7 +146,7 @@ class Decision(BaseModel):
     topic: str  # "general" when no configured topic matched
     threshold: float
     flagged: bool
-    action: str  # pass | annotate | highlight | cite | regenerate | block
+    action: Action
     escalate: bool = False
     safe_message: str = ""
     reason: str | None = None  # set when the answer was not checked: no_context, fail_open: ..., fail_closed: ...

@@ -19,37 +19,13 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from morphguard.config import AuditSettings
 from morphguard.models import utf8
+from morphguard.policy.record import DecisionRecord, now
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS decisions (
-    id INTEGER PRIMARY KEY,
-    time TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    trace_id TEXT,
-    profile TEXT NOT NULL,
-    route TEXT,
-    model TEXT,
-    topic TEXT NOT NULL,
-    checked INTEGER NOT NULL,
-    score REAL,
-    threshold REAL NOT NULL,
-    flagged INTEGER NOT NULL,
-    action TEXT NOT NULL,
-    escalated INTEGER NOT NULL,
-    reason TEXT,
-    detector TEXT,
-    factoids TEXT NOT NULL,
-    cost TEXT,
-    question TEXT,
-    answer TEXT,
-    context TEXT
-);
-CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
-CREATE INDEX IF NOT EXISTS decisions_request ON decisions (request_id);
 CREATE TABLE IF NOT EXISTS escalations (
     id INTEGER PRIMARY KEY,
     time TEXT NOT NULL,
@@ -62,13 +38,26 @@ CREATE TABLE IF NOT EXISTS escalations (
 CREATE INDEX IF NOT EXISTS escalations_state ON escalations (state);
 """
 
-COLUMNS = ("id", "time", "request_id", "trace_id", "profile", "route", "model", "topic", "checked", "score",
-           "threshold", "flagged", "action", "escalated", "reason", "detector", "factoids", "cost", "question",
-           "answer", "context")
+# The decisions table is DecisionRecord's fields, in order; a store made by an older version gets the
+# columns it lacks added on open (its rows read NULL there).
+COLUMNS = ("id", *DecisionRecord.model_fields)
+_JSON = ("factoids", "cost")
+_BOOLS = ("checked", "flagged", "escalated")
 
 
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+def _sql_type(annotation: Any) -> str:
+    kinds = {a for a in get_args(annotation) if a is not type(None)} or {annotation}
+    if kinds <= {bool, int}:
+        return "INTEGER"
+    return "REAL" if kinds == {float} else "TEXT"
+
+
+def _decisions_schema() -> str:
+    columns = ",\n    ".join(f"{name} {_sql_type(field.annotation)}"
+                              for name, field in DecisionRecord.model_fields.items())
+    return (f"CREATE TABLE IF NOT EXISTS decisions (\n    id INTEGER PRIMARY KEY,\n    {columns}\n);\n"
+            "CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);\n"
+            "CREATE INDEX IF NOT EXISTS decisions_request ON decisions (request_id);\n")
 
 
 class AuditStore:
@@ -80,7 +69,11 @@ class AuditStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_decisions_schema() + _SCHEMA)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(decisions)")}
+        for name, field in DecisionRecord.model_fields.items():
+            if name not in present:
+                self._db.execute(f"ALTER TABLE decisions ADD COLUMN {name} {_sql_type(field.annotation)}")
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -89,18 +82,18 @@ class AuditStore:
             return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
         return value
 
-    def record(self, entry: dict[str, Any]) -> int:
+    def record(self, record: DecisionRecord) -> int:
         """Write one decision; text fields are stored as configured. Returns the row id."""
-        row = {**entry, "time": entry.get("time") or now(),
-               "question": self._text(entry.get("question")), "answer": self._text(entry.get("answer")),
-               "context": self._text(entry.get("context")),
-               "factoids": json.dumps(entry.get("factoids") or []),
-               "cost": json.dumps(entry["cost"]) if entry.get("cost") is not None else None}
-        names = [c for c in COLUMNS if c != "id"]
+        row = record.model_dump()
+        for name in DecisionRecord.TEXTS:
+            row[name] = self._text(row[name])
+        for name in _JSON:
+            row[name] = json.dumps(row[name]) if row[name] is not None else None
+        names = list(DecisionRecord.model_fields)
         with self._lock:
             cursor = self._db.execute(
                 f"INSERT INTO decisions ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                [_sql(row.get(c)) for c in names])
+                [_sql(row[c]) for c in names])
         return int(cursor.lastrowid or 0)
 
     def add_escalation(self, request_id: str, payload: dict[str, Any]) -> int:
@@ -144,7 +137,8 @@ class AuditStore:
         if until:
             clauses.append("time < ?")
             args.append(until)
-        sql = "SELECT * FROM decisions" + (" WHERE " + " AND ".join(clauses) if clauses else "") + " ORDER BY id"
+        where = " WHERE " + " AND ".join(clauses) if clauses else ""
+        sql = f"SELECT {', '.join(COLUMNS)} FROM decisions{where} ORDER BY id"
         if limit:
             sql += f" LIMIT {int(limit)}"
         with self._lock:
@@ -165,10 +159,11 @@ def _sql(value: Any) -> Any:
 
 
 def _row(raw: dict[str, Any]) -> dict[str, Any]:
-    for key in ("checked", "flagged", "escalated"):
+    for key in _BOOLS:
         raw[key] = bool(raw[key])
-    raw["factoids"] = json.loads(raw["factoids"])
-    raw["cost"] = json.loads(raw["cost"]) if raw["cost"] else None
+    for key in _JSON:
+        raw[key] = json.loads(raw[key]) if raw[key] else None
+    raw["factoids"] = raw["factoids"] or []
     return raw
 
 

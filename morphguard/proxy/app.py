@@ -30,9 +30,9 @@ from morphguard.detectors import Detector, build_detector
 from morphguard.policy.actions import answer_of
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, RequestFacts
-from morphguard.proxy import verdict as v
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.body import chat_completion, loads_upstream, parse_chat
+from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
     JSON,
@@ -48,7 +48,7 @@ from morphguard.proxy.errors import (
 )
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.gate import Gate
-from morphguard.proxy.guard import Guard, Reask, Review
+from morphguard.proxy.guard import Guard, Reask
 from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, error_event, events, sse
 from morphguard.proxy.upstream import Upstream, read_body, response_headers
 from morphguard.store.queue import SqliteCheckQueue
@@ -152,12 +152,12 @@ class Proxy:
                 raise too_large(limit)
         return bytes(body)
 
-    def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, Review]:
+    def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, CheckRequest]:
         """Parse, extract the context, choose profile and topic: CPU work, run off the loop for big bodies."""
         extraction = self.extractor.extract(parse_chat(raw))
         return extraction, self._review(request, extraction)
 
-    def _review(self, request: Request, extraction: Extraction) -> Review:
+    def _review(self, request: Request, extraction: Extraction) -> CheckRequest:
         options = extraction.options
         headers = {k.lower(): val for k, val in request.headers.items()}
         prefix = request.path_params.get("prefix")
@@ -174,7 +174,7 @@ class Proxy:
         )
         profile = self.engine.profile_for(facts)
         topic = self.engine.topic_for(profile, extraction.rag, facts.requested_topic)
-        return Review(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
+        return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
                       topic=topic, model=facts.model, route=facts.path_prefix, detector=options.get("detector"))
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
@@ -250,7 +250,7 @@ class Proxy:
             await self.guard.account(review, "internal_error")
             raise
 
-    async def _chat(self, headers: dict[str, str], extraction: Extraction, review: Review) -> Response:
+    async def _chat(self, headers: dict[str, str], extraction: Extraction, review: CheckRequest) -> Response:
         route = self.adapter.route_for(extraction.body.get("model"))
         if extraction.body.get("stream"):
             return await self._chat_stream(headers, extraction, review, route)
@@ -261,19 +261,19 @@ class Proxy:
                 return completion
             review.chat_span = span
             span.set_attribute(names.REQUEST_ID, review.request_id)
-            verdict = None
+            record = None
             if self.settings.mode == "async":
-                verdict = await self.guard.check_later(review, completion)
-            if verdict is None:
+                record = await self.guard.check_later(review, completion)
+            if record is None:
                 with trace.use_span(span, end_on_exit=False):
-                    completion, verdict = await self.guard.review(review, completion,
-                                                                  reask=self._reask(headers, route))
+                    completion, record = await self.guard.review(review, completion,
+                                                                 reask=self._reask(headers, route))
         finally:
             span.end(end_time=answered)  # the span measures the upstream call, not our check
-        completion[OUR_FIELD] = verdict
-        return JSON(completion, headers=kept | v.headers(verdict))
+        completion[OUR_FIELD] = record.payload()
+        return JSON(completion, headers=kept | record.headers())
 
-    async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: Review,
+    async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: CheckRequest,
                            route: LitellmRoute | None) -> Response:
         model = extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None
         provider = self._provider(route)
@@ -326,8 +326,8 @@ class Proxy:
             ended = answered()
             try:
                 with trace.use_span(span, end_on_exit=False):
-                    reviewed, verdict = await self.guard.review(review, answer.as_completion(),
-                                                                reask=self._reask(headers, route))
+                    reviewed, record = await self.guard.review(review, answer.as_completion(),
+                                                               reask=self._reask(headers, route))
             finally:
                 span.end(end_time=ended)
             text = answer_of(reviewed)
@@ -336,8 +336,8 @@ class Proxy:
                 out = [sse(c) for c in answer.replacement_chunks(text, finish)]
             else:
                 out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
-            out += [sse(answer.verdict_chunk(verdict)), DONE]
-            return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | v.headers(verdict))
+            out += [sse(answer.decision_chunk(record.payload())), DONE]
+            return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | record.headers())
 
         async def relay() -> AsyncIterator[bytes]:
             ended = None
@@ -357,13 +357,13 @@ class Proxy:
             try:
                 ended = answered()
                 completion = answer.as_completion()
-                verdict = await self.guard.check_later(review, completion) if mode == "async" else None
-                if verdict is None:
+                record = await self.guard.check_later(review, completion) if mode == "async" else None
+                if record is None:
                     with trace.use_span(span, end_on_exit=False):
-                        _, verdict = await self.guard.review(review, completion, can_change=False)
+                        _, record = await self.guard.review(review, completion, can_change=False)
             finally:
                 span.end(end_time=ended)
-            yield sse(answer.verdict_chunk(verdict))
+            yield sse(answer.decision_chunk(record.payload()))
             yield DONE
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=kept)
@@ -397,14 +397,14 @@ class Proxy:
         return StreamingResponse(relay(), status_code=response.status_code,
                                  headers=response_headers(response.headers, rewritten_body=False))
 
-    def _bare_review(self, request: Request) -> Review:
+    def _bare_review(self, request: Request) -> CheckRequest:
         """The request as policy sees it when there is no chat body to read."""
         headers = {k.lower(): val for k, val in request.headers.items()}
         prefix = request.path_params.get("prefix")
         facts = RequestFacts(api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
                              headers=headers, path_prefix=f"/{prefix}" if prefix else "")
         profile = self.engine.profile_for(facts)
-        return Review(body={}, rag=None, source=None, profile=profile, topic=self.engine.topic_for(profile, None),
+        return CheckRequest(body={}, rag=None, source=None, profile=profile, topic=self.engine.topic_for(profile, None),
                       route=facts.path_prefix)
 
 

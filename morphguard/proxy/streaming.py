@@ -81,9 +81,9 @@ class StreamedAnswer:
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
                              "finish_reason": self.finish_reason or "stop"}]}
 
-    def verdict_chunk(self, verdict: dict[str, Any]) -> dict[str, Any]:
-        """One extra chunk with no choices (clients skip it like a usage chunk) carrying the verdict."""
-        return self.chunk([], morphguard=verdict)
+    def decision_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One extra chunk with no choices (clients skip it like a usage chunk) carrying our `morphguard` object."""
+        return self.chunk([], morphguard=payload)
 
     def replacement_chunks(self, content: str, finish_reason: str) -> list[dict[str, Any]]:
         return [self.chunk([{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]),

@@ -8,6 +8,7 @@ from morphguard.config import AuditSettings, PolicySettings
 from morphguard.models import Detection, Factoid, RagInput
 from morphguard.policy import actions, audit
 from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.policy.record import DecisionRecord
 
 
 def engine(**policy) -> PolicyEngine:
@@ -76,10 +77,10 @@ def test_highlight_merges_overlapping_spans_and_skips_unplaced_factoids():
 
 def test_audit_hashes_text_by_default_and_filters(tmp_path):
     store = audit.AuditStore(AuditSettings(path=str(tmp_path / "a.db")))
-    base = {"request_id": "r1", "profile": "general", "topic": "legal", "checked": True, "score": 0.7,
-            "threshold": 0.3, "flagged": True, "action": "annotate", "escalated": False, "answer": "secret answer"}
+    base = DecisionRecord(request_id="r1", profile="general", topic="legal", checked=True, score=0.7, threshold=0.3,
+                          flagged=True, action="annotate", answer="secret answer")
     store.record(base)
-    store.record({**base, "request_id": "r2", "flagged": False, "topic": "general"})
+    store.record(base.model_copy(update={"request_id": "r2", "flagged": False, "topic": "general"}))
     rows = store.query(flagged=True)
     assert [r["request_id"] for r in rows] == ["r1"]
     assert rows[0]["answer"].startswith("sha256:") and "secret" not in rows[0]["answer"]

@@ -1,0 +1,96 @@
+"""One record per request the proxy accepted, and every view of it.
+
+The client's `morphguard` object (`payload`), the `x-morphguard-*` headers (`headers`) and the audit
+row (`row`, whose columns are this model's fields) all come from `DecisionRecord`, so they cannot drift
+apart. ("Verdict" is kept for what the judge says of one statement: YES, NO, NOT SURE.)
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field
+
+from morphguard.config import Action
+from morphguard.models import Decision, Detection
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class FactoidRecord(BaseModel):
+    text: str
+    start: int | None = None
+    end: int | None = None
+    score: float
+    flagged: bool
+
+
+class DecisionRecord(BaseModel):
+    # Field order is the audit table's column order (and CSV export's): keep old columns first.
+    time: str = Field(default_factory=now)
+    request_id: str
+    trace_id: str | None = None
+    profile: str
+    route: str | None = None
+    model: str | None = None
+    topic: str
+    checked: bool = False
+    score: float | None = None
+    threshold: float | None = None  # None while the check is still queued
+    flagged: bool = False
+    action: Action = "pass"
+    escalated: bool = False
+    reason: str | None = None  # why the answer was not checked, or what the check could not do
+    detector: str | None = None
+    factoids: list[FactoidRecord] = Field(default_factory=list)
+    cost: dict[str, Any] | None = None
+    question: str | None = None
+    answer: str | None = None
+    context: str | None = None
+    context_source: str | None = None
+    latency_ms: int | None = None
+    regenerations: int = 0
+
+    # kept in the audit trail, never sent to the client
+    AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",
+                                                      "context"})
+    TEXTS: ClassVar[tuple[str, ...]] = ("question", "answer", "context")  # stored as `store_text` says
+
+    @classmethod
+    def of_check(cls, *, request_id: str, decision: Decision, detection: Detection | None, latency_ms: float,
+                 **facts: Any) -> DecisionRecord:
+        """The record of a check that ran (or failed and fell back to `on_error`)."""
+        checked = {}
+        if detection is not None:
+            checked = {"checked": True, "detector": detection.detector, "score": round(detection.score, 4),
+                       "latency_ms": round(latency_ms),
+                       "factoids": [FactoidRecord(text=f.text, start=f.start, end=f.end, score=round(f.score, 4),
+                                                  flagged=f.score >= decision.threshold) for f in detection.factoids],
+                       "cost": detection.cost.model_dump(exclude={"stages"})}
+        return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
+                   action=decision.action, threshold=decision.threshold, escalated=decision.escalate,
+                   reason=decision.reason, **checked, **facts)
+
+    def payload(self) -> dict[str, Any]:
+        """The `morphguard` object in the completion (or the stream's verdict chunk)."""
+        out = self.model_dump(exclude=set(self.AUDIT_ONLY), exclude_none=True)
+        if not self.checked:
+            del out["factoids"]
+        if not self.regenerations:
+            del out["regenerations"]
+        return out
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-morphguard-action": self.action, "x-morphguard-checked": str(self.checked).lower(),
+               "x-morphguard-request-id": self.request_id}
+        if self.checked and self.score is not None:
+            out["x-morphguard-score"] = f"{self.score:.4f}"
+            out["x-morphguard-flagged"] = str(self.flagged).lower()
+        return out
+
+    def escalation(self) -> dict[str, Any]:
+        """What the escalation webhook gets: the whole decision, never the texts."""
+        return self.model_dump(exclude=set(self.TEXTS))

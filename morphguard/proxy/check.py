@@ -1,0 +1,68 @@
+"""What one check is about (`CheckRequest`) and what came of it (`CheckOutcome`)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
+
+from morphguard.models import Decision, Detection, RagInput
+from morphguard.policy.record import DecisionRecord
+
+
+@dataclass
+class CheckRequest:
+    """One accepted request as policy sees it."""
+
+    body: dict[str, Any]  # the request as forwarded upstream
+    rag: RagInput | None
+    source: str | None
+    profile: str
+    topic: str
+    model: str | None = None
+    route: str = ""
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
+    detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the durable queue keeps; the chat span survives as the context a check links to."""
+        link = self.chat_span.get_span_context() if self.chat_span is not None else None
+        return {"body": self.body, "rag": self.rag.model_dump() if self.rag else None, "source": self.source,
+                "profile": self.profile, "topic": self.topic, "model": self.model, "route": self.route,
+                "request_id": self.request_id, "detector": self.detector,
+                "link": [link.trace_id, link.span_id] if link is not None and link.is_valid else None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CheckRequest:
+        link = data.get("link")
+        span = NonRecordingSpan(SpanContext(link[0], link[1], is_remote=True, trace_flags=TraceFlags(1))) \
+            if link else None
+        rag = RagInput.model_validate(data["rag"]) if data.get("rag") else None
+        return cls(body=data["body"], rag=rag, source=data.get("source"), profile=data["profile"],
+                   topic=data["topic"], model=data.get("model"), route=data.get("route") or "",
+                   request_id=data["request_id"], chat_span=span, detector=data.get("detector"))
+
+    def pending(self, reason: str) -> DecisionRecord:
+        """The record sent at once when the check runs later (`queued`) or not at all."""
+        return DecisionRecord(request_id=self.request_id, profile=self.profile, topic=self.topic, reason=reason,
+                              context_source=self.source)
+
+
+@dataclass
+class CheckOutcome:
+    decision: Decision
+    detection: Detection | None
+    latency_ms: float
+
+    def record(self, request: CheckRequest, *, answer: str, regenerations: int = 0,
+               trace_id: str | None = None) -> DecisionRecord:
+        rag = request.rag
+        return DecisionRecord.of_check(
+            request_id=request.request_id, decision=self.decision, detection=self.detection,
+            latency_ms=self.latency_ms, regenerations=regenerations, trace_id=trace_id,
+            context_source=request.source, route=request.route or None, model=request.model,
+            question=rag.question if rag else None, answer=answer,
+            context="\n\n".join(rag.passages) if rag else None)

@@ -1,0 +1,63 @@
+"""One decision record: the client's object, the headers, the audit row and the webhook body agree."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from morphguard.config import AuditSettings
+from morphguard.models import Decision, Detection, Factoid
+from morphguard.policy.audit import COLUMNS, AuditStore
+from morphguard.policy.record import DecisionRecord
+
+DECISION = Decision(profile="general", topic="pregnancy", threshold=0.3, flagged=True, action="annotate",
+                    escalate=True)
+DETECTION = Detection(detector="metarag", score=0.75, threshold=0.5, flagged=True,
+                      factoids=[Factoid(text="safe", start=0, end=4, score=0.75), Factoid(text="ok", score=0.1)])
+
+
+def checked() -> DecisionRecord:
+    return DecisionRecord.of_check(request_id="r1", decision=DECISION, detection=DETECTION, latency_ms=12.4,
+                                   context_source="explicit", question="q?", answer="a.", context="c.")
+
+
+def test_the_client_object_carries_the_decision_and_never_the_texts():
+    payload = checked().payload()
+    assert payload["checked"] and payload["score"] == 0.75 and payload["latency_ms"] == 12
+    assert [f["flagged"] for f in payload["factoids"]] == [True, False]
+    assert not {"question", "answer", "context", "cost", "time", "model", "route"} & payload.keys()
+    assert "regenerations" not in payload
+
+
+def test_a_queued_record_says_so_without_a_score():
+    pending = DecisionRecord(request_id="r2", profile="general", topic="general", reason="queued")
+    assert pending.payload() == {"request_id": "r2", "profile": "general", "topic": "general", "checked": False,
+                                 "flagged": False, "action": "pass", "escalated": False, "reason": "queued"}
+    assert pending.headers() == {"x-morphguard-action": "pass", "x-morphguard-checked": "false",
+                                 "x-morphguard-request-id": "r2"}
+
+
+def test_headers_and_webhook_body_come_from_the_same_record():
+    record = checked()
+    assert record.headers()["x-morphguard-score"] == "0.7500" and record.headers()["x-morphguard-flagged"] == "true"
+    body = record.escalation()
+    assert body["request_id"] == "r1" and body["score"] == 0.75 and not {"question", "answer", "context"} & body.keys()
+
+
+def test_an_audit_store_of_an_older_version_gains_the_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the decisions table as version 0.1 made it
+        db.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY, time TEXT NOT NULL, request_id TEXT NOT NULL, "
+                   "trace_id TEXT, profile TEXT NOT NULL, route TEXT, model TEXT, topic TEXT NOT NULL, "
+                   "checked INTEGER NOT NULL, score REAL, threshold REAL NOT NULL, flagged INTEGER NOT NULL, "
+                   "action TEXT NOT NULL, escalated INTEGER NOT NULL, reason TEXT, detector TEXT, "
+                   "factoids TEXT NOT NULL, cost TEXT, question TEXT, answer TEXT, context TEXT)")
+        db.execute("INSERT INTO decisions (time, request_id, profile, topic, checked, threshold, flagged, action, "
+                   "escalated, factoids) VALUES ('2026-01-01', 'old', 'general', 'general', 0, 0.5, 0, 'pass', 0, "
+                   "'[]')")
+    store = AuditStore(AuditSettings(path=str(path), store_text="full"))
+    store.record(checked())
+    rows = store.query()
+    store.close()
+    assert [r["request_id"] for r in rows] == ["old", "r1"]
+    assert rows[0]["context_source"] is None and rows[1]["context_source"] == "explicit"
+    assert rows[1]["factoids"][0]["text"] == "safe" and rows[1]["answer"] == "a." and set(rows[1]) == set(COLUMNS)

@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data of the project")
     evaluate.add_argument("--out", type=Path, default=None, help="run folder (default: runs/eval/<dataset>-...)")
     _config_option(evaluate)
-    evaluate.set_defaults(run=lambda args: __import__("morphguard.eval.cli").eval.cli.run_eval(args, _load(args)))
+    evaluate.set_defaults(run=_eval)
 
     audit = commands.add_parser("audit", help="list, filter and export the proxy's decisions")
     flagged = audit.add_mutually_exclusive_group()
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, one RAG request")
     _config_option(demo)
-    demo.set_defaults(run=lambda args: __import__("morphguard.demo").demo.run_demo(_load(args)))
+    demo.set_defaults(run=_demo)
 
     model = commands.add_parser("model", help="manage the embedded judge's weights")
     model_commands = model.add_subparsers(required=True, metavar="ACTION")
@@ -115,6 +115,18 @@ def _read(path: Path) -> str:
         raise MorphguardError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from morphguard.eval.cli import run_eval
+
+    return run_eval(args, _load(args))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from morphguard.demo import run_demo
+
+    return run_demo(_load(args))
+
+
 def _check(args: argparse.Namespace) -> int:
     from morphguard import detect
 
@@ -127,15 +139,13 @@ def _check(args: argparse.Namespace) -> int:
         raise MorphguardError("the context is empty: give at least one non-blank passage")
     answer = _read(args.answer_file) if args.answer_file else args.answer
     if args.detector:
-        from morphguard.detectors import is_known
+        from morphguard.detectors import resolve
 
-        if not is_known(args.detector):
-            raise MorphguardError(f"unknown detector {args.detector!r}")
-        config = config.model_copy(update={"detector": config.detector.model_copy(
-            update={"name": args.detector.partition(":")[0]})})
-        if ":" in args.detector:
-            config = config.model_copy(update={"metarag": config.metarag.model_copy(
-                update={"profile": args.detector.partition(":")[2]})})
+        try:
+            base, config = resolve(config, args.detector)
+        except ValueError as exc:
+            raise MorphguardError(str(exc)) from None
+        config = config.model_copy(update={"detector": config.detector.model_copy(update={"name": base})})
     result = detect(args.question, passages, answer, config=config)
     if args.json:
         print(result.model_dump_json(indent=2))

@@ -12,7 +12,7 @@ import math
 import time
 from typing import Any
 
-from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.spans import locate
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
@@ -62,7 +62,7 @@ class DirectJudge:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(rag.passages, 1))
+        passages = numbered(rag.passages)
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),

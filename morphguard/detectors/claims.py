@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.spans import find_phrase, locate
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (
@@ -115,7 +115,7 @@ class ClaimJudge:
         return reply
 
     async def _judge(self, rag: RagInput, answer: str, cost: StageCost, temperature: float) -> list[_Claim]:
-        passages = _numbered(rag.passages)
+        passages = numbered(rag.passages)
         user = render("direct_user", passages=passages, question=as_data(rag.question), answer=as_data(answer))
         schema = {"type": "object", "required": ["claims"], "properties": {"claims": {"type": "array", "items": {
             "type": "object", "required": ["text", "label", "evidence"],
@@ -149,7 +149,7 @@ class ClaimJudge:
 
         async def label(passage: str) -> list[_Claim]:
             messages = [{"role": "system", "content": render("claims_label_system")},
-                        {"role": "user", "content": render("claims_label_user", passages=_numbered([passage]),
+                        {"role": "user", "content": render("claims_label_user", passages=numbered([passage]),
                                                            claims=listed)}]
             labels = _items((await self._call(messages, schema, cost)).text, "labels")
             return [self._checked({"text": t, **(labels[i] if i < len(labels) and isinstance(labels[i], dict) else {})},
@@ -182,10 +182,6 @@ class ClaimJudge:
         if label == "supported" and evidence is None:
             return _Claim(text, "unsupported", downgraded=True)
         return _Claim(text, label, evidence)  # type: ignore[arg-type]
-
-
-def _numbered(passages: list[str]) -> str:
-    return "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(passages, 1))
 
 
 def _items(text: str, key: str) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from morphguard.config import MetaRAGSettings
 from morphguard.detectors import focus, scoring
 from morphguard.detectors.meter import Meter
-from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.relations import negate
 from morphguard.detectors.spans import align_evidence, locate
 from morphguard.detectors.verdicts import (
@@ -129,7 +129,7 @@ class MetaRAG:
         else:
             mutations = await meter.run("mutate", variants_of)
         focused = focus.focus(statements, rag.passages, self.options.context_budget)
-        passages = "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(focused, 1) if p)
+        passages = numbered(focused)
         verified = await meter.run("verify", lambda: self._verify_all(passages, mutations, meter))
 
         factoids = []

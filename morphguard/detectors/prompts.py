@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 
@@ -26,3 +27,9 @@ def render(name: str, **values: object) -> str:
 def as_data(text: str) -> str:
     """Untrusted text made safe to place between our tags."""
     return _TAGS.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text.strip())
+
+
+def numbered(passages: Sequence[str]) -> str:
+    """Passages as `[1] …`, `[2] …` blocks, each made safe as data; an empty passage keeps its number
+    but is left out (focused contexts blank out what they drop)."""
+    return "\n\n".join(f"[{i}] {as_data(p)}" for i, p in enumerate(passages, 1) if p)

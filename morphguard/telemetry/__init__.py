@@ -10,12 +10,16 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from morphguard.telemetry import names, setup
+
+if TYPE_CHECKING:  # for annotations only: telemetry imports no other layer at run time
+    from morphguard.models import Decision, Detection
 
 # How a policy action reads as a guardrail decision.
 DECISION_TYPE = {"pass": "allow", "annotate": "warn", "highlight": "modify", "cite": "modify",
@@ -129,12 +133,12 @@ def guardrail_span(request_id: str, mode: str, link_to: trace.SpanContext | None
 
 @contextmanager
 def stage_span(stage: str) -> Iterator[Span]:
-    with tracer().start_as_current_span(names.SPAN_STAGE.get(stage, stage), attributes={names.STAGE: stage}) as span:
+    with tracer().start_as_current_span(stage, attributes={names.STAGE: stage}) as span:  # named after its stage
         yield span
 
 
-def record_check(span: Span, evaluated: Span, *, decision: Any, detection: Any | None, question: str | None = None,
-                 context: Sequence[str] | None = None, answer: str | None = None) -> None:
+def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: Detection | None,
+                 question: str | None = None, context: Sequence[str] | None = None, answer: str | None = None) -> None:
     """Policy outcome on the guardrail span, factoid events, the evaluation event on `evaluated`, metrics.
 
     `decision` is a models.Decision and `detection` a models.Detection (or None when unchecked).
@@ -166,7 +170,8 @@ def record_check(span: Span, evaluated: Span, *, decision: Any, detection: Any |
     span.set_attribute(names.FACTOIDS, len(detection.factoids))
     instruments["score"].record(detection.score, {names.DETECTOR: detection.detector, names.TOPIC: decision.topic})
     for factoid in detection.factoids:
-        event = {names.FACTOID_SCORE: factoid.score, names.FACTOID_FLAGGED: factoid.score >= decision.threshold}
+        event: dict[str, AttributeValue] = {names.FACTOID_SCORE: factoid.score,
+                                            names.FACTOID_FLAGGED: factoid.score >= decision.threshold}
         if factoid.start is not None and factoid.end is not None:
             event |= {names.FACTOID_START: factoid.start, names.FACTOID_END: factoid.end}
         if capture:
@@ -176,8 +181,9 @@ def record_check(span: Span, evaluated: Span, *, decision: Any, detection: Any |
     flagged = [f for f in detection.factoids if f.score >= decision.threshold]
     explanation = (f"{len(flagged)} of {len(detection.factoids)} factoids at or above the threshold "
                    f"{decision.threshold:g}; highest {detection.score:.2f}")
-    evaluation = {names.EVALUATION_NAME: names.EVALUATION_HALLUCINATION, names.EVALUATION_SCORE: detection.score,
-                  names.EVALUATION_LABEL: label, names.EVALUATION_EXPLANATION: explanation}
+    evaluation: dict[str, AttributeValue] = {
+        names.EVALUATION_NAME: names.EVALUATION_HALLUCINATION, names.EVALUATION_SCORE: detection.score,
+        names.EVALUATION_LABEL: label, names.EVALUATION_EXPLANATION: explanation}
     evaluated.add_event(names.EVENT_EVALUATION, evaluation)
     if setup.options.openinference:
         span.set_attribute(names.OI_EVAL_NAME, names.EVALUATION_HALLUCINATION)

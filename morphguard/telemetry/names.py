@@ -7,7 +7,6 @@ what Arize Phoenix reads; everything of our own is under `morphguard.*`.
 # Spans
 SPAN_CHAT = "chat {model}"  # a GenAI client call (upstream or judge)
 SPAN_GUARDRAIL = "apply_guardrail morphguard"
-SPAN_STAGE = {"decompose": "decompose", "mutate": "mutate", "verify": "verify"}
 SPAN_SERVER = "{method} {route}"
 
 # GenAI semantic conventions
@@ -15,7 +14,6 @@ OPERATION_NAME = "gen_ai.operation.name"
 PROVIDER_NAME = "gen_ai.provider.name"
 REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_MODEL = "gen_ai.response.model"
-RESPONSE_ID = "gen_ai.response.id"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
@@ -53,7 +51,6 @@ TOPIC = "morphguard.topic"
 PROFILE = "morphguard.profile"
 REQUEST_ID = "morphguard.request_id"
 CHECK_MODE = "morphguard.check.mode"  # inline | async
-CHECK_TRACE_ID = "morphguard.check.trace_id"  # on the chat span: where its async check went
 REASON = "morphguard.reason"
 ROLE = "morphguard.llm.role"  # upstream | judge
 STAGE = "morphguard.stage"

@@ -340,31 +340,39 @@ class Proxy:
             return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | record.headers())
 
         async def relay() -> AsyncIterator[bytes]:
-            ended = None
+            recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
             try:
                 try:
-                    async for payload in chunk_payloads(source, answer):
-                        yield b"data: " + payload.encode() + b"\n\n"
-                finally:
-                    await upstream.aclose()
-            except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
-                span.set_status(Status(StatusCode.ERROR, exc.code or "stream_error"))
-                span.end()
-                log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
-                await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
-                yield error_event(exc.payload())
-                return
-            try:
+                    try:
+                        async for payload in chunk_payloads(source, answer):
+                            yield b"data: " + payload.encode() + b"\n\n"
+                    finally:
+                        await upstream.aclose()
+                except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
+                    span.set_status(Status(StatusCode.ERROR, exc.code or "stream_error"))
+                    span.end()
+                    log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
+                    await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
+                    recorded = True
+                    yield error_event(exc.payload())
+                    return
                 ended = answered()
-                completion = answer.as_completion()
-                record = await self.guard.check_later(review, completion) if mode == "async" else None
-                if record is None:
-                    with trace.use_span(span, end_on_exit=False):
-                        _, record = await self.guard.review(review, completion, can_change=False)
+                try:
+                    completion = answer.as_completion()
+                    record = await self.guard.check_later(review, completion) if mode == "async" else None
+                    if record is None:
+                        with trace.use_span(span, end_on_exit=False):
+                            _, record = await self.guard.review(review, completion, can_change=False)
+                    recorded = True
+                finally:
+                    span.end(end_time=ended)
+                yield sse(answer.decision_chunk(record.payload()))
+                yield DONE
             finally:
-                span.end(end_time=ended)
-            yield sse(answer.decision_chunk(record.payload()))
-            yield DONE
+                if not recorded:
+                    if span.is_recording():
+                        span.end()
+                    self.guard.account_soon(review, "client_disconnected", answer.text)
 
         return StreamingResponse(relay(), media_type="text/event-stream", headers=kept)
 

@@ -50,6 +50,7 @@ class Guard:
         self.queue = queue
         self._wake = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
+        self._accounting: set[asyncio.Task[DecisionRecord]] = set()
         self.audit_failures = 0
 
     async def check(self, request: CheckRequest, answer: str) -> CheckOutcome:
@@ -176,6 +177,12 @@ class Guard:
         await self._record(record)
         return record
 
+    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None) -> None:
+        """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
+        task = asyncio.create_task(self.account(request, reason, answer))
+        self._accounting.add(task)
+        task.add_done_callback(self._accounting.discard)
+
     async def check_later(self, request: CheckRequest, completion: dict[str, Any]) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline."""
         if request.rag is None:
@@ -244,6 +251,8 @@ class Guard:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and await asyncio.to_thread(self.queue.pending) > 0:
             await asyncio.sleep(0.1)
+        if self._accounting:
+            await asyncio.wait(list(self._accounting), timeout=max(1.0, deadline - time.monotonic()))
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)

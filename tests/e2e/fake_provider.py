@@ -12,7 +12,8 @@ Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit head
 (503), "stall-body" (headers, half a body, then silence), "reset" (headers, half a body, then the
 connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "surrogate" (a lone
 surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
-(`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream).
+(`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream),
+"slow-stream" (a chunk every 0.5 s).
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
 recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
@@ -132,6 +133,8 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
             await asyncio.sleep(30)
         if i == 2 and broken == "reset":
             raise ConnectionResetError("scripted reset")
+        if broken == "slow":
+            await asyncio.sleep(0.5)
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]}) + "\n\n"
         await asyncio.sleep(0.01)
     if finish:
@@ -157,8 +160,9 @@ def _fault(model: str, stream: bool) -> Response | None:
                 await asyncio.sleep(30)
             raise ConnectionResetError("scripted reset")
         return StreamingResponse(half(), media_type="application/json")
-    if stream and model in ("truncated", "malformed-chunk", "stall-stream", "reset-stream"):
-        broken = {"malformed-chunk": "malformed", "stall-stream": "stall", "reset-stream": "reset"}.get(model, "")
+    if stream and model in ("truncated", "malformed-chunk", "stall-stream", "reset-stream", "slow-stream"):
+        broken = {"malformed-chunk": "malformed", "stall-stream": "stall", "reset-stream": "reset",
+                  "slow-stream": "slow"}.get(model, "")
         return StreamingResponse(_chunks(model, ANSWERS["hallucinated"], finish=model != "truncated", broken=broken),
                                  media_type="text/event-stream")
     return None

@@ -105,3 +105,16 @@ def test_streamed_request_faults(proxies, proxy_factory, mode, fault):
         assert isinstance(err.value, openai.APIStatusError) and err.value.status_code == status
     row = last_row(proxy_factory, base, fault)
     assert row["checked"] == 0 and row["reason"] == (f"upstream_http_{status}" if status < 500 else code)
+
+
+@pytest.mark.parametrize("mode", [m for m in MODES if m[1] == "passthrough"], ids="-".join)
+def test_a_client_that_leaves_mid_stream_is_still_audited(proxies, proxy_factory, mode):
+    base = proxies[mode]
+    body = {"model": "slow-stream", "stream": True, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": PASSAGE}}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # one chunk, then the client hangs up
+    row = last_row(proxy_factory, base, "slow-stream")
+    assert row["checked"] == 0 and row["reason"] == "client_disconnected"

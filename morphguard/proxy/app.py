@@ -49,7 +49,7 @@ from morphguard.proxy.errors import (
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.gate import Gate
 from morphguard.proxy.guard import Guard, Reask
-from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, error_event, events, sse
+from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, events, sse
 from morphguard.proxy.upstream import Upstream, read_body, response_headers
 from morphguard.store.queue import SqliteCheckQueue
 from morphguard.telemetry import names
@@ -354,7 +354,7 @@ class Proxy:
                     log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
                     await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
                     recorded = True
-                    yield error_event(exc.payload())
+                    yield sse(exc.payload())  # an `error` event: the official SDKs raise it as an APIError
                     return
                 ended = answered()
                 try:

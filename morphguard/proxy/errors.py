@@ -61,11 +61,6 @@ class JSON(Response):
         return json_bytes(content)
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> Response:
-    return ProxyError(status, message, type_, param, code).response()
-
-
 def bad_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, message, "invalid_request_error", param, "invalid_request")
 

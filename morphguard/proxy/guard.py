@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 Reask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 _CHANGES_CONTENT = {"highlight", "cite", "regenerate", "block"}
+# Reasons for not checking that are policy working as configured; every other reason is also an error metric.
+_ROUTINE = frozenset({"no_context", "unchecked_route"})
 
 
 class Guard:
@@ -172,7 +174,7 @@ class Guard:
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
-        if reason.startswith("upstream") or reason.startswith("stream"):
+        if reason not in _ROUTINE:
             telemetry.count_error(reason)
         await self._record(record)
         return record

@@ -20,11 +20,6 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def error_event(error: dict[str, Any]) -> bytes:
-    """An OpenAI-shaped error as the stream's last event: the official SDKs raise it as an APIError."""
-    return sse(error)
-
-
 async def events(lines: AsyncIterator[str]) -> AsyncIterator[str]:
     """The `data:` payloads of an SSE stream, one per event (multi-line data joined)."""
     data: list[str] = []

@@ -64,6 +64,7 @@ class Upstream:
         self.settings = settings.upstream
         self._proxy_keys = [k.get_secret_value().encode() for k in settings.keys]
         self.base = httpx.URL(self.settings.base_url.rstrip("/") + "/")
+        self._base_path = self.base.raw_path.split(b"?")[0]
         limits = httpx.Limits(max_connections=self.settings.max_connections)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.settings.timeout_s, connect=10.0),
                                         limits=limits, transport=transport)
@@ -76,10 +77,10 @@ class Upstream:
         segments = [s for s in path.split("/") if s]
         if any(s in (".", "..") for s in segments):
             raise ValueError(f"not a canonical path: {path!r}")
-        url = self.base.copy_with(raw_path=(self.base.raw_path.split(b"?")[0]
-                                            + "/".join(quote(s, safe=_SEGMENT_SAFE) for s in segments).encode()))
+        url = self.base.copy_with(raw_path=self._base_path + "/".join(quote(s, safe=_SEGMENT_SAFE)
+                                                                       for s in segments).encode())
         if (url.scheme, url.host, url.port) != (self.base.scheme, self.base.host, self.base.port) \
-                or not url.raw_path.startswith(self.base.raw_path):
+                or not url.raw_path.startswith(self._base_path):
             raise ValueError(f"{path!r} leaves the upstream base")
         return url
 

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Sequence
 
 from morphguard.config import Config, load_config
+from morphguard.detectors import Detector, build_detector  # also registers the detectors' config sections
 from morphguard.errors import MorphguardError
 from morphguard.models import (
     Cost,
@@ -38,8 +39,6 @@ _detectors: dict[str, object] = {}
 async def adetect(question: str, passages: str | Sequence[str], answer: str, *,
                   config: Config | None = None) -> Detection:
     """Score `answer` against `passages` (the retrieved context) for `question`."""
-    from morphguard.detectors import Detector, build_detector
-
     config = config or Config()
     key = config.model_dump_json()
     detector: Detector = _detectors.get(key) or _detectors.setdefault(key, build_detector(config))  # type: ignore[assignment]

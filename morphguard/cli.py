@@ -142,10 +142,11 @@ def _check(args: argparse.Namespace) -> int:
         from morphguard.detectors import resolve
 
         try:
-            base, config = resolve(config, args.detector)
+            spec, settings = resolve(config, args.detector)
         except ValueError as exc:
             raise MorphguardError(str(exc)) from None
-        config = config.model_copy(update={"detector": config.detector.model_copy(update={"name": base})})
+        config = config.with_section(spec.name, settings).model_copy(
+            update={"detector": config.detector.model_copy(update={"name": spec.name})})
     result = detect(args.question, passages, answer, config=config)
     if args.json:
         print(result.model_dump_json(indent=2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -18,22 +18,25 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from morphguard.errors import ConfigError
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """A config section: unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class CacheSettings(_Section):
+class CacheSettings(Section):
     enabled: bool = True
     max_entries: int = Field(4096, ge=1)
 
 
-class JudgeSettings(_Section):
+class JudgeSettings(Section):
     model: str = "local"
     api_base: str | None = None
     api_key: SecretStr | None = None
@@ -43,7 +46,7 @@ class JudgeSettings(_Section):
     cache: CacheSettings = Field(default_factory=CacheSettings)
 
 
-class LocalModelSettings(_Section):
+class LocalModelSettings(Section):
     path: str | None = None
     filename: str = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
     sha256: str = "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
@@ -61,60 +64,25 @@ class LocalModelSettings(_Section):
     restart_max_s: float = Field(30.0, gt=0)  # longest wait between restarts of a judge that keeps dying
 
 
-class DetectorSettings(_Section):
-    name: Literal["metarag", "claims", "hierarchical", "direct", "length"] = "metarag"
+# Every detector declares its name and settings model in its own module (`detectors/registry.py`); its
+# settings are read from the top-level section of that name. Filled when `morphguard.detectors` is imported,
+# which importing the `morphguard` package does, before any config can be parsed.
+DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
+
+
+class DetectorSettings(Section):
+    name: str = "metarag"  # a registered detector
     threshold: float = Field(0.5, ge=0.0, le=1.0)
 
-
-class MetaRAGSettings(_Section):
-    """A named profile plus any field to override in it; unset fields come from the profile."""
-
-    profile: Literal["paper", "embedded", "batched"] = "embedded"
-    n_mutations: int | None = Field(None, ge=0)
-    mutation_temperature: float | None = Field(None, ge=0.0)
-    decompose_model: str | None = None
-    mutate_model: str | None = None
-    verify_models: list[str] | None = None
-    identity: bool | None = None
-    soft_verdicts: bool | None = None
-    reasons: bool | None = None
-    max_factoids: int | None = Field(None, ge=1)
-    batch_mutations: bool | None = None
-    batch_verify: Literal["none", "factoid", "all"] | None = None
-    rule_antonyms: bool | None = None
-    verdict_cache: int | None = Field(None, ge=0)
-    decompose: Literal["llm", "sentences"] | None = None
-    context_budget: int | None = Field(None, ge=0)
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in DETECTOR_SECTIONS:
+            raise ValueError(f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTOR_SECTIONS))}")
+        return name
 
 
-class ClaimsSettings(_Section):
-    """The one-call claim judge."""
-
-    aggregate: Literal["max", "rate"] = "max"  # score: max (any unsupported claim) or the unsupported share
-    samples: int = Field(1, ge=1, le=9)  # k > 1: majority vote over k samples
-    sample_temperature: float = Field(0.7, ge=0.0)
-    resplit_compound: bool = True  # re-ask once when a claim joins several facts
-    max_context_chars: int = Field(12000, ge=500)  # longer contexts are judged one passage at a time
-    model: str | None = None  # None: the judge's default model
-
-
-class HierarchicalSettings(_Section):
-    """RT4CHART-style local (windows) and global verification."""
-
-    window: int = Field(25, ge=1)  # W: context sentences per window
-    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
-    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
-    soft_verdicts: bool = True
-    model: str | None = None
-
-    @model_validator(mode="after")
-    def _overlap_below_window(self) -> HierarchicalSettings:
-        if self.overlap >= self.window:
-            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
-        return self
-
-
-class UpstreamSettings(_Section):
+class UpstreamSettings(Section):
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
     timeout_s: float = Field(120.0, gt=0)
@@ -123,7 +91,7 @@ class UpstreamSettings(_Section):
     max_connections: int = Field(100, ge=1)
 
 
-class ContextSettings(_Section):
+class ContextSettings(Section):
     sources: list[Literal["explicit", "tool", "tags"]] = ["explicit", "tool", "tags"]
     tags: list[str] = ["context", "documents"]
     # Messages whose tagged blocks count as context. The end user writes `user` messages: list only the
@@ -132,7 +100,7 @@ class ContextSettings(_Section):
     patterns: list[str] = []  # extra regexes; the first capture group (or the whole match) is a passage
 
 
-class LitellmRoute(_Section):
+class LitellmRoute(Section):
     """Chat models whose name starts with `prefix` go through litellm (any provider) instead of the upstream."""
 
     prefix: str
@@ -140,7 +108,7 @@ class LitellmRoute(_Section):
     api_key: SecretStr | None = None
 
 
-class ProxySettings(_Section):
+class ProxySettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
@@ -167,14 +135,14 @@ Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]
 SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finance", "legal")
 
 
-class TopicRule(_Section):
+class TopicRule(Section):
     """How the tagger recognises a topic in the question and context: whole words (`*` = any ending) or regexes."""
 
     keywords: list[str] = []
     patterns: list[str] = []
 
 
-class TopicPolicy(_Section):
+class TopicPolicy(Section):
     """A profile's rule for one topic; unset fields come from the profile."""
 
     threshold: float | None = Field(None, ge=0.0, le=1.0)
@@ -183,7 +151,7 @@ class TopicPolicy(_Section):
     safe_message: str | None = None
 
 
-class ProfileSettings(_Section):
+class ProfileSettings(Section):
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
@@ -193,7 +161,7 @@ class ProfileSettings(_Section):
     topics: dict[str, TopicPolicy] = {}
 
 
-class RouteRule(_Section):
+class RouteRule(Section):
     """Selects a profile; every condition given must hold, the first matching rule wins."""
 
     profile: str
@@ -203,12 +171,12 @@ class RouteRule(_Section):
     path_prefix: str | None = None  # e.g. /clinic for base_url http://proxy/clinic/v1
 
 
-class HighlightSettings(_Section):
+class HighlightSettings(Section):
     open: str = "<mark>"
     close: str = "</mark>"
 
 
-class RegenerateSettings(_Section):
+class RegenerateSettings(Section):
     max_attempts: int = Field(2, ge=1, le=5)
     instruction: str = (
         "Answer again using only the retrieved context. These statements from your previous answer are not "
@@ -216,14 +184,14 @@ class RegenerateSettings(_Section):
         "context does not answer the question.")
 
 
-class EscalationSettings(_Section):
+class EscalationSettings(Section):
     webhook_url: str | None = None
     headers: dict[str, SecretStr] = {}
     timeout_s: float = Field(5.0, gt=0)
     max_attempts: int = Field(4, ge=1)
 
 
-class AuditSettings(_Section):
+class AuditSettings(Section):
     enabled: bool = True
     path: str = "morphguard-audit.db"
     store_text: Literal["full", "hash", "none"] = "hash"  # question, answer and context as given, hashed or left out
@@ -252,7 +220,7 @@ def _default_profiles() -> dict[str, ProfileSettings]:
     return {"general": ProfileSettings(topics={t: TopicPolicy(threshold=0.3) for t in SENSITIVE_TOPICS})}
 
 
-class PolicySettings(_Section):
+class PolicySettings(Section):
     topics: dict[str, TopicRule] = Field(default_factory=_default_topics)
     profiles: dict[str, ProfileSettings] = Field(default_factory=_default_profiles)
     default_profile: str = "general"
@@ -283,7 +251,7 @@ class PolicySettings(_Section):
         return self
 
 
-class TelemetrySettings(_Section):
+class TelemetrySettings(Section):
     """OpenTelemetry export. OTEL_* environment variables apply where a field is left unset."""
 
     exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = "none"
@@ -298,16 +266,39 @@ class TelemetrySettings(_Section):
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream
 
 
-class Config(_Section):
+S = TypeVar("S", bound=BaseModel)
+
+
+class Config(Section):
+    # Besides these sections, one per detector that has settings (DETECTOR_SECTIONS), kept as extras.
+    model_config = ConfigDict(extra="allow")
+
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
     local: LocalModelSettings = Field(default_factory=LocalModelSettings)
     detector: DetectorSettings = Field(default_factory=DetectorSettings)
-    metarag: MetaRAGSettings = Field(default_factory=MetaRAGSettings)
-    claims: ClaimsSettings = Field(default_factory=ClaimsSettings)
-    hierarchical: HierarchicalSettings = Field(default_factory=HierarchicalSettings)
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @model_validator(mode="after")
+    def _detector_sections(self) -> Config:
+        extra = self.__pydantic_extra__ if self.__pydantic_extra__ is not None else {}
+        unknown = set(extra) - set(DETECTOR_SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown key '{sorted(unknown)[0]}'")
+        for key, model in DETECTOR_SECTIONS.items():
+            if not isinstance(extra.get(key), model):
+                extra[key] = model.model_validate(extra.get(key) or {})
+        self.__pydantic_extra__ = extra
+        return self
+
+    def section(self, name: str, model: type[S]) -> S:
+        """The settings of detector `name` (its defaults when the config has no such section)."""
+        value = (self.__pydantic_extra__ or {}).get(name)
+        return value if isinstance(value, model) else model()
+
+    def with_section(self, name: str, settings: BaseModel) -> Config:
+        return self.model_copy(update={name: settings})
 
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -338,10 +329,24 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections")
     data = _interpolate(data, root, source, ())
+    errors: list[Any] = []
+    for key, value in list(data.items()):
+        if key in Config.model_fields:
+            continue
+        if key not in DETECTOR_SECTIONS:
+            errors.append({"loc": (key,), "type": "extra_forbidden", "msg": ""})
+            continue
+        try:  # here rather than in Config's validator, so that errors keep their path and line
+            data[key] = DETECTOR_SECTIONS[key].model_validate(value if value is not None else {})
+        except ValidationError as exc:
+            errors += [{**err, "loc": (key, *err["loc"])} for err in exc.errors()]
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError("\n".join(_describe(err, root, source) for err in exc.errors())) from None
+        errors += exc.errors()
+    if errors:
+        raise ConfigError("\n".join(_describe(err, root, source) for err in errors))
+    return config
 
 
 def _interpolate(value: Any, root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> Any:

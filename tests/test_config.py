@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from morphguard.config import Config, load_config, parse_config
+from morphguard.detectors import resolve
 from morphguard.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,26 @@ def test_wrong_type_names_key_and_line():
     with pytest.raises(ConfigError) as err:
         parse_config("detector:\n  threshold: high\n", source="cfg.yaml")
     assert "cfg.yaml:2: detector.threshold" in str(err.value)
+
+
+def test_a_detector_section_is_checked_by_its_own_settings_model_with_lines():
+    text = "detector:\n  name: claims\nclaims:\n  samples: 40\nhierarchical:\n  windw: 3\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="cfg.yaml")
+    assert "cfg.yaml:4: claims.samples" in str(err.value)
+    assert "cfg.yaml:6: unknown key 'hierarchical.windw'" in str(err.value)
+
+
+def test_a_detector_section_is_read_by_the_detector():
+    config = parse_config("detector:\n  name: claims\nclaims:\n  samples: 3\n")
+    spec, settings = resolve(config)
+    assert spec.name == "claims" and settings.samples == 3
+    assert resolve(config, "metarag:paper")[1].profile == "paper"  # a profile named with the detector
+
+
+def test_an_unregistered_detector_name_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match=r"cfg.yaml:2: detector.name: .*unknown detector 'metarog'.*metarag"):
+        parse_config("detector:\n  name: metarog\n", source="cfg.yaml")
 
 
 def test_env_vars_are_interpolated_with_fallbacks(monkeypatch):

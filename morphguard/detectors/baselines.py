@@ -12,7 +12,11 @@ import math
 import time
 from typing import Any
 
+from pydantic import Field
+
+from morphguard.config import Section
 from morphguard.detectors.prompts import as_data, numbered, render
+from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.spans import locate
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
@@ -25,6 +29,12 @@ from morphguard.models import (
     StageCost,
     Verdict,
 )
+
+
+class LengthSettings(Section):
+    """The `length` config section."""
+
+    scale_words: float = Field(100.0, gt=0)
 
 
 class LengthBaseline:
@@ -42,6 +52,13 @@ class LengthBaseline:
         score = 1.0 - math.exp(-words / self.scale_words)
         return Detection(detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
                          settings={"scale_words": self.scale_words, "words": words})
+
+
+class DirectSettings(Section):
+    """The `direct` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    soft_verdicts: bool = True
 
 
 class DirectJudge:
@@ -107,3 +124,15 @@ def _unsupported(text: str) -> list[str]:
         return []
     items = data.get("unsupported") if isinstance(data, dict) else None
     return [s.strip() for s in items if isinstance(s, str) and s.strip()] if isinstance(items, list) else []
+
+
+register(DetectorSpec(
+    name="length", settings=LengthSettings, models=lambda settings: [], fingerprint=changed_options,
+    build=lambda settings, threshold, llm: LengthBaseline(threshold, settings.scale_words)))
+register(DetectorSpec(
+    name="direct", settings=DirectSettings, models=lambda settings: [settings.model],
+    prompts=lambda settings: ["direct_system", "direct_user"],
+    # Scored from log-probabilities (reader version 2; see metarag._fingerprint).
+    fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2},
+    build=lambda settings, threshold, llm: DirectJudge(
+        llm, threshold, model=settings.model, soft_verdicts=settings.soft_verdicts)))

@@ -21,9 +21,13 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
+
+from morphguard.config import Section
 from morphguard.detectors.prompts import as_data, numbered, render
+from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import find_phrase, locate
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (
@@ -43,14 +47,15 @@ _ATOMIC = ("\nYour last split left claims that join several facts. Every claim m
            "split at every 'and', 'but' or ';' that joins two facts.\n")
 
 
-@dataclass(frozen=True)
-class ClaimsOptions:
-    aggregate: str = "max"  # max | rate
-    samples: int = 1
-    sample_temperature: float = 0.7
-    resplit_compound: bool = True
-    max_context_chars: int = 12000
-    model: str | None = None
+class ClaimsSettings(Section):
+    """The `claims` config section."""
+
+    aggregate: Literal["max", "rate"] = "max"  # score: max (any unsupported claim) or the unsupported share
+    samples: int = Field(1, ge=1, le=9)  # k > 1: majority vote over k samples
+    sample_temperature: float = Field(0.7, ge=0.0)
+    resplit_compound: bool = True  # re-ask once when a claim joins several facts
+    max_context_chars: int = Field(12000, ge=500)  # longer contexts are judged one passage at a time
+    model: str | None = None  # None: the judge's default model
 
 
 @dataclass
@@ -64,7 +69,7 @@ class _Claim:
 class ClaimJudge:
     name = "claims"
 
-    def __init__(self, llm: LLMClient, options: ClaimsOptions, threshold: float = 0.5) -> None:
+    def __init__(self, llm: LLMClient, options: ClaimsSettings, threshold: float = 0.5) -> None:
         self.llm = llm
         self.options = options
         self.threshold = threshold
@@ -206,3 +211,10 @@ def _majority(runs: list[list[_Claim]], aggregate: str) -> list[_Claim]:
     agreeing = sorted((r for r, f in zip(runs, flagged, strict=True) if f == majority), key=bad)
     return [c for c in agreeing[len(agreeing) // 2] if c.text] if agreeing else []
 
+
+SPEC = register(DetectorSpec(
+    name="claims", settings=ClaimsSettings,
+    build=lambda settings, threshold, llm: ClaimJudge(llm, settings, threshold),
+    models=lambda settings: [settings.model],
+    prompts=lambda settings: ["claims_system", "direct_user", "claims_extract_system", "decompose_user",
+                              "claims_label_system", "claims_label_user"]))

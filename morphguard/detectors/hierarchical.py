@@ -20,10 +20,14 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
+from morphguard.config import Section
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import locate, sentences
 from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient
@@ -42,13 +46,20 @@ LABELS = (ENTAILED, CONTRADICTED, BASELESS)
 AS_LABEL: dict[str, Label] = {ENTAILED: "supported", CONTRADICTED: "contradicted", BASELESS: "unsupported"}
 
 
-@dataclass(frozen=True)
-class HierarchicalOptions:
-    window: int = 25  # W: context sentences per window
-    overlap: int = 10  # O: sentences shared by neighbouring windows
-    decompose: str = "llm"  # llm: claims per sentence by the judge; sentences: each sentence is one claim
+class HierarchicalSettings(Section):
+    """The `hierarchical` config section."""
+
+    window: int = Field(25, ge=1)  # W: context sentences per window
+    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
+    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
     soft_verdicts: bool = True
     model: str | None = None
+
+    @model_validator(mode="after")
+    def _overlap_below_window(self) -> HierarchicalSettings:
+        if self.overlap >= self.window:
+            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
+        return self
 
 
 @dataclass(frozen=True)
@@ -90,7 +101,7 @@ def and_join(labels: list[str]) -> str:
 class HierarchicalVerifier:
     name = "hierarchical"
 
-    def __init__(self, llm: LLMClient, options: HierarchicalOptions, threshold: float = 0.5) -> None:
+    def __init__(self, llm: LLMClient, options: HierarchicalSettings, threshold: float = 0.5) -> None:
         self.llm = llm
         self.options = options
         self.threshold = threshold
@@ -191,3 +202,13 @@ class HierarchicalVerifier:
         probabilities = (label_probabilities(reply.logprobs, "label", LABELS)
                          if self.options.soft_verdicts else None)
         return Verdict(label, cited if label != BASELESS else [], probabilities)
+
+
+SPEC = register(DetectorSpec(
+    name="hierarchical", settings=HierarchicalSettings,
+    build=lambda settings, threshold, llm: HierarchicalVerifier(llm, settings, threshold),
+    models=lambda settings: [settings.model],
+    prompts=lambda settings: ["hier_decompose_system", "hier_decompose_user", "hier_verify_system",
+                              "hier_verify_user"],
+    # Verdicts are read from log-probabilities (reader version 2; see metarag._fingerprint).
+    fingerprint=lambda settings: {"options": settings.model_dump(), "logprob_reader": 2}))

@@ -20,13 +20,16 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
-from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, TypeVar
 
-from morphguard.config import MetaRAGSettings
+from pydantic import Field
+
+from morphguard.config import Section
 from morphguard.detectors import focus, scoring
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, numbered, render
+from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.relations import negate
 from morphguard.detectors.spans import align_evidence, locate
 from morphguard.detectors.verdicts import (
@@ -83,6 +86,27 @@ PROFILES: dict[str, MetaRAGOptions] = {
     # all mutations in one call and all verifications in one call.
     "batched": MetaRAGOptions(reasons=False, batch_mutations=True, batch_verify="all"),
 }
+
+
+class MetaRAGSettings(Section):
+    """The `metarag` config section: a named profile plus any field to override in it."""
+
+    profile: Literal["paper", "embedded", "batched"] = "embedded"
+    n_mutations: int | None = Field(None, ge=0)
+    mutation_temperature: float | None = Field(None, ge=0.0)
+    decompose_model: str | None = None
+    mutate_model: str | None = None
+    verify_models: list[str] | None = None
+    identity: bool | None = None
+    soft_verdicts: bool | None = None
+    reasons: bool | None = None
+    max_factoids: int | None = Field(None, ge=1)
+    batch_mutations: bool | None = None
+    batch_verify: Literal["none", "factoid", "all"] | None = None
+    rule_antonyms: bool | None = None
+    verdict_cache: int | None = Field(None, ge=0)
+    decompose: Literal["llm", "sentences"] | None = None
+    context_budget: int | None = Field(None, ge=0)
 
 
 def resolve_options(settings: MetaRAGSettings) -> MetaRAGOptions:
@@ -403,3 +427,39 @@ def _string_list(text: str, key: str) -> list[str] | None:
 def _unique(items: list[str]) -> list[str]:
     seen: set[str] = set()
     return [s for s in items if not (s.lower() in seen or seen.add(s.lower()))]  # type: ignore[func-returns-value]
+
+
+def _prompts(settings: MetaRAGSettings) -> list[str]:
+    options = resolve_options(settings)
+    names = ["decompose_system", "decompose_user", "synonym_system", "antonym_system", "mutate_user",
+             "verify_system", "verify_user"]
+    if options.batch_mutations:
+        names += ["mutate_batch_system", "mutate_batch_user"]
+    if options.batch_verify != "none":
+        names += ["verify_batch_system", "verify_batch_user"]
+    return names
+
+
+def _fingerprint(settings: MetaRAGSettings) -> dict[str, Any]:
+    options = asdict(resolve_options(settings))
+    # The cache never changes a verdict, and a fast-check switch left off is the behaviour from before
+    # it existed: neither makes earlier results stale.
+    options.pop("verdict_cache")
+    for switch, off in (("batch_mutations", False), ("batch_verify", "none"), ("rule_antonyms", False),
+                        ("decompose", "llm"), ("context_budget", 0)):
+        if options[switch] == off:
+            options.pop(switch)
+    # Soft scores are read from log-probabilities; reader version 2 finds the verdict token among the generated
+    # tokens, not in the reply text (which can lack a ```json fence the tokens have): earlier scores are stale.
+    return {"options": options, **({"logprob_reader": 2} if options["soft_verdicts"] else {})}
+
+
+def _models(settings: MetaRAGSettings) -> list[str | None]:
+    options = resolve_options(settings)
+    return [options.decompose_model, options.mutate_model, *options.verify_models]
+
+
+SPEC = register(DetectorSpec(
+    name="metarag", settings=MetaRAGSettings, profiles=tuple(PROFILES),
+    build=lambda settings, threshold, llm: MetaRAG(llm, resolve_options(settings), threshold),
+    models=_models, prompts=_prompts, fingerprint=_fingerprint))

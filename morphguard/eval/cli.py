@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import hashlib
-import json
 import re
 import sys
 from collections.abc import Sequence
@@ -16,8 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from morphguard.config import Config
-from morphguard.detectors import build_detector, resolve
-from morphguard.detectors.metarag import resolve_options
+from morphguard.detectors import build_detector, fingerprint, resolve
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, report, runner
 
@@ -65,43 +61,3 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int |
     summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
     summary.update(dataset=dataset, limit=limit, seed=seed)
     return summary, folder, report.write(folder, items, outcomes, summary)
-
-
-def fingerprint(config: Config, name: str) -> str:
-    """A short hash of everything that decides a detector's output: judge, threshold, MetaRAG options, prompts."""
-    from morphguard.detectors.prompts import template
-
-    base, resolved = resolve(config, name)
-    parts: dict[str, Any] = {"detector": base, "threshold": resolved.detector.threshold}
-    if base != "length":
-        parts["judge"] = [resolved.judge.model, resolved.judge.api_base]
-        if config.judge.model == "local":
-            parts["local"] = resolved.local.sha256
-        names = {"metarag": ["decompose_system", "decompose_user", "synonym_system", "antonym_system", "mutate_user",
-                             "verify_system", "verify_user"], "direct": ["direct_system", "direct_user"],
-                 "claims": ["claims_system", "direct_user", "claims_extract_system", "decompose_user",
-                            "claims_label_system", "claims_label_user"],
-                 "hierarchical": ["hier_decompose_system", "hier_decompose_user", "hier_verify_system",
-                                  "hier_verify_user"]}[base]
-        parts["prompts"] = {n: template(n) for n in names}
-    if base == "metarag":
-        options = dataclasses.asdict(resolve_options(resolved.metarag))
-        # The cache never changes a verdict, and a fast-check switch left off is the behaviour from before
-        # it existed: neither makes earlier results stale.
-        options.pop("verdict_cache")
-        for switch, off in (("batch_mutations", False), ("batch_verify", "none"), ("rule_antonyms", False),
-                            ("decompose", "llm"), ("context_budget", 0)):
-            if options[switch] == off:
-                options.pop(switch)
-        parts["options"] = options
-        for switch, prompts in (("batch_mutations", ["mutate_batch_system", "mutate_batch_user"]),
-                                ("batch_verify", ["verify_batch_system", "verify_batch_user"])):
-            if switch in options:  # on
-                parts["prompts"].update({n: template(n) for n in prompts})
-    elif base in ("claims", "hierarchical"):
-        parts["options"] = getattr(resolved, base).model_dump()
-    if base in ("direct", "hierarchical") or parts.get("options", {}).get("soft_verdicts"):
-        # Scores read from log-probabilities; version 2 finds the verdict token in the generated tokens, not the
-        # reply text (which can lack a ```json fence the tokens have), so results scored before are stale.
-        parts["logprob_reader"] = 2
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

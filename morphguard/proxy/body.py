@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from morphguard.detectors import DETECTORS, is_known
+from morphguard.detectors import SPECS, is_known
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import bad_request, upstream_malformed
 
@@ -84,7 +84,7 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
         if not isinstance(ours, dict):
             raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
         if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
-            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(DETECTORS))} "
+            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(SPECS))} "
                               f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
         for key in ("topic", "policy"):
             if ours.get(key) is not None and not isinstance(ours[key], str):

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from morphguard.detectors import build_detector
-from morphguard.detectors.hierarchical import and_join, or_join, windows
+from morphguard.detectors.claims import ClaimsSettings
+from morphguard.detectors.hierarchical import HierarchicalSettings, and_join, or_join, windows
 from morphguard.models import RagInput
 from tests.scripted_llm import ScriptedLLM
 
@@ -82,8 +83,7 @@ def test_rate_aggregation_and_long_contexts_judged_per_passage(scripted_config):
     config = scripted_config("x")
     with ScriptedLLM(reply) as server:
         config = scripted_config(server.base_url)
-        config = config.model_copy(update={"claims": config.claims.model_copy(
-            update={"max_context_chars": 500, "aggregate": "rate"})})
+        config = config.with_section("claims", ClaimsSettings(max_context_chars=500, aggregate="rate"))
         long_passages = [PASSAGES[0] + " " + "Filler text. " * 40, PASSAGES[1]]
         result = run(build_detector(config, name="claims"), passages=long_passages)
     assert len(server.requests) == 3  # one extraction, one labelling per passage
@@ -128,8 +128,7 @@ def test_hierarchical_local_windows_then_global_with_hint(scripted_config):
                 "It was completed in 1889."]
     with ScriptedLLM(hierarchical_judge(seen)) as server:
         config = scripted_config(server.base_url)
-        config = config.model_copy(update={"hierarchical": config.hierarchical.model_copy(
-            update={"window": 4, "overlap": 1, "soft_verdicts": False})})
+        config = config.with_section("hierarchical", HierarchicalSettings(window=4, overlap=1, soft_verdicts=False))
         result = run(build_detector(config, name="hierarchical"), passages=passages)
     # 8 context sentences, windows [1-4] [4-7] [7-8]: 3 local checks per claim, then one global check each
     assert result.settings["windows"] == 3

@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="ragtruth, ragtruth-qa|summary|data2txt, halueval, faithbench or jsonl:PATH")
     evaluate.add_argument("--detector", default="metarag,direct,length",
                           help="comma-separated: metarag[:paper|:embedded], direct, length (default: all three)")
+    evaluate.add_argument("--half", choices=["fit", "report"], default=None,
+                          help="only the items of one half (split by source; tune on fit, report on report)")
     evaluate.add_argument("--limit", type=int, default=None, help="sample this many items (stratified)")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--repeats", type=int, default=1, help="run every check this many times")

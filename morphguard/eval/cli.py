@@ -20,7 +20,7 @@ from morphguard.eval import datasets, report, runner
 
 def run_eval(args: argparse.Namespace, config: Config) -> int:
     names = [n.strip() for n in args.detector.split(",") if n.strip()]
-    summary, folder, written = evaluate(config, args.dataset, names, limit=args.limit, seed=args.seed,
+    summary, folder, written = evaluate(config, args.dataset, names, half=args.half, limit=args.limit, seed=args.seed,
                                         repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
                                         data_dir=args.data_dir, out=args.out)
     print(report.markdown(summary))
@@ -28,7 +28,8 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
     return 0
 
 
-def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int | None = None, seed: int = 0,
+def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | None = None,
+             limit: int | None = None, seed: int = 0,
              repeats: int = 1, workers: int = 1, calibrate: bool = False, data_dir: Path | None = None,
              out: Path | None = None) -> tuple[dict[str, Any], Path, list[Path]]:
     """Run (or resume) an evaluation and write its report; returns the summary, the run folder and the files."""
@@ -41,11 +42,16 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int |
             raise MorphguardError(str(exc)) from None
     if limit is not None and limit < 1 or repeats < 1 or workers < 1:
         raise MorphguardError("--limit, --repeats and --workers must be at least 1")
-    items = datasets.sample(datasets.load(dataset, data_dir), limit, seed)
+    if half is not None and half not in datasets.HALVES:
+        raise MorphguardError(f"--half must be one of {', '.join(datasets.HALVES)}")
+    items = [i for i in datasets.load(dataset, data_dir) if half is None or datasets.half_of(i) == half]
+    items = datasets.sample(items, limit, seed)
     if not items:
         raise MorphguardError(f"dataset {dataset} has no items")
-    folder = out or Path("runs") / "eval" / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', dataset)}-n{len(items)}-seed{seed}"
-    runner.prepare_folder(folder, {"dataset": dataset, "limit": limit, "seed": seed, "items": [i.id for i in items]})
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset) + (f"-{half}" if half else "")
+    folder = out or Path("runs") / "eval" / f"{label}-n{len(items)}-seed{seed}"
+    runner.prepare_folder(folder, {"dataset": dataset, "half": half, "limit": limit, "seed": seed,
+                                   "items": [i.id for i in items]})
     # Repeats must reach the judge: without this every repeat would be served from the response cache.
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
@@ -59,5 +65,5 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, limit: int |
         outcomes = asyncio.run(runner.run(items, detectors, folder, repeats=repeats, workers=workers,
                                           fingerprints=fingerprints, on_done=lambda o: bar.update(1)))
     summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
-    summary.update(dataset=dataset, limit=limit, seed=seed)
+    summary.update(dataset=dataset, half=half or "all", limit=limit, seed=seed)
     return summary, folder, report.write(folder, items, outcomes, summary)

@@ -7,6 +7,7 @@ the dataset has them, gold spans as character offsets into the answer. Named dat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -41,6 +42,9 @@ class Item(BaseModel):
     answer: str
     hallucinated: bool
     spans: list[Span] | None = None  # None: the dataset has no span labels for this item
+    # Items that share a source (RAGTruth: one context answered by six models; a contrast pair) share a group,
+    # and a group is never split between the fit and the report half. None: the item is its own group.
+    group: str | None = None
 
     @field_validator("passages", mode="before")
     @classmethod
@@ -98,7 +102,7 @@ def load_jsonl(path: Path) -> Iterator[Item]:
         fields = {"id": str(record.get("id", number)), "task": str(record.get("task", "jsonl")),
                   "question": record.get("question") or "", "passages": record.get("context"),
                   "answer": record.get("answer"), "hallucinated": record.get("hallucinated"),
-                  "spans": record.get("spans")}
+                  "spans": record.get("spans"), "group": record.get("group")}
         try:
             item = Item.model_validate({k: v for k, v in fields.items() if v is not None})
         except ValidationError as exc:
@@ -121,7 +125,8 @@ def load_ragtruth(path: Path) -> Iterator[Item]:
             passages = [r["context"]]
         yield Item(id=f"ragtruth/{r['id']}", task=task, question=r.get("question") or _TASK_QUESTIONS[task],
                    passages=passages, answer=r["answer"], hallucinated=bool(r["hallucinated"]),
-                   spans=[Span(start=s["start"], end=s["end"]) for s in r["labels"]])
+                   spans=[Span(start=s["start"], end=s["end"]) for s in r["labels"]],
+                   group=f"ragtruth/{r['source_id']}" if r.get("source_id") is not None else None)
 
 
 def load_halueval(path: Path) -> Iterator[Item]:
@@ -130,7 +135,8 @@ def load_halueval(path: Path) -> Iterator[Item]:
         for suffix, answer, hallucinated in (("right", r["right_answer"], False),
                                               ("hallucinated", r["hallucinated_answer"], True)):
             yield Item(id=f"halueval/{number}/{suffix}", task="QA", question=r["question"],
-                       passages=[r["knowledge"]], answer=answer, hallucinated=hallucinated)
+                       passages=[r["knowledge"]], answer=answer, hallucinated=hallucinated,
+                       group=f"halueval/{number}")
 
 
 def load_faithbench(folder: Path) -> Iterator[Item]:
@@ -146,6 +152,20 @@ def load_faithbench(folder: Path) -> Iterator[Item]:
             yield Item(id=f"faithbench/{batch.stem}/{sample['sample_id']}", task="FaithBench",
                        question=_TASK_QUESTIONS["FaithBench"], passages=[sample["source"]],
                        answer=sample["summary"], hallucinated=bool(spans), spans=spans)
+
+
+HALVES = ("fit", "report")
+
+
+def half_of(item: Item) -> str:
+    """`fit` or `report`: the half an item belongs to, fixed for good by a hash of its group.
+
+    Everything that is chosen or tuned (profiles, features, coefficients, thresholds) is chosen on `fit`;
+    figures are reported on `report`. Hashing the group keeps all answers to one source on one side, so a
+    detector never meets on `report` a context it was tuned on, and no seed or file has to be kept.
+    """
+    digest = hashlib.sha256(f"morphguard-half/{item.group or item.id}".encode()).digest()
+    return HALVES[digest[0] & 1]
 
 
 def sample(items: Iterable[Item], limit: int | None, seed: int = 0) -> list[Item]:
@@ -175,17 +195,21 @@ def sample(items: Iterable[Item], limit: int | None, seed: int = 0) -> list[Item
 
 
 def split(items: list[Item], dev_share: float = 0.5, seed: int = 0) -> tuple[list[Item], list[Item]]:
-    """A disjoint dev/test split, stratified by task × label, for threshold calibration."""
-    strata: dict[tuple[str, bool], list[Item]] = defaultdict(list)
+    """A disjoint dev/test split for threshold calibration: whole groups, stratified by task × label of the
+    group's first item, so two answers to one source never sit on both sides."""
+    groups: dict[str, list[Item]] = defaultdict(list)
     for item in items:
-        strata[(item.task, item.hallucinated)].append(item)
+        groups[item.group or item.id].append(item)
+    strata: dict[tuple[str, bool], list[str]] = defaultdict(list)
+    for key, members in groups.items():
+        strata[(members[0].task, any(i.hallucinated for i in members))].append(key)
     rng = random.Random(seed + 1)
     dev: list[Item] = []
     test: list[Item] = []
-    for key in sorted(strata):
-        members = sorted(strata[key], key=lambda i: i.id)
-        rng.shuffle(members)
-        cut = round(len(members) * dev_share)
-        dev += members[:cut]
-        test += members[cut:]
+    for stratum in sorted(strata):
+        keys = sorted(strata[stratum])
+        rng.shuffle(keys)
+        cut = round(len(keys) * dev_share)
+        dev += [i for key in keys[:cut] for i in groups[key]]
+        test += [i for key in keys[cut:] for i in groups[key]]
     return dev, test

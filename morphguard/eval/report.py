@@ -64,7 +64,7 @@ def _quality(group: list[Outcome], by_id: dict[str, Item], threshold: float | No
     scores = [o.score or 0.0 for o in group]
     binary = metrics.confusion(labels, [_flag(o, threshold) for o in group])
     figures: dict[str, Any] = {"n": len(group), **binary.as_dict(), "auroc": metrics.auroc(labels, scores),
-                               "pr_auc": metrics.pr_auc(labels, scores)}
+                               "auroc_ci": metrics.auroc_interval(labels, scores), "pr_auc": metrics.pr_auc(labels, scores)}
     spanned = [o for o in group if o.localizes and by_id[o.item_id].spans is not None]
     if spanned:
         figures["span"] = metrics.span_scores(
@@ -83,6 +83,7 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
         "calibrated_threshold": threshold is not None,
         "outcomes": len(good), "errors": errors, "repeats": len(repeats),
         **{k: metrics.spread(q[k] for q in per_repeat) for k in keys},
+        "auroc_ci": per_repeat[0]["auroc_ci"] if per_repeat else None,  # of the first repeat
         "per_repeat": per_repeat,
     }
     if any("span" in q for q in per_repeat):
@@ -92,7 +93,7 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
     for o in good:
         tasks[o.task].append(o)
     result["per_task"] = {t: {k: v for k, v in _quality(g, by_id, threshold).items()
-                              if k in ("n", "f1", "auroc", "pr_auc", "span")} for t, g in sorted(tasks.items())}
+                              if k in ("n", "f1", "auroc", "auroc_ci", "pr_auc", "span")} for t, g in sorted(tasks.items())}
     seconds = [o.seconds for o in good]
     result["cost"] = {
         "llm_calls": statistics.fmean(o.llm_calls for o in good) if good else None,
@@ -102,6 +103,11 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
         "seconds_mean": statistics.fmean(seconds) if seconds else None,
     }
     return result
+
+
+def _interval(figures: dict[str, Any]) -> str:
+    ci = figures.get("auroc_ci")
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -120,6 +126,9 @@ def markdown(summary: dict[str, Any]) -> str:
              if summary["calibrated"] else f"{summary['items']} items, each detector at its own threshold")
     if summary["items"] < summary.get("sampled_items", summary["items"]):
         scope += f"; only the {summary['items']} of {summary['sampled_items']} sampled items every detector has scored"
+    if summary.get("dataset"):
+        half = summary.get("half", "all")
+        scope = f"{summary['dataset']}" + (f", {half} half" if half != "all" else "") + f": {scope}"
     lines = [f"Detection quality — {scope}", "",
              "| detector | τ | P | R | F1 | acc | AUROC | PR-AUC | span P | span R | span F1 | calls | in tok "
              "| out tok | s (median) | errors |",
@@ -129,7 +138,8 @@ def markdown(summary: dict[str, Any]) -> str:
         cost = d["cost"]
         lines.append("| " + " | ".join([
             name, _fmt(d["threshold"], 2),
-            *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc")),
+            *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy")), _fmt(d["auroc"]) + _interval(d),
+            _fmt(d["pr_auc"]),
             *(_fmt(span.get(k)) for k in ("precision", "recall", "f1")),
             _fmt(cost["llm_calls"], 1), _fmt(cost["input_tokens"], 0), _fmt(cost["output_tokens"], 0),
             _fmt(cost["seconds_median"], 1), str(d["errors"])]) + " |")
@@ -139,7 +149,7 @@ def markdown(summary: dict[str, Any]) -> str:
                   "|---|" + "---|" * len(summary["tasks"])]
         for name, d in summary["detectors"].items():
             cells = [f"{_fmt(d['per_task'].get(t, {}).get('f1'))} / {_fmt(d['per_task'].get(t, {}).get('auroc'))}"
-                     for t in summary["tasks"]]
+                     f"{_interval(d['per_task'].get(t, {}))}" for t in summary["tasks"]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", CAVEAT]
     return "\n".join(lines)

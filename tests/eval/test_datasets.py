@@ -111,3 +111,22 @@ def test_the_shared_ragtruth_loads_with_valid_spans():
     assert len(items) == 1041 and sum(i.hallucinated for i in items) == 417
     assert all(0 <= s.start < s.end <= len(i.answer) for i in items for s in i.spans)
     assert {i.task for i in items} == {"QA", "Summary", "Data2txt"}
+
+
+def test_halves_keep_every_source_on_one_side_and_never_move():
+    items = datasets.load("ragtruth")
+    sides: dict[str, set[str]] = {}
+    for item in items:
+        sides.setdefault(item.group, set()).add(datasets.half_of(item))
+    assert all(len(s) == 1 for s in sides.values())  # the six answers to one source stay together
+    counts = {h: sum(datasets.half_of(i) == h for i in items) for h in datasets.HALVES}
+    assert min(counts.values()) > 0.35 * len(items)
+    # Pinned: the split is part of every reported figure and must never change silently.
+    assert [datasets.half_of(i) for i in items[::97][:8]] == ["fit", "fit"] + ["report"] * 4 + ["fit", "fit"]
+
+
+def test_the_calibration_split_never_separates_a_group():
+    items = datasets.load("ragtruth-qa")
+    dev, test = datasets.split(items)
+    assert {i.group for i in dev}.isdisjoint({i.group for i in test})
+    assert len(dev) + len(test) == len(items)

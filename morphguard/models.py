@@ -137,6 +137,7 @@ class Detection(BaseModel):
     cost: Cost = Field(default_factory=Cost)
     stats: DetectionStats = Field(default_factory=DetectionStats)
     settings: dict[str, object] = Field(default_factory=dict)
+    features: dict[str, float] = Field(default_factory=dict)  # numeric signals a combined check can learn from
 
 
 class Decision(BaseModel):

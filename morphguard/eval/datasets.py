@@ -61,7 +61,8 @@ def default_data_dir() -> Path:
 
 
 def load(name: str, data_dir: Path | None = None) -> list[Item]:
-    """`ragtruth`, `ragtruth-qa|summary|data2txt`, `halueval`, `faithbench`, or `jsonl:PATH`."""
+    """`ragtruth`, `ragtruth-qa|summary|data2txt`, the same for `contrast` (eval/contrast.py), `halueval`,
+    `faithbench`, or `jsonl:PATH`."""
     data_dir = data_dir or default_data_dir()
     if name.startswith("jsonl:"):
         return list(load_jsonl(Path(name.removeprefix("jsonl:"))))
@@ -69,12 +70,17 @@ def load(name: str, data_dir: Path | None = None) -> list[Item]:
         return list(load_ragtruth(data_dir / "ragtruth" / "test_all.jsonl"))
     if name.startswith("ragtruth-") and name.removeprefix("ragtruth-") in _RAGTRUTH_TASKS:
         return list(load_ragtruth(data_dir / "ragtruth" / f"test_{name.removeprefix('ragtruth-')}.jsonl"))
+    if name == "contrast" or name.startswith("contrast-") and name.removeprefix("contrast-") in _RAGTRUTH_TASKS:
+        from morphguard.eval import contrast  # it builds on this module's items
+
+        return list(contrast.build(load(name.replace("contrast", "ragtruth"), data_dir)))
     if name == "halueval":
         return list(load_halueval(data_dir / "halueval" / "RUCAIBox_HaluEval" / "generation" / "qa"
                                   / "qa_one-turn_data.json"))
     if name == "faithbench":
         return list(load_faithbench(data_dir / "faithbench" / "vectara_FaithBench" / "data_for_release"))
-    names = ["ragtruth", *(f"ragtruth-{t}" for t in _RAGTRUTH_TASKS), "halueval", "faithbench", "jsonl:PATH"]
+    names = [f"{base}{t}" for base in ("ragtruth", "contrast") for t in ("", *(f"-{t}" for t in _RAGTRUTH_TASKS))]
+    names += ["halueval", "faithbench", "jsonl:PATH"]
     raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(names)}")
 
 

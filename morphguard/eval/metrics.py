@@ -7,7 +7,6 @@ Pure functions over plain lists; labels are True for hallucinated.
 from __future__ import annotations
 
 import random
-
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass

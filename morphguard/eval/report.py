@@ -64,7 +64,8 @@ def _quality(group: list[Outcome], by_id: dict[str, Item], threshold: float | No
     scores = [o.score or 0.0 for o in group]
     binary = metrics.confusion(labels, [_flag(o, threshold) for o in group])
     figures: dict[str, Any] = {"n": len(group), **binary.as_dict(), "auroc": metrics.auroc(labels, scores),
-                               "auroc_ci": metrics.auroc_interval(labels, scores), "pr_auc": metrics.pr_auc(labels, scores)}
+                               "auroc_ci": metrics.auroc_interval(labels, scores),
+                               "pr_auc": metrics.pr_auc(labels, scores)}
     spanned = [o for o in group if o.localizes and by_id[o.item_id].spans is not None]
     if spanned:
         figures["span"] = metrics.span_scores(
@@ -92,8 +93,9 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
     tasks: dict[str, list[Outcome]] = defaultdict(list)
     for o in good:
         tasks[o.task].append(o)
-    result["per_task"] = {t: {k: v for k, v in _quality(g, by_id, threshold).items()
-                              if k in ("n", "f1", "auroc", "auroc_ci", "pr_auc", "span")} for t, g in sorted(tasks.items())}
+    kept = ("n", "f1", "auroc", "auroc_ci", "pr_auc", "span")
+    result["per_task"] = {t: {k: v for k, v in _quality(g, by_id, threshold).items() if k in kept}
+                          for t, g in sorted(tasks.items())}
     seconds = [o.seconds for o in good]
     result["cost"] = {
         "llm_calls": statistics.fmean(o.llm_calls for o in good) if good else None,

@@ -44,6 +44,8 @@ class Outcome(BaseModel):
     flagged: bool | None = None
     localizes: bool = True  # False: the detector never points at spans (length), so no span metrics
     factoid_spans: list[ScoredSpan] = Field(default_factory=list)
+    factoid_scores: list[float] = Field(default_factory=list)  # every factoid's, located or not
+    features: dict[str, float] = Field(default_factory=dict)  # the detector's numeric signals (Detection.features)
     llm_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -136,6 +138,7 @@ async def _check(detector: Detector, name: str, repeat: int, item: Item, fingerp
         "score": d.score, "threshold": d.threshold, "flagged": d.flagged,
         "factoid_spans": [ScoredSpan(start=f.start, end=f.end, score=f.score) for f in d.factoids
                           if f.start is not None and f.end is not None and f.end > f.start],
+        "factoid_scores": [f.score for f in d.factoids], "features": d.features,
         "llm_calls": d.cost.llm_calls, "input_tokens": d.cost.input_tokens, "output_tokens": d.cost.output_tokens,
         "seconds": d.cost.seconds, "stage_seconds": {k: round(v.seconds, 3) for k, v in d.cost.stages.items()},
     })

@@ -85,13 +85,17 @@ PROFILES: dict[str, MetaRAGOptions] = {
     # For API judges, where the context repeated in every verify call is the cost: the paper's N = 2, with
     # all mutations in one call and all verifications in one call.
     "batched": MetaRAGOptions(reasons=False, batch_mutations=True, batch_verify="all"),
+    # The judge splits the answer into factoids and verifies each one as written, one call per factoid,
+    # against the whole context, scored softly: no mutations, which the small judge cannot use (it says YES
+    # to a statement and to its negation alike), but each claim judged on its own.
+    "factoids": MetaRAGOptions(n_mutations=0, identity=True, soft_verdicts=True, reasons=False, max_factoids=12),
 }
 
 
 class MetaRAGSettings(Section):
     """The `metarag` config section: a named profile plus any field to override in it."""
 
-    profile: Literal["paper", "embedded", "batched"] = "embedded"
+    profile: Literal["paper", "embedded", "batched", "factoids"] = "embedded"
     n_mutations: int | None = Field(None, ge=0)
     mutation_temperature: float | None = Field(None, ge=0.0)
     decompose_model: str | None = None

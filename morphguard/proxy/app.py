@@ -8,30 +8,27 @@ Paths reach the routes in canonical form (`gate.Gate`), so there is one spelling
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import httpx
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from morphguard import telemetry
-from morphguard.config import Config, LitellmRoute
+from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
 from morphguard.policy.actions import answer_of
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.proxy.adapter import LitellmAdapter
-from morphguard.proxy.body import chat_completion, loads_upstream, parse_chat
+from morphguard.proxy.backend import ChatBackend, Relay
+from morphguard.proxy.body import parse_chat
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
@@ -49,8 +46,8 @@ from morphguard.proxy.errors import (
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.gate import Gate
 from morphguard.proxy.guard import Guard, Reask
-from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, events, sse
-from morphguard.proxy.upstream import Upstream, read_body, response_headers
+from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, sse
+from morphguard.proxy.upstream import Upstream, response_headers
 from morphguard.store.queue import SqliteCheckQueue
 from morphguard.telemetry import names
 from morphguard.telemetry import setup as telemetry_setup
@@ -83,7 +80,8 @@ class Proxy:
         detector = self._detector if self._detector is not None else await asyncio.to_thread(
             build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
-        self.adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
+        adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
+        self.backend = ChatBackend(self.upstream, adapter, self.config.telemetry.upstream_provider)
         policy = self.config.policy
         audit = AuditStore(policy.audit) if policy.audit.enabled else None
         queue = SqliteCheckQueue(policy.audit.path, self.settings.queue_size)
@@ -177,58 +175,14 @@ class Proxy:
         return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
                       topic=topic, model=facts.model, route=facts.path_prefix, detector=options.get("detector"))
 
-    async def _complete(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
-                        ) -> tuple[dict[str, Any] | Response, dict[str, str], Span, int]:
-        """One non-streamed completion (or the provider's own error response, unchanged), the provider's
-        response headers worth keeping, its GenAI span (left open for the evaluation event; the caller ends
-        it) and when the upstream answered."""
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        provider = self._provider(route)
-        span = telemetry.start_chat_span(model, provider, "upstream", body.get("messages"))
-        started = time.perf_counter()
-        try:
-            with trace.use_span(span, end_on_exit=False, record_exception=True):
-                result, kept = await self._complete_once(body, headers, route)
-        except BaseException:
-            span.end()
-            raise
-        answered = time.time_ns()
-        if isinstance(result, Response):
-            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
-                                  input_tokens=None, output_tokens=None, seconds=time.perf_counter() - started,
-                                  error=f"HTTP {result.status_code}")
-        else:
-            usage = result.get("usage")
-            usage = usage if isinstance(usage, dict) else {}
-            telemetry.record_chat(
-                span, provider=provider, role="upstream", request_model=model,
-                response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
-                output_tokens=_int(usage.get("completion_tokens")),
-                finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
-                seconds=time.perf_counter() - started, output_text=answer_of(result))
-        return result, kept, span, answered
-
-    def _provider(self, route: LitellmRoute | None) -> str:
-        return route.prefix.split("/")[0] if route else self.config.telemetry.upstream_provider
-
-    async def _complete_once(self, body: dict[str, Any], headers: dict[str, str], route: LitellmRoute | None
-                             ) -> tuple[dict[str, Any] | Response, dict[str, str]]:
-        if route is not None:
-            return chat_completion(await self.adapter.complete(route, body)), {}
-        async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
-            data = await read_body(response)
-        if response.status_code >= 400:
-            return Response(data, response.status_code, headers=response_headers(response.headers,
-                                                                                    rewritten_body=False)), {}
-        return chat_completion(loads_upstream(data)), response_headers(response.headers, rewritten_body=True)
-
-    def _reask(self, headers: dict[str, str], route: LitellmRoute | None) -> Reask:
+    def _reask(self, headers: dict[str, str]) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
-            completion, _, span, answered = await self._complete(body, headers, route)
-            span.end(end_time=answered)
-            if isinstance(completion, Response):
-                raise upstream_unavailable(f"HTTP {completion.status_code} on regeneration")
-            return completion
+            reply = await self.backend.complete(body, headers)
+            reply.end()
+            if reply.completion is None:
+                status = reply.refused.status_code if reply.refused is not None else "none"
+                raise upstream_unavailable(f"HTTP {status} on regeneration")
+            return reply.completion
 
         return reask
 
@@ -251,130 +205,107 @@ class Proxy:
             raise
 
     async def _chat(self, headers: dict[str, str], extraction: Extraction, review: CheckRequest) -> Response:
-        route = self.adapter.route_for(extraction.body.get("model"))
         if extraction.body.get("stream"):
-            return await self._chat_stream(headers, extraction, review, route)
-        completion, kept, span, answered = await self._complete(extraction.body, headers, route)
+            return await self._chat_stream(headers, extraction, review)
+        reply = await self.backend.complete(extraction.body, headers)
         try:
-            if isinstance(completion, Response):  # the provider's own error, unchanged
-                await self.guard.account(review, f"upstream_http_{completion.status_code}")
-                return completion
-            review.chat_span = span
-            span.set_attribute(names.REQUEST_ID, review.request_id)
-            record = None
+            if reply.completion is None:  # the provider's own error, unchanged
+                assert reply.refused is not None
+                await self.guard.account(review, f"upstream_http_{reply.refused.status_code}")
+                return reply.refused
+            review.chat_span = reply.span
+            reply.span.set_attribute(names.REQUEST_ID, review.request_id)
+            completion, record = reply.completion, None
             if self.settings.mode == "async":
                 record = await self.guard.check_later(review, completion)
             if record is None:
-                with trace.use_span(span, end_on_exit=False):
-                    completion, record = await self.guard.review(review, completion,
-                                                                 reask=self._reask(headers, route))
+                with trace.use_span(reply.span, end_on_exit=False):
+                    completion, record = await self.guard.review(review, completion, reask=self._reask(headers))
         finally:
-            span.end(end_time=answered)  # the span measures the upstream call, not our check
+            reply.end()  # the span measures the upstream call, not our check
         completion[OUR_FIELD] = record.payload()
-        return JSON(completion, headers=kept | record.headers())
+        return JSON(completion, headers=reply.kept | record.headers())
 
-    async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: CheckRequest,
-                           route: LitellmRoute | None) -> Response:
-        model = extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None
-        provider = self._provider(route)
-        span = telemetry.start_chat_span(model, provider, "upstream", extraction.body.get("messages"))
-        span.set_attribute(names.REQUEST_ID, review.request_id)
-        review.chat_span = span
-        started = time.perf_counter()
-        upstream = AsyncExitStack()  # closes the upstream response however the stream ends
-        kept: dict[str, str] = {}
-        try:
-            with trace.use_span(span, end_on_exit=False, record_exception=True):
-                if route is not None:
-                    source: AsyncIterator[str] = self.adapter.stream(route, extraction.body)
-                else:
-                    response = await upstream.enter_async_context(self.upstream.open(
-                        "POST", "chat/completions", headers, json.dumps(extraction.body).encode()))
-                    if response.status_code >= 400:
-                        data = await read_body(response)
-                        await upstream.aclose()
-                        span.end()
-                        await self.guard.account(review, f"upstream_http_{response.status_code}")
-                        return Response(data, response.status_code,
-                                        headers=response_headers(response.headers, rewritten_body=False))
-                    kept = response_headers(response.headers, rewritten_body=True)
-                    source = events(response.aiter_lines())
-        except BaseException:
-            await upstream.aclose()
-            span.end()
-            raise
+    async def _chat_stream(self, headers: dict[str, str], extraction: Extraction, review: CheckRequest) -> Response:
+        opened = AsyncExitStack()  # holds the provider's stream open until the response is done with it
+        relay = await opened.enter_async_context(self.backend.stream(extraction.body, headers))
+        if relay.chunks is None:
+            await opened.aclose()
+            assert relay.refused is not None
+            await self.guard.account(review, f"upstream_http_{relay.refused.status_code}")
+            return relay.refused
+        relay.span.set_attribute(names.REQUEST_ID, review.request_id)
+        review.chat_span = relay.span
+        if self.settings.stream_mode == "buffer":
+            return await self._buffered(headers, review, relay, opened)
+        return StreamingResponse(self._relayed(review, relay, opened), media_type="text/event-stream",
+                                 headers=relay.kept)
 
+    async def _buffered(self, headers: dict[str, str], review: CheckRequest, relay: Relay,
+                        opened: AsyncExitStack) -> Response:
+        """Collect the whole stream, check it, then send it: the only stream mode that can change the answer."""
+        assert relay.chunks is not None
         answer = StreamedAnswer()
-        mode = self.settings.stream_mode
+        try:
+            payloads = [p async for p in chunk_payloads(relay.chunks, answer)]
+        except BaseException as exc:
+            relay.failed(type(exc).__name__)
+            raise
+        finally:
+            await opened.aclose()
+        ended = relay.finished(answer)
+        try:
+            with trace.use_span(relay.span, end_on_exit=False):
+                reviewed, record = await self.guard.review(review, answer.as_completion(),
+                                                           reask=self._reask(headers))
+        finally:
+            relay.span.end(end_time=ended)
+        text = answer_of(reviewed)
+        if text != answer.text:
+            finish = reviewed["choices"][0].get("finish_reason") or "stop"
+            out = [sse(c) for c in answer.replacement_chunks(text, finish)]
+        else:
+            out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
+        out += [sse(answer.decision_chunk(record.payload())), DONE]
+        return StreamingResponse(iter(out), media_type="text/event-stream", headers=relay.kept | record.headers())
 
-        def answered() -> int:
-            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model,
-                                  response_model=answer.model or None, input_tokens=None, output_tokens=None,
-                                  finish_reasons=[answer.finish_reason] if answer.finish_reason else [],
-                                  seconds=time.perf_counter() - started, output_text=answer.text)
-            return time.time_ns()
-
-        if mode == "buffer":  # collect everything, review, then send: the only stream mode that can change the answer
-            try:
-                payloads = [p async for p in chunk_payloads(source, answer)]
-            except BaseException as exc:
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-                span.end()
-                raise
-            finally:
-                await upstream.aclose()
-            ended = answered()
-            try:
-                with trace.use_span(span, end_on_exit=False):
-                    reviewed, record = await self.guard.review(review, answer.as_completion(),
-                                                               reask=self._reask(headers, route))
-            finally:
-                span.end(end_time=ended)
-            text = answer_of(reviewed)
-            if text != answer.text:
-                finish = reviewed["choices"][0].get("finish_reason") or "stop"
-                out = [sse(c) for c in answer.replacement_chunks(text, finish)]
-            else:
-                out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
-            out += [sse(answer.decision_chunk(record.payload())), DONE]
-            return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | record.headers())
-
-        async def relay() -> AsyncIterator[bytes]:
-            recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
+    async def _relayed(self, review: CheckRequest, relay: Relay, opened: AsyncExitStack) -> AsyncIterator[bytes]:
+        """Chunks go out as they come; the verdict follows as one more chunk (checked now, or queued)."""
+        assert relay.chunks is not None
+        answer = StreamedAnswer()
+        recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
+        try:
             try:
                 try:
-                    try:
-                        async for payload in chunk_payloads(source, answer):
-                            yield b"data: " + payload.encode() + b"\n\n"
-                    finally:
-                        await upstream.aclose()
-                except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
-                    span.set_status(Status(StatusCode.ERROR, exc.code or "stream_error"))
-                    span.end()
-                    log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
-                    await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
-                    recorded = True
-                    yield sse(exc.payload())  # an `error` event: the official SDKs raise it as an APIError
-                    return
-                ended = answered()
-                try:
-                    completion = answer.as_completion()
-                    record = await self.guard.check_later(review, completion) if mode == "async" else None
-                    if record is None:
-                        with trace.use_span(span, end_on_exit=False):
-                            _, record = await self.guard.review(review, completion, can_change=False)
-                    recorded = True
+                    async for payload in chunk_payloads(relay.chunks, answer):
+                        yield b"data: " + payload.encode() + b"\n\n"
                 finally:
-                    span.end(end_time=ended)
-                yield sse(answer.decision_chunk(record.payload()))
-                yield DONE
+                    await opened.aclose()
+            except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
+                relay.failed(exc.code or "stream_error")
+                log.warning("request %s: upstream stream failed: %s", review.request_id, exc.message)
+                await self.guard.account(review, exc.code or "upstream_stream_broken", answer.text)
+                recorded = True
+                yield sse(exc.payload())  # an `error` event: the official SDKs raise it as an APIError
+                return
+            ended = relay.finished(answer)
+            try:
+                completion = answer.as_completion()
+                record = (await self.guard.check_later(review, completion)
+                          if self.settings.stream_mode == "async" else None)
+                if record is None:
+                    with trace.use_span(relay.span, end_on_exit=False):
+                        _, record = await self.guard.review(review, completion, can_change=False)
+                recorded = True
             finally:
-                if not recorded:
-                    if span.is_recording():
-                        span.end()
-                    self.guard.account_soon(review, "client_disconnected", answer.text)
-
-        return StreamingResponse(relay(), media_type="text/event-stream", headers=kept)
+                relay.span.end(end_time=ended)
+            yield sse(answer.decision_chunk(record.payload()))
+            yield DONE
+        finally:
+            if not recorded:
+                if relay.span.is_recording():
+                    relay.span.end()
+                self.guard.account_soon(review, "client_disconnected", answer.text)
 
     async def forward(self, request: Request) -> Response:
         """An allow-listed /v1 path: bytes through, status and headers kept, streaming included."""
@@ -418,10 +349,6 @@ class Proxy:
 
 def _string(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def create_app(config: Config, detector: Detector | None = None) -> Gate:

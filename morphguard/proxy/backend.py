@@ -1,0 +1,153 @@
+"""The provider behind the proxy: one chat interface over the OpenAI-compatible upstream (httpx) and the
+litellm routes (other providers, chosen by model prefix), owning each call's GenAI client span.
+
+The span stays open after the provider has answered, so that the check's evaluation event lands on it,
+and is ended by the caller at the moment the provider finished (`Reply.end`, `Relay.finished`): it
+measures the provider, not our check.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+from starlette.responses import Response
+
+from morphguard import telemetry
+from morphguard.policy.actions import answer_of
+from morphguard.proxy.adapter import LitellmAdapter
+from morphguard.proxy.body import chat_completion, loads_upstream
+from morphguard.proxy.streaming import StreamedAnswer, events
+from morphguard.proxy.upstream import Upstream, read_body, response_headers
+
+
+@dataclass
+class Reply:
+    """A non-streamed call: the completion, or the provider's own error response to pass on unchanged."""
+
+    span: Span
+    answered: int  # time.time_ns() when the provider's answer was in
+    completion: dict[str, Any] | None = None
+    refused: Response | None = None
+    kept: dict[str, str] = field(default_factory=dict)  # provider response headers worth passing on
+
+    def end(self) -> None:
+        self.span.end(end_time=self.answered)
+
+
+@dataclass
+class Relay:
+    """A streamed call: the chunk payloads as they arrive, or the provider's own error response."""
+
+    span: Span
+    model: str | None
+    provider: str
+    started: float
+    chunks: AsyncIterator[str] | None = None
+    refused: Response | None = None
+    kept: dict[str, str] = field(default_factory=dict)
+
+    def finished(self, answer: StreamedAnswer) -> int:
+        """Record what the provider streamed; returns the time to end the span at."""
+        telemetry.record_chat(self.span, provider=self.provider, role="upstream", request_model=self.model,
+                              response_model=answer.model or None, input_tokens=None, output_tokens=None,
+                              finish_reasons=[answer.finish_reason] if answer.finish_reason else [],
+                              seconds=time.perf_counter() - self.started, output_text=answer.text)
+        return time.time_ns()
+
+    def failed(self, reason: str) -> None:
+        self.span.set_status(Status(StatusCode.ERROR, reason))
+        self.span.end()
+
+
+class ChatBackend:
+    def __init__(self, upstream: Upstream, adapter: LitellmAdapter, default_provider: str) -> None:
+        self.upstream = upstream
+        self.adapter = adapter
+        self.default_provider = default_provider
+
+    def _start(self, body: dict[str, Any]) -> tuple[Span, str | None, str]:
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        route = self.adapter.route_for(model)
+        provider = route.prefix.split("/")[0] if route else self.default_provider
+        return telemetry.start_chat_span(model, provider, "upstream", body.get("messages")), model, provider
+
+    async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
+        span, model, provider = self._start(body)
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
+                reply = await self._complete(body, headers, span)
+        except BaseException:
+            span.end()
+            raise
+        seconds = time.perf_counter() - started
+        if reply.refused is not None:
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
+                                  input_tokens=None, output_tokens=None, seconds=seconds,
+                                  error=f"HTTP {reply.refused.status_code}")
+        elif reply.completion is not None:
+            result = reply.completion
+            usage = result.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
+            telemetry.record_chat(
+                span, provider=provider, role="upstream", request_model=model,
+                response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
+                output_tokens=_int(usage.get("completion_tokens")),
+                finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
+                seconds=seconds, output_text=answer_of(result))
+        return reply
+
+    async def _complete(self, body: dict[str, Any], headers: dict[str, str], span: Span) -> Reply:
+        route = self.adapter.route_for(body.get("model"))
+        if route is not None:
+            completion = chat_completion(await self.adapter.complete(route, body))
+            return Reply(span, time.time_ns(), completion=completion)
+        async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
+            data = await read_body(response)
+        answered = time.time_ns()
+        if response.status_code >= 400:
+            return Reply(span, answered, refused=Response(data, response.status_code, headers=response_headers(
+                response.headers, rewritten_body=False)))
+        return Reply(span, answered, completion=chat_completion(loads_upstream(data)),
+                     kept=response_headers(response.headers, rewritten_body=True))
+
+    @asynccontextmanager
+    async def stream(self, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[Relay]:
+        """The provider's stream, open until the context exits (which also ends a span left open)."""
+        span, model, provider = self._start(body)
+        relay = Relay(span, model, provider, time.perf_counter())
+        async with AsyncExitStack() as opened:
+            try:
+                with trace.use_span(span, end_on_exit=False, record_exception=True):
+                    route = self.adapter.route_for(model)
+                    if route is not None:
+                        relay.chunks = self.adapter.stream(route, body)
+                    else:
+                        response = await opened.enter_async_context(self.upstream.open(
+                            "POST", "chat/completions", headers, json.dumps(body).encode()))
+                        if response.status_code >= 400:
+                            relay.refused = Response(await read_body(response), response.status_code,
+                                                     headers=response_headers(response.headers, rewritten_body=False))
+                            relay.failed(f"HTTP {response.status_code}")
+                        else:
+                            relay.kept = response_headers(response.headers, rewritten_body=True)
+                            relay.chunks = events(response.aiter_lines())
+                yield relay
+            finally:
+                if span.is_recording():  # a stream that ended in an error or a client that left
+                    span.end()
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

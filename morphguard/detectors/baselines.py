@@ -7,7 +7,6 @@ supported and which parts are not: the cheapest LLM check there is.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import Any
@@ -17,6 +16,7 @@ from pydantic import Field
 from morphguard.config import Section
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
+from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
@@ -102,7 +102,7 @@ class DirectJudge:
             score = {Verdict.YES: 0.0, Verdict.NO: 1.0}.get(parsed.verdict, 0.5)
         factoids = []
         if parsed.verdict is not Verdict.YES:
-            for text in _unsupported(reply.text):
+            for text in strings(json_list(reply.text, "unsupported")):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,
                                         score=score, label="unsupported"))
@@ -115,15 +115,6 @@ class DirectJudge:
             stats=DetectionStats(factoids=len(factoids), unparseable_verdicts=int(not parsed.parsed)),
             settings={"model": self.model, "soft_verdicts": self.soft_verdicts},
         )
-
-
-def _unsupported(text: str) -> list[str]:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return []
-    items = data.get("unsupported") if isinstance(data, dict) else None
-    return [s.strip() for s in items if isinstance(s, str) and s.strip()] if isinstance(items, list) else []
 
 
 register(DetectorSpec(

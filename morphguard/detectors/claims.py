@@ -17,7 +17,6 @@ Score: the largest claim score (1 for unsupported or contradicted, 0 for support
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pydantic import Field
 from morphguard.config import Section
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.detectors.replies import json_list
 from morphguard.detectors.spans import find_phrase, locate
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (
@@ -131,7 +131,8 @@ class ClaimJudge:
             messages = [{"role": "system", "content": render("claims_system", atomic=atomic)},
                         {"role": "user", "content": user}]
             reply = await self._call(messages, schema, cost, temperature)
-            claims = [c for c in (self._checked(item, rag.passages) for item in _items(reply.text, "claims")) if c.text]
+            listed = json_list(reply.text, "claims") or []
+            claims = [c for c in (self._checked(item, rag.passages) for item in listed) if c.text]
             if not any(_COMPOUND.search(c.text) for c in claims):
                 break
         return claims
@@ -143,7 +144,7 @@ class ClaimJudge:
         schema = {"type": "object", "required": ["claims"],
                   "properties": {"claims": {"type": "array", "items": {"type": "string"}}}}
         reply = await self._call(messages, schema, cost)
-        texts = [t.strip() for t in _items(reply.text, "claims") if isinstance(t, str) and t.strip()]
+        texts = [t.strip() for t in (json_list(reply.text, "claims") or []) if isinstance(t, str) and t.strip()]
         if not texts:
             return []
         listed = "\n".join(f"{i}. {as_data(t)}" for i, t in enumerate(texts, 1))
@@ -156,7 +157,7 @@ class ClaimJudge:
             messages = [{"role": "system", "content": render("claims_label_system")},
                         {"role": "user", "content": render("claims_label_user", passages=numbered([passage]),
                                                            claims=listed)}]
-            labels = _items((await self._call(messages, schema, cost)).text, "labels")
+            labels = json_list((await self._call(messages, schema, cost)).text, "labels") or []
             return [self._checked({"text": t, **(labels[i] if i < len(labels) and isinstance(labels[i], dict) else {})},
                                   [passage]) for i, t in enumerate(texts)]
 
@@ -187,15 +188,6 @@ class ClaimJudge:
         if label == "supported" and evidence is None:
             return _Claim(text, "unsupported", downgraded=True)
         return _Claim(text, label, evidence)  # type: ignore[arg-type]
-
-
-def _items(text: str, key: str) -> list[Any]:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return []
-    items = data.get(key) if isinstance(data, dict) else None
-    return items if isinstance(items, list) else []
 
 
 def _majority(runs: list[list[_Claim]], aggregate: str) -> list[_Claim]:

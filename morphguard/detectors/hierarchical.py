@@ -17,7 +17,6 @@ those labels and 0 for "entailed"; the answer's score is the largest claim score
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from morphguard.config import Section
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.detectors.replies import json_list, json_object, strings
 from morphguard.detectors.spans import locate, sentences
 from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient
@@ -169,11 +169,8 @@ class HierarchicalVerifier:
                                                            answer=as_data(answer),
                                                            sentence=as_data(answer[span[0]:span[1]]))}]
             reply = await self._call(meter, "decompose", messages, schema)
-            try:
-                data = json.loads(reply.text)
-                claims = [c.strip() for c in data.get("claims", []) if isinstance(c, str) and c.strip()]
-            except (ValueError, AttributeError):
-                claims = [answer[span[0]:span[1]]]  # unreadable: the sentence itself is the claim
+            found = json_list(reply.text, "claims")
+            claims = strings(found) if found is not None else [answer[span[0]:span[1]]]  # unreadable: the sentence
             return [(c, span) for c in claims]
 
         per_sentence = await asyncio.gather(*(split(span) for span in parts))
@@ -192,11 +189,8 @@ class HierarchicalVerifier:
                   "properties": {"label": {"type": "string", "enum": list(LABELS)},
                                  "evidence": {"type": "array", "items": {"type": "integer"}, "maxItems": 6}}}
         reply = await self._call(meter, "verify", messages, schema, logprobs=self.options.soft_verdicts)
-        try:
-            data = json.loads(reply.text)
-        except ValueError:
-            data = {}
-        label = str(data["label"]) if isinstance(data, dict) and data.get("label") in LABELS else BASELESS
+        data = json_object(reply.text) or {}
+        label = str(data["label"]) if data.get("label") in LABELS else BASELESS
         cited = [n - 1 for n in data.get("evidence", []) if isinstance(n, int) and n - 1 in window] \
             if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
         probabilities = (label_probabilities(reply.logprobs, "label", LABELS)
@@ -210,5 +204,6 @@ SPEC = register(DetectorSpec(
     models=lambda settings: [settings.model],
     prompts=lambda settings: ["hier_decompose_system", "hier_decompose_user", "hier_verify_system",
                               "hier_verify_user"],
-    # Verdicts are read from log-probabilities (reader version 2; see metarag._fingerprint).
-    fingerprint=lambda settings: {"options": settings.model_dump(), "logprob_reader": 2}))
+    # Verdicts are read from log-probabilities (reader version 2; see metarag._fingerprint). Reply reader 2: a
+    # decomposition reply without a claims list counts as unreadable (the sentence is the claim), not as no claims.
+    fingerprint=lambda settings: {"options": settings.model_dump(), "logprob_reader": 2, "reply_reader": 2}))

@@ -31,6 +31,7 @@ from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.relations import negate
+from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import align_evidence, locate
 from morphguard.detectors.verdicts import (
     ParsedVerdict,
@@ -202,7 +203,7 @@ class MetaRAG:
                   "required": ["factoids"]}
         reply = meter.count("decompose", await self.llm.complete(
             messages, model=self.options.decompose_model, max_tokens=1024, json_schema=schema))
-        factoids = _string_list(reply.text, "factoids")
+        factoids = _strings_or_none(reply.text, "factoids")
         if factoids is None:  # unreadable: fall back to the answer's own sentences
             factoids = [s.strip() for s in re.split(r"(?<=[.!?])\s+", answer) if s.strip()]
         return _unique(factoids)
@@ -244,10 +245,7 @@ class MetaRAG:
         reply = meter.count("mutate", await self.llm.complete(
             messages, model=self.options.mutate_model, temperature=self.options.mutation_temperature,
             max_tokens=min(4096, 80 * n * 2 * len(factoids) + 64), json_schema=schema))
-        try:
-            items = json.loads(reply.text)["items"]
-        except (ValueError, KeyError, TypeError):
-            items = []
+        items = json_list(reply.text, "items") or []
         out = []
         for i, factoid in enumerate(factoids):
             item = items[i] if i < len(items) and isinstance(items[i], dict) else {}
@@ -274,7 +272,7 @@ class MetaRAG:
         reply = meter.count("mutate", await self.llm.complete(
             messages, model=self.options.mutate_model, temperature=self.options.mutation_temperature,
             max_tokens=96 * n, json_schema=schema))
-        statements = _string_list(reply.text, "statements")
+        statements = _strings_or_none(reply.text, "statements")
         if statements is None:
             stats.unparseable_mutations += 1
             return []
@@ -317,10 +315,7 @@ class MetaRAG:
             reply = meter.count("verify", await self.llm.complete(
                 messages, model=model, max_tokens=16 * len(todo) + 32, json_schema=schema,
                 top_logprobs=5 if self.options.soft_verdicts else 0))
-            try:
-                verdicts = json.loads(reply.text)["verdicts"]
-            except (ValueError, KeyError, TypeError):
-                verdicts = []
+            verdicts = json_list(reply.text, "verdicts") or []
             for n, i in enumerate(todo):
                 raw = json.dumps({"verdict": verdicts[n]}) if n < len(verdicts) else ""
                 probabilities = (verdict_probabilities(reply.logprobs, occurrence=n, listed=True)
@@ -411,21 +406,9 @@ async def _just(value: T) -> T:
     return value
 
 
-def _string_list(text: str, key: str) -> list[str] | None:
-    """The list of strings under `key` in a JSON reply (or a bare JSON list); None when unreadable."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        match = re.search(r"\[.*\]", text, re.S)
-        try:
-            data = json.loads(match.group(0)) if match else None
-        except ValueError:
-            data = None
-    if isinstance(data, dict):
-        data = data.get(key)
-    if not isinstance(data, list):
-        return None
-    return [s.strip() for s in data if isinstance(s, str) and s.strip()]
+def _strings_or_none(text: str, key: str) -> list[str] | None:
+    found = json_list(text, key, lenient=True)
+    return strings(found) if found is not None else None
 
 
 def _unique(items: list[str]) -> list[str]:

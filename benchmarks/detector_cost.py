@@ -35,7 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     names = [n.strip() for n in args.detector.split(",") if n.strip()]
     config = load_config(args.config)
-    summary, folder, _ = evaluate(config, args.dataset, names, limit=args.limit, seed=args.seed, out=args.out)
+    run = evaluate(config, args.dataset, names, limit=args.limit, seed=args.seed, out=args.out)
+    summary, folder = run.summary, run.folder
     outcomes = [o for o in runner.load_outcomes(folder) if o.error is None and o.repeat == 0]
 
     rows = []

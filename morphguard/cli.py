@@ -56,9 +56,11 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
     evaluate.add_argument("--dataset", "-d", required=True,
-                          help="ragtruth, ragtruth-qa|summary|data2txt, halueval, faithbench or jsonl:PATH")
-    evaluate.add_argument("--detector", default="metarag,direct,length",
-                          help="comma-separated: metarag[:paper|:embedded], direct, length (default: all three)")
+                          help="comma-separated: ragtruth, contrast (each also -qa|-summary|-data2txt), halueval, "
+                               "faithbench or jsonl:PATH")
+    evaluate.add_argument("--detector", default=None,
+                          help="comma-separated detector names, e.g. combined,grounding,length or metarag:paper "
+                               "(default: metarag,direct,length; with --fit: the combined check's parts)")
     evaluate.add_argument("--half", choices=["fit", "report"], default=None,
                           help="only the items of one half (split by source; tune on fit, report on report)")
     evaluate.add_argument("--limit", type=int, default=None, help="sample this many items (stratified)")
@@ -67,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workers", type=int, default=1, help="checks in flight at once")
     evaluate.add_argument("--calibrate", action="store_true",
                           help="choose each detector's threshold on a dev half, report on the test half")
+    evaluate.add_argument("--fit", type=Path, default=None, metavar="WEIGHTS.json",
+                          help="fit the combined check's weights on the datasets' items and write them here")
     evaluate.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data of the project")
     evaluate.add_argument("--out", type=Path, default=None, help="run folder (default: runs/eval/<dataset>-...)")
     _config_option(evaluate)

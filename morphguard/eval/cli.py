@@ -7,6 +7,7 @@ import asyncio
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,24 +15,58 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
+from morphguard.detectors.combined import PARTS
 from morphguard.errors import MorphguardError
-from morphguard.eval import datasets, report, runner
+from morphguard.eval import datasets, fit, report, runner
+
+DEFAULT_DETECTORS = ("metarag", "direct", "length")
+
+
+@dataclass
+class Evaluation:
+    summary: dict[str, Any]
+    folder: Path
+    written: list[Path]
+    items: list[datasets.Item]
+    outcomes: list[runner.Outcome]
 
 
 def run_eval(args: argparse.Namespace, config: Config) -> int:
-    names = [n.strip() for n in args.detector.split(",") if n.strip()]
-    summary, folder, written = evaluate(config, args.dataset, names, half=args.half, limit=args.limit, seed=args.seed,
-                                        repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
-                                        data_dir=args.data_dir, out=args.out)
-    print(report.markdown(summary))
-    print("\n".join(f"wrote {path}" for path in written), file=sys.stderr)
+    names = [n.strip() for n in (args.detector or ",".join(PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
+             if n.strip()]
+    if args.fit and not set(PARTS) <= set(names):
+        raise MorphguardError(f"--fit needs the combined check's parts among the detectors: {', '.join(PARTS)}")
+    chosen = [d.strip() for d in args.dataset.split(",") if d.strip()]
+    if args.out and len(chosen) > 1:
+        raise MorphguardError("--out names one run folder: give one dataset")
+    runs = []
+    for dataset in chosen:  # each in its own run folder, with its own report
+        run = evaluate(config, dataset, names, half=args.half, limit=args.limit, seed=args.seed,
+                       repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
+                       data_dir=args.data_dir, out=args.out)
+        print(report.markdown(run.summary))
+        print("\n".join(f"wrote {path}" for path in run.written), file=sys.stderr)
+        runs.append(run)
+    if args.fit:
+        values: list[dict[str, float]] = []
+        labels: list[bool] = []
+        groups: list[str] = []
+        for run in runs:
+            v, y, g = fit.rows(run.items, run.outcomes)
+            values, labels, groups = values + v, labels + y, groups + g
+        weights = fit.fit(values, labels, groups, {"datasets": chosen, "half": args.half or "all",
+                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS}})
+        args.fit.parent.mkdir(parents=True, exist_ok=True)
+        args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "
+              f"use it with combined.weights in the config", file=sys.stderr)
     return 0
 
 
 def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | None = None,
              limit: int | None = None, seed: int = 0,
              repeats: int = 1, workers: int = 1, calibrate: bool = False, data_dir: Path | None = None,
-             out: Path | None = None) -> tuple[dict[str, Any], Path, list[Path]]:
+             out: Path | None = None) -> Evaluation:
     """Run (or resume) an evaluation and write its report; returns the summary, the run folder and the files."""
     if not names:
         raise MorphguardError("--detector names no detector")
@@ -50,8 +85,7 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
         raise MorphguardError(f"dataset {dataset} has no items")
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset) + (f"-{half}" if half else "")
     folder = out or Path("runs") / "eval" / f"{label}-n{len(items)}-seed{seed}"
-    runner.prepare_folder(folder, {"dataset": dataset, "half": half, "limit": limit, "seed": seed,
-                                   "items": [i.id for i in items]})
+    runner.prepare_folder(folder, {"dataset": dataset, "half": half, "seed": seed, "items": [i.id for i in items]})
     # Repeats must reach the judge: without this every repeat would be served from the response cache.
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
@@ -66,4 +100,4 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
                                           fingerprints=fingerprints, on_done=lambda o: bar.update(1)))
     summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
     summary.update(dataset=dataset, half=half or "all", limit=limit, seed=seed)
-    return summary, folder, report.write(folder, items, outcomes, summary)
+    return Evaluation(summary, folder, report.write(folder, items, outcomes, summary), items, outcomes)

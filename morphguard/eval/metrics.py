@@ -78,6 +78,21 @@ def auroc(labels: Sequence[bool], scores: Sequence[float]) -> float | None:
     return (rank_sum - positives * (positives + 1) / 2) / (positives * negatives)
 
 
+def calibration_error(labels: Sequence[bool], scores: Sequence[float], bins: int = 10) -> float | None:
+    """Expected calibration error: how far scores read as probabilities are from the observed rates, averaged
+    over equal-width score bins weighted by their size (0 = a score of 0.3 means 30 % are hallucinated)."""
+    if not labels:
+        return None
+    total = 0.0
+    for b in range(bins):
+        members = [i for i, s in enumerate(scores) if min(int(s * bins), bins - 1) == b]
+        if members:
+            rate = sum(labels[i] for i in members) / len(members)
+            mean = sum(scores[i] for i in members) / len(members)
+            total += len(members) * abs(rate - mean)
+    return total / len(labels)
+
+
 def auroc_interval(labels: Sequence[bool], scores: Sequence[float], rounds: int = 1000, level: float = 0.95,
                    seed: int = 0) -> tuple[float, float] | None:
     """A percentile bootstrap interval for the AUROC (items resampled with replacement)."""

@@ -65,7 +65,8 @@ def _quality(group: list[Outcome], by_id: dict[str, Item], threshold: float | No
     binary = metrics.confusion(labels, [_flag(o, threshold) for o in group])
     figures: dict[str, Any] = {"n": len(group), **binary.as_dict(), "auroc": metrics.auroc(labels, scores),
                                "auroc_ci": metrics.auroc_interval(labels, scores),
-                               "pr_auc": metrics.pr_auc(labels, scores)}
+                               "pr_auc": metrics.pr_auc(labels, scores),
+                               "ece": metrics.calibration_error(labels, scores)}
     spanned = [o for o in group if o.localizes and by_id[o.item_id].spans is not None]
     if spanned:
         figures["span"] = metrics.span_scores(
@@ -78,7 +79,7 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
                       errors: int) -> dict[str, Any]:
     repeats = sorted({o.repeat for o in good})
     per_repeat = [_quality([o for o in good if o.repeat == r], by_id, threshold) for r in repeats]
-    keys = ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc")
+    keys = ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc", "ece")
     result: dict[str, Any] = {
         "threshold": threshold if threshold is not None else (good[0].threshold if good else None),
         "calibrated_threshold": threshold is not None,
@@ -93,7 +94,7 @@ def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: fl
     tasks: dict[str, list[Outcome]] = defaultdict(list)
     for o in good:
         tasks[o.task].append(o)
-    kept = ("n", "f1", "auroc", "auroc_ci", "pr_auc", "span")
+    kept = ("n", "f1", "auroc", "auroc_ci", "pr_auc", "ece", "span")
     result["per_task"] = {t: {k: v for k, v in _quality(g, by_id, threshold).items() if k in kept}
                           for t, g in sorted(tasks.items())}
     seconds = [o.seconds for o in good]
@@ -132,16 +133,16 @@ def markdown(summary: dict[str, Any]) -> str:
         half = summary.get("half", "all")
         scope = f"{summary['dataset']}" + (f", {half} half" if half != "all" else "") + f": {scope}"
     lines = [f"Detection quality — {scope}", "",
-             "| detector | τ | P | R | F1 | acc | AUROC | PR-AUC | span P | span R | span F1 | calls | in tok "
-             "| out tok | s (median) | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| detector | τ | P | R | F1 | acc | AUROC [95% CI] | PR-AUC | ECE | span P | span R | span F1 | calls "
+             "| in tok | out tok | s (median) | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in summary["detectors"].items():
         span = d.get("span", {})
         cost = d["cost"]
         lines.append("| " + " | ".join([
             name, _fmt(d["threshold"], 2),
             *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy")), _fmt(d["auroc"]) + _interval(d),
-            _fmt(d["pr_auc"]),
+            _fmt(d["pr_auc"]), _fmt(d["ece"]),
             *(_fmt(span.get(k)) for k in ("precision", "recall", "f1")),
             _fmt(cost["llm_calls"], 1), _fmt(cost["input_tokens"], 0), _fmt(cost["output_tokens"], 0),
             _fmt(cost["seconds_median"], 1), str(d["errors"])]) + " |")

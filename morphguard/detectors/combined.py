@@ -1,0 +1,135 @@
+"""The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
+
+Three parts look at the answer: `grounding` (no call: content words the context never uses), `direct`
+(one call: is the whole answer supported?) and the judge's per-factoid check (`metarag:factoids`, one
+call per factoid). They fail on different answers: the words of a negated or swapped claim are all in
+the context, while the small judge waves through invented detail it finds plausible. Their signals
+become features, and a logistic regression fitted on the fit halves (`morphguard eval --fit`) turns them
+into the probability that the answer is hallucinated, so a threshold of 0.3 means the same here as in
+any other topic. The coefficients ship as data (`combined.json`) together with what they were fitted on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from morphguard.config import Section
+from morphguard.detectors.baselines import DirectJudge
+from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
+from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.metarag import PROFILES, MetaRAG
+from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.llm.client import LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, RagInput
+
+# The parts, by the names `eval` records their outcomes under (a fit reads them from there).
+PARTS = ("grounding", "direct", "metarag:factoids")
+
+
+def features(scores: Mapping[str, float], factoid_scores: Sequence[float], grounding: Mapping[str, float]
+             ) -> dict[str, float]:
+    """The model's inputs, from what the parts said: the same function at fit time and at check time."""
+    return {
+        "direct": scores["direct"],
+        "factoid_max": max(factoid_scores, default=0.0),
+        "factoid_mean": sum(factoid_scores) / len(factoid_scores) if factoid_scores else 0.0,
+        "unsupported": math.log1p(grounding.get("unsupported", 0.0)),
+        "unsupported_numbers": math.log1p(grounding.get("unsupported_numbers", 0.0)),
+        "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
+        "unsupported_share": grounding.get("unsupported_share", 0.0),
+        "worst_sentence_share": grounding.get("worst_sentence_share", 0.0),
+        "content_words": math.log1p(grounding.get("content_words", 0.0)),
+    }
+
+
+class Weights(BaseModel):
+    """A fitted logistic regression over standardised features, and what it was fitted on."""
+
+    features: list[str]
+    mean: list[float]
+    scale: list[float]
+    coef: list[float]
+    intercept: float
+    fitted_on: dict[str, Any] = {}
+
+    def probability(self, values: Mapping[str, float]) -> float:
+        z = self.intercept + sum(c * (values[f] - m) / s
+                                 for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True))
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def contributions(self, values: Mapping[str, float]) -> dict[str, float]:
+        """How much each feature moved the log-odds, for explaining a verdict."""
+        return {f: round(c * (values[f] - m) / s, 3)
+                for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True)}
+
+
+def load_weights(path: str | None) -> Weights:
+    if path:
+        text = Path(path).read_text(encoding="utf-8")
+    else:
+        text = resources.files("morphguard.detectors").joinpath("combined.json").read_text(encoding="utf-8")
+    return Weights.model_validate(json.loads(text))
+
+
+class CombinedSettings(Section):
+    """The `combined` config section."""
+
+    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the shipped one
+    model: str | None = None  # the judge's model for both judge parts; None: the judge's default
+
+
+class Combined:
+    name = "combined"
+
+    def __init__(self, llm: LLMClient, settings: CombinedSettings, threshold: float = 0.5) -> None:
+        self.weights = load_weights(settings.weights)
+        self.threshold = threshold
+        self.grounding = Grounding(GroundingSettings())
+        self.direct = DirectJudge(llm, model=settings.model)
+        self.factoids = MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
+                                             verify_models=(settings.model,)))
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        grounded = await self.grounding.detect(rag, answer)
+        # One after the other: the embedded judge decodes one request at a time anyway.
+        direct = await self.direct.detect(rag, answer)
+        factoids = await self.factoids.detect(rag, answer)
+        values = features({"direct": direct.score}, [f.score for f in factoids.factoids], grounded.features)
+        score = self.weights.probability(values)
+        stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
+        stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=[*factoids.factoids, *grounded.factoids],
+            cost=Cost.of(stages, time.perf_counter() - started),
+            stats=DetectionStats(factoids=len(factoids.factoids), variants=factoids.stats.variants,
+                                 unparseable_verdicts=factoids.stats.unparseable_verdicts
+                                 + direct.stats.unparseable_verdicts),
+            features=values,
+            settings={"contributions": self.weights.contributions(values), "direct": direct.score,
+                      "unsupported_words": grounded.settings.get("unsupported_words", [])},
+        )
+
+
+def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
+    weights = load_weights(settings.weights)
+    return {"options": settings.model_dump(exclude={"weights"}), "weights": weights.model_dump(exclude={"fitted_on"}),
+            "factoids": asdict(PROFILES["factoids"]), "logprob_reader": 2, "grounding": GROUNDING_VERSION}
+
+
+register(DetectorSpec(
+    name="combined", settings=CombinedSettings, models=lambda settings: [settings.model],
+    prompts=lambda settings: ["direct_system", "direct_user", "decompose_system", "decompose_user",
+                              "verify_system", "verify_user"],
+    fingerprint=_fingerprint,
+    build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

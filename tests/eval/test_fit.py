@@ -1,0 +1,83 @@
+"""`morphguard eval --fit` and the combined check, end to end: a real subprocess, a scripted judge on loopback."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from morphguard.detectors.combined import Weights
+from morphguard.eval import metrics
+from tests.detectors.scripted_judge import _tag, stage_of
+from tests.scripted_llm import ScriptedLLM, completion
+
+CITIES = ["Paris", "Berlin", "Madrid", "Rome", "Vienna", "Lisbon"]
+RECORDS = [
+    {"id": f"{city}-{n}", "group": city, "question": f"Where is landmark {n}?",
+     "context": [f"Landmark {n} stands in {city}. It is old."],
+     "answer": f"Landmark {n} stands in {CITIES[(i + 1) % 6] if n % 2 else city}. It is old.",
+     "hallucinated": bool(n % 2)}
+    for i, city in enumerate(CITIES) for n in range(4)
+]
+
+
+def judge(body):
+    """Says NO where the answer's city is not the context's, YES elsewhere; factoids are the sentences."""
+    stage = stage_of(body)
+    user = body["messages"][-1]["content"]
+    if stage == "decompose":
+        return json.dumps({"factoids": [s.strip() + "." for s in _tag(user, "answer").split(".") if s.strip()]})
+    context = user.split("<passages>")[1].split("</passages>")[0] if "<passages>" in user else user
+    claim = _tag(user, "answer") if stage == "direct" else _tag(user, "statement")
+    wrong = any(c in claim and c not in context for c in CITIES)
+    if stage == "direct":
+        return json.dumps({"verdict": "NO" if wrong else "YES", "unsupported": []})
+    return completion(json.dumps({"verdict": "NO" if wrong else "YES"}))
+
+
+def run(tmp_path, base_url, *args, config=None):
+    data = tmp_path / "landmarks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "k"},
+                                    **(config or {})}))
+    return subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--config", str(path),
+                           "--dataset", f"jsonl:{data}", *args], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path)
+
+
+def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_path):
+    weights = tmp_path / "weights.json"
+    with ScriptedLLM(judge) as server:
+        fitted = run(tmp_path, server.base_url, "--fit", str(weights))
+        assert fitted.returncode == 0, fitted.stderr
+        learned = Weights.model_validate_json(weights.read_text())
+        assert learned.fitted_on["items"] == 24 and learned.fitted_on["hallucinated"] == 12
+        assert learned.coef[learned.features.index("direct")] > 0  # a judge's NO raises the probability
+        checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
+                      config={"combined": {"weights": str(weights)}})
+    assert checked.returncode == 0, checked.stderr
+    row = next(line for line in checked.stdout.splitlines() if line.startswith("| combined |"))
+    assert "| 1.000 [1.00, 1.00] |" in row  # AUROC: the judge's verdicts separate the answers
+
+
+def test_a_fit_without_the_parts_is_refused_with_a_reason(tmp_path):
+    data = tmp_path / "f.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    refused = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
+                              "--fit", str(tmp_path / "w.json"), "--detector", "grounding"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and "--fit needs the combined check's parts" in refused.stderr
+
+
+def test_weights_give_probabilities_and_explain_them():
+    weights = Weights(features=["a", "b"], mean=[0.0, 1.0], scale=[1.0, 2.0], coef=[2.0, -1.0], intercept=0.0)
+    assert weights.probability({"a": 0.0, "b": 1.0}) == 0.5
+    assert weights.probability({"a": 3.0, "b": 1.0}) > 0.99
+    assert weights.contributions({"a": 1.0, "b": 5.0}) == {"a": 2.0, "b": -2.0}
+
+
+def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overconfident_ones():
+    labels = [True] * 3 + [False] * 7
+    assert metrics.calibration_error(labels, [0.3] * 10) < 1e-9
+    assert round(metrics.calibration_error(labels, [0.95] * 10), 2) == 0.65

@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workers", type=int, default=1, help="checks in flight at once")
     evaluate.add_argument("--calibrate", action="store_true",
                           help="choose each detector's threshold on a dev half, report on the test half")
+    target = evaluate.add_mutually_exclusive_group()
+    target.add_argument("--target-recall", type=float, default=None, metavar="R",
+                        help="propose per-topic thresholds (of the first detector) that catch this share of errors")
+    target.add_argument("--target-precision", type=float, default=None, metavar="P",
+                        help="propose per-topic thresholds whose flags are right this often")
     evaluate.add_argument("--fit", type=Path, default=None, metavar="WEIGHTS.json",
                           help="fit the combined check's weights on the datasets' items and write them here")
     evaluate.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data of the project")

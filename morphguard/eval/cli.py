@@ -17,7 +17,7 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
 from morphguard.detectors.combined import PARTS
 from morphguard.errors import MorphguardError
-from morphguard.eval import datasets, fit, report, runner
+from morphguard.eval import datasets, fit, report, runner, thresholds
 
 DEFAULT_DETECTORS = ("metarag", "direct", "length")
 
@@ -47,6 +47,13 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
         print(report.markdown(run.summary))
         print("\n".join(f"wrote {path}" for path in run.written), file=sys.stderr)
         runs.append(run)
+    if args.target_recall is not None or args.target_precision is not None:
+        target = (f"recall ≥ {args.target_recall}" if args.target_recall is not None
+                  else f"precision ≥ {args.target_precision}")
+        items = [i for run in runs for i in run.items]
+        proposals = thresholds.propose(items, [o for run in runs for o in run.outcomes], names[0], config.policy,
+                                       recall=args.target_recall, precision=args.target_precision)
+        print("\n" + thresholds.snippet(proposals, names[0], target, config.policy.default_profile))
     if args.fit:
         values: list[dict[str, float]] = []
         labels: list[bool] = []

@@ -31,8 +31,9 @@ from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, RagInput
 
-# The parts, by the names `eval` records their outcomes under (a fit reads them from there).
-PARTS = ("grounding", "direct", "metarag:factoids")
+# The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
+# which costs nothing, is recomputed from the item itself, so its features are always the current ones).
+PARTS = ("direct", "metarag:factoids")
 
 
 def features(scores: Mapping[str, float], factoid_scores: Sequence[float], grounding: Mapping[str, float]
@@ -48,6 +49,8 @@ def features(scores: Mapping[str, float], factoid_scores: Sequence[float], groun
         "unsupported_share": grounding.get("unsupported_share", 0.0),
         "worst_sentence_share": grounding.get("worst_sentence_share", 0.0),
         "content_words": math.log1p(grounding.get("content_words", 0.0)),
+        **{k: math.log1p(grounding.get(k, 0.0))
+           for k in ("negation_mismatch", "number_mismatch", "name_mismatch", "hedge_dropped")},
     }
 
 

@@ -136,6 +136,53 @@ def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
     return reports
 
 
+_NEGATIONS = frozenset("not no never none nothing neither nor without cannot can't don't doesn't didn't isn't aren't "
+                       "wasn't weren't won't wouldn't shouldn't couldn't hasn't haven't hadn't".split())
+_HEDGES = frozenset("may might could some only usually often generally typically approximately nearly almost "
+                    "sometimes mostly likely possibly partially occasionally rarely".split())
+
+
+def _words(text: str) -> list[str]:
+    return [m.group().lower().replace("’", "'") for m in _TOKEN.finditer(text)]
+
+
+def _content_keys(text: str) -> set[str]:
+    return {k for w in _words(text) if w not in _IGNORED for k in _keys(w)}
+
+
+def _numbers(text: str) -> set[str]:
+    return {_number(w) for w in _words(text) if w[0].isdigit()}
+
+
+def _names(text: str) -> set[str]:
+    """Capitalised words that do not open a sentence."""
+    return {m.group() for m in _TOKEN.finditer(text) if m.group()[0].isupper() and m.start() > 0
+            and not re.match(r"[.!?:;\n]\s*$", text[max(0, m.start() - 3):m.start()])}
+
+
+def mismatches(answer: str, passages: list[str], min_overlap: float = 0.5) -> dict[str, float]:
+    """Answer sentences that restate a context sentence (most of their content words are in it) but differ
+    from it where a copied claim goes wrong: its polarity, a number, a hedge dropped. Their words are all
+    in the context, so unsupported-word counts cannot see these; a count of each kind."""
+    context = [(text, _content_keys(text)) for p in passages for text in (p[a:b] for a, b in sentences(p))]
+    found = {"negation_mismatch": 0.0, "number_mismatch": 0.0, "name_mismatch": 0.0, "hedge_dropped": 0.0}
+    for start, end in sentences(answer):
+        sentence = answer[start:end]
+        keys = _content_keys(sentence)
+        if not keys or not context:
+            continue
+        text, shared = max(((t, len(keys & k)) for t, k in context), key=lambda pair: pair[1])
+        if shared / len(keys) < min_overlap:
+            continue
+        words, source = set(_words(sentence)), set(_words(text))
+        found["negation_mismatch"] += bool(words & _NEGATIONS) != bool(source & _NEGATIONS)
+        numbers, offered = _numbers(sentence), _numbers(text)
+        found["number_mismatch"] += bool(offered and numbers - offered)
+        found["name_mismatch"] += bool(_names(sentence) - _names(text))
+        found["hedge_dropped"] += bool((source & _HEDGES) - words)
+    return found
+
+
 class GroundingSettings(Section):
     """The `grounding` config section."""
 
@@ -174,6 +221,7 @@ class Grounding:
             "unsupported_names": float(sum(w.kind == "name" for w in missing)),
             "unsupported_share": len(missing) / content if content else 0.0,
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
+            **mismatches(answer, rag.passages),
         }
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
@@ -184,7 +232,7 @@ class Grounding:
         )
 
 
-VERSION = 1  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 2  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

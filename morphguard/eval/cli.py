@@ -62,7 +62,8 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
             v, y, g = fit.rows(run.items, run.outcomes)
             values, labels, groups = values + v, labels + y, groups + g
         weights = fit.fit(values, labels, groups, {"datasets": chosen, "half": args.half or "all",
-                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS}})
+                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS},
+                                                   "grounding": fingerprint(config, "grounding")})
         args.fit.parent.mkdir(parents=True, exist_ok=True)
         args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "

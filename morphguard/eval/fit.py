@@ -7,14 +7,17 @@ both sides of a fold). Fit on a fit half only: the report half is for reporting.
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from morphguard.detectors.combined import PARTS, Weights, features
+from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval.datasets import Item
 from morphguard.eval.runner import Outcome
+from morphguard.models import RagInput
 
 
 def rows(items: Sequence[Item], outcomes: Sequence[Outcome]) -> tuple[list[dict[str, float]], list[bool], list[str]]:
@@ -23,13 +26,16 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome]) -> tuple[list[dict[
     for o in outcomes:
         if o.repeat == 0 and o.error is None and o.detector in PARTS:
             by_item[o.item_id][o.detector] = o
+    grounding = Grounding(GroundingSettings())
     values, labels, groups = [], [], []
     for item in items:
         parts = by_item.get(item.id, {})
         if len(parts) < len(PARTS):
             continue
+        grounded = asyncio.run(grounding.detect(RagInput(question=item.question, passages=item.passages),
+                                                item.answer))
         values.append(features({"direct": parts["direct"].score or 0.0},
-                               parts["metarag:factoids"].factoid_scores, parts["grounding"].features))
+                               parts["metarag:factoids"].factoid_scores, grounded.features))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups

@@ -32,3 +32,17 @@ def test_invented_numbers_and_names_are_listed_with_their_places():
 def test_sentences_report_their_content_words():
     reports = ungrounded("It is rare. Ibuprofen is usual.", CONTEXT)
     assert [(r.content, [w.text for w in r.unsupported]) for r in reports] == [(1, ["rare"]), (2, [])]
+
+
+def test_a_copied_sentence_with_its_polarity_number_or_hedge_changed_is_counted():
+    context = ["The clinic may open on Sundays. It does not take walk-ins. It has 12 beds."]
+    same = check_with(context, "The clinic may open on Sundays. It does not take walk-ins. It has 12 beds.")
+    changed = check_with(context, "The clinic opens on Sundays. It does take walk-ins. It has 14 beds.")
+    keys = ("negation_mismatch", "number_mismatch", "hedge_dropped")
+    assert [same.features[k] for k in keys] == [0, 0, 0]
+    assert [changed.features[k] for k in keys] == [1, 1, 1]
+
+
+def check_with(context, answer):
+    detector = build_detector(Config(), name="grounding")
+    return asyncio.run(detector.detect(RagInput(question="q", passages=context), answer))

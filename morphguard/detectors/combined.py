@@ -33,16 +33,20 @@ from morphguard.models import Cost, Detection, DetectionStats, RagInput
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
+# `direct` is always a part; the per-factoid judge only when the fit had its outcomes.
 PARTS = ("direct", "metarag:factoids")
 
 
-def features(scores: Mapping[str, float], factoid_scores: Sequence[float], grounding: Mapping[str, float]
+def features(direct: float, factoid_scores: Sequence[float] | None, grounding: Mapping[str, float]
              ) -> dict[str, float]:
-    """The model's inputs, from what the parts said: the same function at fit time and at check time."""
+    """The model's inputs, from what the parts said: the same function at fit time and at check time.
+    `factoid_scores` None: the per-factoid judge did not run (weights fitted without it never ask for it)."""
+    judged = {"direct": direct}
+    if factoid_scores is not None:
+        judged["factoid_max"] = max(factoid_scores, default=0.0)
+        judged["factoid_mean"] = sum(factoid_scores) / len(factoid_scores) if factoid_scores else 0.0
     return {
-        "direct": scores["direct"],
-        "factoid_max": max(factoid_scores, default=0.0),
-        "factoid_mean": sum(factoid_scores) / len(factoid_scores) if factoid_scores else 0.0,
+        **judged,
         "unsupported": math.log1p(grounding.get("unsupported", 0.0)),
         "unsupported_numbers": math.log1p(grounding.get("unsupported_numbers", 0.0)),
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
@@ -98,26 +102,30 @@ class Combined:
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
         self.direct = DirectJudge(llm, model=settings.model)
-        self.factoids = MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
-                                             verify_models=(settings.model,)))
+        self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
+                                              verify_models=(settings.model,)))
+                         if "factoid_max" in self.weights.features else None)
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
         # One after the other: the embedded judge decodes one request at a time anyway.
         direct = await self.direct.detect(rag, answer)
-        factoids = await self.factoids.detect(rag, answer)
-        values = features({"direct": direct.score}, [f.score for f in factoids.factoids], grounded.features)
+        factoids = await self.factoids.detect(rag, answer) if self.factoids else None
+        values = features(direct.score, [f.score for f in factoids.factoids] if factoids else None,
+                          grounded.features)
         score = self.weights.probability(values)
         stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
-        stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
+        judged = direct.factoids  # the parts the direct judge named as unsupported
+        if factoids is not None:
+            stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
+            judged = factoids.factoids
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=[*factoids.factoids, *grounded.factoids],
+            factoids=[*judged, *grounded.factoids],
             cost=Cost.of(stages, time.perf_counter() - started),
-            stats=DetectionStats(factoids=len(factoids.factoids), variants=factoids.stats.variants,
-                                 unparseable_verdicts=factoids.stats.unparseable_verdicts
-                                 + direct.stats.unparseable_verdicts),
+            stats=DetectionStats(factoids=len(judged), unparseable_verdicts=direct.stats.unparseable_verdicts
+                                 + (factoids.stats.unparseable_verdicts if factoids else 0)),
             features=values,
             settings={"contributions": self.weights.contributions(values), "direct": direct.score,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},

@@ -34,8 +34,9 @@ class Evaluation:
 def run_eval(args: argparse.Namespace, config: Config) -> int:
     names = [n.strip() for n in (args.detector or ",".join(PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
              if n.strip()]
-    if args.fit and not set(PARTS) <= set(names):
-        raise MorphguardError(f"--fit needs the combined check's parts among the detectors: {', '.join(PARTS)}")
+    if args.fit and "direct" not in names:
+        raise MorphguardError(f"--fit needs the combined check's parts among the detectors: direct, optionally "
+                              f"{', '.join(PARTS[1:])}")
     chosen = [d.strip() for d in args.dataset.split(",") if d.strip()]
     if args.out and len(chosen) > 1:
         raise MorphguardError("--out names one run folder: give one dataset")
@@ -59,10 +60,11 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
         labels: list[bool] = []
         groups: list[str] = []
         for run in runs:
-            v, y, g = fit.rows(run.items, run.outcomes)
+            v, y, g = fit.rows(run.items, run.outcomes, [p for p in PARTS if p in names])
             values, labels, groups = values + v, labels + y, groups + g
         weights = fit.fit(values, labels, groups, {"datasets": chosen, "half": args.half or "all",
-                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS},
+                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS
+                                                                    if n in names},
                                                    "grounding": fingerprint(config, "grounding")})
         args.fit.parent.mkdir(parents=True, exist_ok=True)
         args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")

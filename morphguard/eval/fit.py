@@ -20,22 +20,23 @@ from morphguard.eval.runner import Outcome
 from morphguard.models import RagInput
 
 
-def rows(items: Sequence[Item], outcomes: Sequence[Outcome]) -> tuple[list[dict[str, float]], list[bool], list[str]]:
-    """Features, labels and groups of every item all parts have scored (first repeat)."""
+def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS
+         ) -> tuple[list[dict[str, float]], list[bool], list[str]]:
+    """Features, labels and groups of every item all `parts` have scored (first repeat)."""
     by_item: dict[str, dict[str, Outcome]] = defaultdict(dict)
     for o in outcomes:
-        if o.repeat == 0 and o.error is None and o.detector in PARTS:
+        if o.repeat == 0 and o.error is None and o.detector in parts:
             by_item[o.item_id][o.detector] = o
     grounding = Grounding(GroundingSettings())
     values, labels, groups = [], [], []
     for item in items:
-        parts = by_item.get(item.id, {})
-        if len(parts) < len(PARTS):
+        scored = by_item.get(item.id, {})
+        if len(scored) < len(parts):
             continue
         grounded = asyncio.run(grounding.detect(RagInput(question=item.question, passages=item.passages),
                                                 item.answer))
-        values.append(features({"direct": parts["direct"].score or 0.0},
-                               parts["metarag:factoids"].factoid_scores, grounded.features))
+        factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
+        values.append(features(scored["direct"].score or 0.0, factoids, grounded.features))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups

@@ -81,3 +81,16 @@ def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overco
     labels = [True] * 3 + [False] * 7
     assert metrics.calibration_error(labels, [0.3] * 10) < 1e-9
     assert round(metrics.calibration_error(labels, [0.95] * 10), 2) == 0.65
+
+
+def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_one_call(tmp_path):
+    weights = tmp_path / "weights.json"
+    with ScriptedLLM(judge) as server:
+        assert run(tmp_path, server.base_url, "--fit", str(weights), "--detector", "direct").returncode == 0
+        before = len(server.requests)
+        checked = run(tmp_path, server.base_url, "--detector", "combined",
+                      config={"combined": {"weights": str(weights)}})
+        calls = len(server.requests) - before
+    assert checked.returncode == 0, checked.stderr
+    assert "factoid_max" not in Weights.model_validate_json(weights.read_text()).features
+    assert calls == len(RECORDS)  # one direct call per answer, nothing else

@@ -29,7 +29,7 @@ from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.llm.client import LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, RagInput
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
@@ -122,7 +122,7 @@ class Combined:
             judged = factoids.factoids
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=[*judged, *grounded.factoids],
+            factoids=_implicated(score, judged, grounded.factoids),
             cost=Cost.of(stages, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(judged), unparseable_verdicts=direct.stats.unparseable_verdicts
                                  + (factoids.stats.unparseable_verdicts if factoids else 0)),
@@ -130,6 +130,16 @@ class Combined:
             settings={"contributions": self.weights.contributions(values), "direct": direct.score,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},
         )
+
+
+def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid]) -> list[Factoid]:
+    """The parts of the answer to point at, scored on the answer's own scale: what the judge named gets the
+    answer's probability, an ungrounded sentence a share of it by how much of its content is unsupported,
+    so that at the threshold a flagged answer highlights the judge's findings and its worst sentences."""
+    worst = max((f.score for f in ungrounded), default=0.0)
+    top = max((f.score for f in judged), default=0.0)
+    return ([f.model_copy(update={"score": probability * (f.score / top if top else 1.0)}) for f in judged]
+            + [f.model_copy(update={"score": probability * f.score / worst}) for f in ungrounded if worst])
 
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:

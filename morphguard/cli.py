@@ -63,7 +63,8 @@ def _parser() -> argparse.ArgumentParser:
                                "(default: metarag,direct,length; with --fit: the combined check's parts)")
     evaluate.add_argument("--half", choices=["fit", "report"], default=None,
                           help="only the items of one half (split by source; tune on fit, report on report)")
-    evaluate.add_argument("--limit", type=int, default=None, help="sample this many items (stratified)")
+    evaluate.add_argument("--limit", default=None,
+                          help="sample this many items (stratified); one per dataset, comma-separated, or 'all'")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--repeats", type=int, default=1, help="run every check this many times")
     evaluate.add_argument("--workers", type=int, default=1, help="checks in flight at once")

@@ -41,8 +41,9 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
     if args.out and len(chosen) > 1:
         raise MorphguardError("--out names one run folder: give one dataset")
     runs = []
-    for dataset in chosen:  # each in its own run folder, with its own report
-        run = evaluate(config, dataset, names, half=args.half, limit=args.limit, seed=args.seed,
+    limits = _limits(args.limit, len(chosen))
+    for dataset, limit in zip(chosen, limits, strict=True):  # each in its own run folder, with its own report
+        run = evaluate(config, dataset, names, half=args.half, limit=limit, seed=args.seed,
                        repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
                        data_dir=args.data_dir, out=args.out)
         print(report.markdown(run.summary))
@@ -71,6 +72,18 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
         print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "
               f"use it with combined.weights in the config", file=sys.stderr)
     return 0
+
+
+def _limits(given: str | None, count: int) -> list[int | None]:
+    """`--limit`: one number for every dataset, or one per dataset (comma-separated; `all` for no limit)."""
+    parts = [p.strip() for p in (given or "all").split(",")]
+    if len(parts) not in (1, count):
+        raise MorphguardError(f"--limit gives {len(parts)} limits for {count} datasets")
+    try:
+        limits = [None if p in ("", "all") else int(p) for p in parts]
+    except ValueError:
+        raise MorphguardError(f"--limit must be a number or 'all', not {given!r}") from None
+    return limits * count if len(limits) == 1 else limits
 
 
 def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | None = None,

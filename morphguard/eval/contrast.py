@@ -57,32 +57,30 @@ def _negation(item: Item, rank: int) -> tuple[str, Span] | None:
     return None
 
 
-def _number(item: Item, rank: int) -> tuple[str, Span] | None:
-    context = " ".join(item.passages)
-    offered = list(dict.fromkeys(m.group() for m in _NUMBER.finditer(context)))
-    for match in _NUMBER.finditer(item.answer):
-        value = match.group()
-        if value not in offered:
+def _swap(item: Item, rank: int, pattern: re.Pattern[str], fits: Callable[[str, str, str], bool]
+          ) -> tuple[str, Span] | None:
+    """The first match of `pattern` in the answer that the context also has, replaced by another match from
+    the context for which `fits(original, replacement, sentence)` holds."""
+    offered = list(dict.fromkeys(m.group() for m in pattern.finditer(" ".join(item.passages))))
+    for match in pattern.finditer(item.answer):
+        if match.group() not in offered:
             continue
-        # Another number of the same shape (a year for a year, a price for a price) reads as a plausible slip.
-        others = [n for n in offered if n != value and len(n) == len(value) and ("." in n) == ("." in value)]
+        start, end = _sentence_of(item.answer, match.start())
+        others = [o for o in offered if o != match.group() and fits(match.group(), o, item.answer[start:end])]
         if others:
             return _replace(item.answer, match.start(), match.end(), others[rank % len(others)])
     return None
+
+
+def _number(item: Item, rank: int) -> tuple[str, Span] | None:
+    # Another number of the same shape (a year for a year, a price for a price) reads as a plausible slip.
+    return _swap(item, rank, _NUMBER, lambda old, new, sentence: len(new) == len(old) and ("." in new) == ("." in old))
 
 
 def _entity(item: Item, rank: int) -> tuple[str, Span] | None:
-    context = " ".join(item.passages)
-    offered = list(dict.fromkeys(m.group() for m in _NAME.finditer(context)))
-    for match in _NAME.finditer(item.answer):
-        name = match.group()
-        if name not in offered:
-            continue
-        start, end = _sentence_of(item.answer, match.start())
-        others = [n for n in offered if n not in item.answer[start:end] and name not in n and n not in name]
-        if others:
-            return _replace(item.answer, match.start(), match.end(), others[rank % len(others)])
-    return None
+    # Another name the sentence does not already use, and not a part of this one ("Paris" for "Paris Hilton").
+    return _swap(item, rank, _NAME,
+                 lambda old, new, sentence: new not in sentence and old not in new and new not in old)
 
 
 def _qualifier(item: Item, rank: int) -> tuple[str, Span] | None:

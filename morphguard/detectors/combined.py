@@ -1,8 +1,9 @@
 """The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
 
-Three parts look at the answer: `grounding` (no call: content words the context never uses), `direct`
-(one call: is the whole answer supported?) and the judge's per-factoid check (`metarag:factoids`, one
-call per factoid). They fail on different answers: the words of a negated or swapped claim are all in
+Up to three parts look at the answer: `grounding` (no call: content words the context never uses, and
+copied sentences changed where a copy goes wrong), `direct` (one call: is the whole answer supported?)
+and, when the weights were fitted with it, the judge's per-factoid check (`metarag:factoids`, one call
+per factoid). They fail on different answers: the words of a negated or swapped claim are all in
 the context, while the small judge waves through invented detail it finds plausible. Their signals
 become features, and a logistic regression fitted on the fit halves (`morphguard eval --fit`) turns them
 into the probability that the answer is hallucinated, so a threshold of 0.3 means the same here as in

@@ -88,6 +88,17 @@ def test_claims_labels_every_claim_and_keeps_only_verbatim_evidence():
     assert result.score == max(f.score for f in result.factoids)
 
 
+def test_the_combined_check_ranks_the_contradiction_above_the_faithful_answer_and_explains_it():
+    config = with_detector("combined")
+    wrong = detect(QUESTION, [CONTEXT], "Yes, ibuprofen is safe throughout pregnancy.", config=config)
+    right = detect(QUESTION, [CONTEXT], "No. Ibuprofen is contraindicated in the third trimester of pregnancy.",
+                   config=config)
+    assert wrong.score > right.score and wrong.flagged and not right.flagged, wrong.model_dump_json(indent=1)
+    assert 0.0 < right.score < wrong.score < 1.0  # probabilities from the fitted weights
+    assert set(wrong.settings["contributions"]) == set(wrong.features)  # each feature's push on the log-odds
+    assert any("safe" in f.text for f in wrong.factoids if f.score >= wrong.threshold)
+
+
 def test_the_judge_server_does_not_outlive_a_killed_parent(tmp_path):
     script = ("import sys, time\n"
               "from morphguard import Config\n"

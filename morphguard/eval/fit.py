@@ -8,6 +8,7 @@ both sides of a fold). Fit on a fit half only: the report half is for reporting.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -55,7 +56,9 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     scaler = StandardScaler().fit(matrix)
     folds = list(GroupKFold(n_splits=min(5, len(set(groups)))).split(matrix, labels, groups))
     model = LogisticRegressionCV(Cs=10, cv=folds, scoring="neg_log_loss", max_iter=2000)
-    model.fit(scaler.transform(matrix), labels)
+    with warnings.catch_warnings():  # scikit-learn 1.9 announces a change of attributes we do not read
+        warnings.simplefilter("ignore", FutureWarning)
+        model.fit(scaler.transform(matrix), labels)
     return Weights(features=names, mean=list(map(float, scaler.mean_)), scale=list(map(float, scaler.scale_)),
                    coef=[float(c) for c in model.coef_[0]], intercept=float(model.intercept_[0]),
                    fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True),

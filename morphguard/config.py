@@ -264,6 +264,9 @@ class TelemetrySettings(Section):
     capture_content: bool = False  # prompts, answers and context in span attributes: opt-in
     openinference: bool = False  # also OpenInference attributes, for Arize Phoenix
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream
+    # Regexes of request paths that get no server span. None: OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS, else
+    # OTEL_PYTHON_EXCLUDED_URLS, else the health and readiness probes.
+    excluded_urls: list[str] | None = None
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -99,6 +99,7 @@ class Combined:
     name = "combined"
 
     def __init__(self, llm: LLMClient, settings: CombinedSettings, threshold: float = 0.5) -> None:
+        self.llm = llm  # the proxy's readiness probe looks for the judge here
         self.weights = load_weights(settings.weights)
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())

@@ -109,8 +109,9 @@ class LocalJudge:
                 raise JudgeStartError(f"the embedded judge exited with code {self._process.returncode}:\n"
                                       f"{self._log_tail()}")
             try:
-                if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                    return
+                with telemetry.untraced():
+                    if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                        return
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
 from morphguard.policy.actions import answer_of
@@ -134,7 +135,8 @@ class Proxy:
     @staticmethod
     async def _reachable(client: httpx.AsyncClient, url: str) -> bool:
         try:
-            return (await client.get(url, timeout=3.0)).status_code < 500
+            with telemetry.untraced():  # a probe, not a call anyone looks for in a trace
+                return (await client.get(url, timeout=3.0)).status_code < 500
         except httpx.HTTPError:
             return False
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,14 @@ def _instruments() -> dict[str, Any]:
         "judge_restarts": meter.create_counter(names.METRIC_JUDGE_RESTARTS, unit="{restart}",
                                                description="Restarts of the embedded judge after it died"),
     }
+
+
+def untraced() -> AbstractContextManager[None]:
+    """No spans inside: for our own polling (judge start-up, readiness probes), which is not a request
+    anyone would look for in a trace and would otherwise show up as stray root spans."""
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    return suppress_instrumentation()
 
 
 def trace_id(span: Span | None = None) -> str | None:

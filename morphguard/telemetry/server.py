@@ -8,7 +8,7 @@ from typing import Any
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from morphguard.telemetry import names, tracer
+from morphguard.telemetry import names, setup, tracer
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -21,7 +21,7 @@ class ServerSpans:
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or setup.options.excluded.url_disabled(scope["path"]):
             await self.app(scope, receive, send)
             return
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}

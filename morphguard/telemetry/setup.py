@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -17,11 +17,15 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
 from morphguard.config import TelemetrySettings
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_EXCLUDED_URLS = (r"/healthz$", r"/readyz$")
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,18 @@ class Options:
     capture_content: bool = False
     openinference: bool = False
     upstream_provider: str = "openai"
+    excluded: ExcludeList = field(default_factory=lambda: ExcludeList(DEFAULT_EXCLUDED_URLS))
 
 
 options = Options()
+
+
+def excluded_urls(settings: TelemetrySettings) -> ExcludeList:
+    """The config's list, else the OTEL_PYTHON_*_EXCLUDED_URLS convention, else the probes."""
+    if settings.excluded_urls is not None:
+        return ExcludeList(settings.excluded_urls)
+    from_env = os.environ.get("OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS") or os.environ.get("OTEL_PYTHON_EXCLUDED_URLS")
+    return parse_excluded_urls(from_env) if from_env else ExcludeList(DEFAULT_EXCLUDED_URLS)
 _configured = False
 
 
@@ -68,7 +81,8 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
               metric_reader: MetricReader | None = None) -> None:
     """Install the providers (once per process) and instrument httpx. Explicit exporters win (tests)."""
     global options, _configured
-    options = Options(settings.capture_content, settings.openinference, settings.upstream_provider)
+    options = Options(settings.capture_content, settings.openinference, settings.upstream_provider,
+                      excluded_urls(settings))
     if _configured:
         return
     if settings.exporter == "none" and span_exporter is None and metric_reader is None:

@@ -99,6 +99,25 @@ def test_the_combined_check_ranks_the_contradiction_above_the_faithful_answer_an
     assert any("safe" in f.text for f in wrong.factoids if f.score >= wrong.threshold)
 
 
+def test_the_judges_start_up_polling_leaves_no_spans(tmp_path):
+    script = ("import json\n"
+              "from opentelemetry import trace\n"
+              "from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter\n"
+              "from morphguard import Config\n"
+              "from morphguard.llm.local import LocalJudge\n"
+              "from morphguard.telemetry import setup\n"
+              "spans = InMemorySpanExporter()\n"
+              "setup.configure(Config().telemetry, span_exporter=spans)\n"
+              "judge = LocalJudge(Config().local)\n"
+              "judge.start()\n"
+              "judge.stop()\n"
+              "trace.get_tracer_provider().force_flush()\n"
+              "print(json.dumps([s.name for s in spans.get_finished_spans()]))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_judge_server_does_not_outlive_a_killed_parent(tmp_path):
     script = ("import sys, time\n"
               "from morphguard import Config\n"

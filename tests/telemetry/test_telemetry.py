@@ -259,3 +259,34 @@ def test_requests_that_end_in_an_upstream_error_are_counted_by_reason(llm, tmp_p
     assert err.value.code == 502
     errors = {p.attributes[names.REASON]: p.value for p in _points().get("morphguard.errors", [])}
     assert errors.get("upstream_unavailable", 0) >= 1
+
+
+def get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_probes_leave_no_trace_unless_configured_and_requests_still_do(llm, tmp_path, monkeypatch):
+    monkeypatch.delenv("OTEL_PYTHON_EXCLUDED_URLS", raising=False)
+    SPANS.clear()
+    with InProcessProxy(make_config(llm, tmp_path)) as proxy:
+        assert get(proxy.url + "/healthz") == 200 and get(proxy.url + "/readyz") in (200, 503)
+        post(proxy.url)
+    spans = finished()
+    assert [s.name for s in spans if s.kind is SpanKind.SERVER] == ["POST /chat/completions"]
+    assert not [s for s in spans if s.name.startswith("GET")]  # the readiness probe's own upstream call neither
+
+    SPANS.clear()
+    monkeypatch.setenv("OTEL_PYTHON_EXCLUDED_URLS", "/chat/completions")  # the OpenTelemetry convention
+    with InProcessProxy(make_config(llm, tmp_path)) as proxy:
+        get(proxy.url + "/healthz")
+        post(proxy.url)
+    assert sorted(s.name for s in finished() if s.kind is SpanKind.SERVER) == ["GET /healthz"]
+
+    SPANS.clear()
+    with InProcessProxy(make_config(llm, tmp_path, excluded_urls=[])) as proxy:  # the config wins
+        get(proxy.url + "/healthz")
+    assert [s.name for s in finished() if s.kind is SpanKind.SERVER] == ["GET /healthz"]

@@ -44,14 +44,30 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
 
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any]) -> Weights:
-    from sklearn.linear_model import LogisticRegressionCV
-    from sklearn.model_selection import GroupKFold
-    from sklearn.preprocessing import StandardScaler
-
     if min(labels.count(True), labels.count(False)) < 5 or len(set(groups)) < 2:
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
                               f"scored by every part ({', '.join(PARTS)})")
     names = list(values[0])
+    # Every feature is a risk signal: more unsupported words, a surer NO, more copied sentences changed. A
+    # negative weight is a fit to noise or to two features that move together, and it would make an answer
+    # look safer for having more of a warning sign; such features are dropped, one at a time, and refitted.
+    while True:
+        model, scaler = _fit(names, values, labels, groups)
+        worst = min(range(len(names)), key=lambda i: model.coef_[0][i])
+        if model.coef_[0][worst] >= 0 or len(names) == 1:
+            break
+        names = names[:worst] + names[worst + 1:]
+    return Weights(features=names, mean=list(map(float, scaler.mean_)), scale=list(map(float, scaler.scale_)),
+                   coef=[float(c) for c in model.coef_[0]], intercept=float(model.intercept_[0]),
+                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True),
+                              "C": float(model.C_[0])})
+
+
+def _fit(names: list[str], values: list[dict[str, float]], labels: list[bool], groups: list[str]) -> Any:
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import GroupKFold
+    from sklearn.preprocessing import StandardScaler
+
     matrix = [[row[n] for n in names] for row in values]
     scaler = StandardScaler().fit(matrix)
     folds = list(GroupKFold(n_splits=min(5, len(set(groups)))).split(matrix, labels, groups))
@@ -59,7 +75,4 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     with warnings.catch_warnings():  # scikit-learn 1.9 announces a change of attributes we do not read
         warnings.simplefilter("ignore", FutureWarning)
         model.fit(scaler.transform(matrix), labels)
-    return Weights(features=names, mean=list(map(float, scaler.mean_)), scale=list(map(float, scaler.scale_)),
-                   coef=[float(c) for c in model.coef_[0]], intercept=float(model.intercept_[0]),
-                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True),
-                              "C": float(model.C_[0])})
+    return model, scaler

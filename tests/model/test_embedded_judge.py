@@ -93,10 +93,12 @@ def test_the_combined_check_ranks_the_contradiction_above_the_faithful_answer_an
     wrong = detect(QUESTION, [CONTEXT], "Yes, ibuprofen is safe throughout pregnancy.", config=config)
     right = detect(QUESTION, [CONTEXT], "No. Ibuprofen is contraindicated in the third trimester of pregnancy.",
                    config=config)
-    assert wrong.score > right.score and wrong.flagged and not right.flagged, wrong.model_dump_json(indent=1)
-    assert 0.0 < right.score < wrong.score < 1.0  # probabilities from the fitted weights
-    assert set(wrong.settings["contributions"]) <= set(wrong.features)  # each weighed feature's push on the log-odds
-    assert any("safe" in f.text for f in wrong.factoids if f.score >= wrong.threshold)
+    # Scores are probabilities from the fitted weights; where to flag is the policy's threshold.
+    assert 0.0 < right.score < wrong.score < 1.0, wrong.model_dump_json(indent=1)
+    assert wrong.settings["contributions"]["direct"] > 0  # the judge's NO is what raised it
+    assert set(wrong.settings["contributions"]) <= set(wrong.features)
+    worst = max(wrong.factoids, key=lambda f: f.score)
+    assert "safe" in worst.text and worst.score <= wrong.score
 
 
 def test_the_judges_start_up_polling_leaves_no_spans(tmp_path):

@@ -50,28 +50,36 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
         print("\n".join(f"wrote {path}" for path in run.written), file=sys.stderr)
         runs.append(run)
     if args.target_recall is not None or args.target_precision is not None:
-        target = (f"recall ≥ {args.target_recall}" if args.target_recall is not None
-                  else f"precision ≥ {args.target_precision}")
-        items = [i for run in runs for i in run.items]
-        proposals = thresholds.propose(items, [o for run in runs for o in run.outcomes], names[0], config.policy,
-                                       recall=args.target_recall, precision=args.target_precision)
-        print("\n" + thresholds.snippet(proposals, names[0], target, config.policy.default_profile))
+        _propose_thresholds(args, config, runs, names[0])
     if args.fit:
-        values: list[dict[str, float]] = []
-        labels: list[bool] = []
-        groups: list[str] = []
-        for run in runs:
-            v, y, g = fit.rows(run.items, run.outcomes, [p for p in PARTS if p in names])
-            values, labels, groups = values + v, labels + y, groups + g
-        weights = fit.fit(values, labels, groups, {"datasets": chosen, "half": args.half or "all",
-                                                   "fingerprints": {n: fingerprint(config, n) for n in PARTS
-                                                                    if n in names},
-                                                   "grounding": fingerprint(config, "grounding")})
-        args.fit.parent.mkdir(parents=True, exist_ok=True)
-        args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "
-              f"use it with combined.weights in the config", file=sys.stderr)
+        _fit_weights(args, config, runs, names, chosen)
     return 0
+
+
+def _propose_thresholds(args: argparse.Namespace, config: Config, runs: list[Evaluation], detector: str) -> None:
+    target = (f"recall ≥ {args.target_recall}" if args.target_recall is not None
+              else f"precision ≥ {args.target_precision}")
+    proposals = thresholds.propose([i for run in runs for i in run.items], [o for run in runs for o in run.outcomes],
+                                   detector, config.policy, recall=args.target_recall, precision=args.target_precision)
+    print("\n" + thresholds.snippet(proposals, detector, target, config.policy.default_profile))
+
+
+def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation], names: list[str],
+                 datasets_used: list[str]) -> None:
+    parts = [p for p in PARTS if p in names]
+    values: list[dict[str, float]] = []
+    labels: list[bool] = []
+    groups: list[str] = []
+    for run in runs:
+        v, y, g = fit.rows(run.items, run.outcomes, parts)
+        values, labels, groups = values + v, labels + y, groups + g
+    about = {"datasets": datasets_used, "half": args.half or "all", "grounding": fingerprint(config, "grounding"),
+             "fingerprints": {n: fingerprint(config, n) for n in parts}}
+    weights = fit.fit(values, labels, groups, about)
+    args.fit.parent.mkdir(parents=True, exist_ok=True)
+    args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "
+          f"use it with combined.weights in the config", file=sys.stderr)
 
 
 def _limits(given: str | None, count: int) -> list[int | None]:

@@ -1,4 +1,5 @@
-"""The `morphguard` command: `check` an answer, `serve` the proxy, `model pull` the embedded judge."""
+"""The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `eval` detectors,
+read the `audit` trail, `model pull` the embedded judge."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=None, help="default: proxy.port of the config")
     _config_option(serve)
     serve.set_defaults(run=_serve)
+
+    worker = commands.add_parser("worker", help="run async checks from the shared queue (queue.url)")
+    worker.add_argument("--concurrency", type=int, default=None,
+                        help="checks at once (default: proxy.workers of the config, else 2)")
+    _config_option(worker)
+    worker.set_defaults(run=_worker)
 
     evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
     evaluate.add_argument("--dataset", "-d", required=True,
@@ -177,6 +184,19 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from morphguard.worker import run
+
+    config = _load(args)
+    concurrency = args.concurrency or config.proxy.workers or 2
+    if concurrency < 1:
+        raise MorphguardError("--concurrency must be at least 1")
+    asyncio.run(run(config, concurrency))
+    return EXIT_OK
+
+
 def _model_pull(args: argparse.Namespace) -> int:
     from morphguard.llm.weights import pull_model
 
@@ -188,10 +208,11 @@ def _model_pull(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     from morphguard.policy import audit
 
-    settings = _load(args).policy.audit
-    if not Path(settings.path).is_file():
+    config = _load(args)
+    settings = config.policy.audit
+    if config.store.url is None and not Path(settings.path).is_file():
         raise MorphguardError(f"no audit store at {settings.path} (policy.audit.path)")
-    store = audit.AuditStore(settings)
+    store = audit.AuditStore(settings, config.store)
     try:
         if args.undelivered:
             text = "".join(audit.to_jsonl(store.undelivered_escalations()))

@@ -118,7 +118,7 @@ class ProxySettings(Section):
     mode: Literal["inline", "async"] = "inline"
     stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"
     queue_size: int = Field(256, ge=1)
-    workers: int = Field(2, ge=1)
+    workers: int = Field(2, ge=0)  # async checks run at once here; 0: enqueue only, `morphguard worker` runs them
     on_queue_full: Literal["drop", "inline"] = "drop"  # drop: recorded in the audit trail as not checked
     shutdown_grace_s: float = Field(30.0, ge=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
@@ -189,6 +189,18 @@ class EscalationSettings(Section):
     headers: dict[str, SecretStr] = {}
     timeout_s: float = Field(5.0, gt=0)
     max_attempts: int = Field(4, ge=1)
+    # A replica delivering an escalation renews its claim on every attempt; one silent for this long has
+    # died, and another replica takes the escalation over.
+    claim_timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _claims_outlast_attempts(self) -> EscalationSettings:
+        # A claim is renewed before each attempt; attempts are up to timeout_s apart plus a backoff of at
+        # most 5 s. A shorter claim would let a second replica deliver the same escalation.
+        if self.claim_timeout_s <= self.timeout_s + 5:
+            raise ValueError(f"claim_timeout_s must exceed timeout_s + 5 s (the longest gap between two "
+                             f"attempts), here {self.timeout_s + 5:g}")
+        return self
 
 
 class AuditSettings(Section):
@@ -251,6 +263,26 @@ class PolicySettings(Section):
         return self
 
 
+class StoreSettings(Section):
+    """Where the audit trail and escalation outbox live: one SQLAlchemy URL for every backend."""
+
+    url: str | None = None  # sqlite:///path or postgresql://user@host/db; None: SQLite at policy.audit.path
+    pool_size: int = Field(5, ge=1)  # connections per process (PostgreSQL)
+
+
+class QueueSettings(Section):
+    """The async check queue and the fleet's verdict cache."""
+
+    url: str | None = None  # None: the embedded SQLite queue beside the audit trail; redis://host:6379/0: Redis
+    stream: str = "morphguard:checks"
+    group: str = "morphguard-workers"
+    # A check claimed by a worker that has not finished it after this long is handed to another worker
+    # (its process died). Longer than the slowest check: the judge timeout times its attempts.
+    claim_idle_s: float = Field(300.0, gt=0)
+    max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
+    cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long
+
+
 class TelemetrySettings(Section):
     """OpenTelemetry export. OTEL_* environment variables apply where a field is left unset."""
 
@@ -282,6 +314,16 @@ class Config(Section):
     proxy: ProxySettings = Field(default_factory=ProxySettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+
+    @model_validator(mode="after")
+    def _someone_consumes(self) -> Config:
+        if self.proxy.workers == 0 and self.queue.url is None:
+            raise ValueError("proxy.workers: 0 needs a shared queue (queue.url) that `morphguard worker` consumes")
+        if self.queue.cache_ttl_s and self.queue.url is None:
+            raise ValueError("queue.cache_ttl_s: the shared verdict cache needs queue.url (Redis)")
+        return self
 
     @model_validator(mode="after")
     def _detector_sections(self) -> Config:

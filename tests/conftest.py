@@ -1,6 +1,10 @@
+import uuid
+from collections.abc import Iterator
+
 import pytest
 
 from morphguard.config import Config
+from tests import servers
 
 
 @pytest.fixture
@@ -15,3 +19,22 @@ def scripted_config():
         })
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A throwaway Redis for the session (tests/servers.py); tests flush what they use."""
+    with servers.redis_server(tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    with servers.postgres_server() as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url, request) -> str:
+    """An empty database of its own for each test."""
+    return servers.fresh_database(postgres_server_url, "t_" + uuid.uuid4().hex[:12])

@@ -1,10 +1,10 @@
-"""The audit trail: one SQLite row per decision, and the escalation outbox.
+"""The audit trail: one row per decision, and the escalation outbox.
 
-Escalations are written here before any delivery attempt and marked delivered once the webhook took
-them, so a crash between the two only delays them to the next start (at-least-once).
-
-SQLite in WAL mode: readers (`morphguard audit`) never block the proxy's writes. Question, answer and
-context are stored in full, as SHA-256 hashes, or not at all (`policy.audit.store_text`).
+SQLite beside the proxy by default, PostgreSQL for a fleet (`store.url`); the same tables on both
+(`metadata`, kept current by the Alembic revisions in `migrations/`). Escalations are written here
+before any delivery attempt and marked delivered once the webhook took them, so a crash between the two
+only delays them (at-least-once). Question, answer and context are stored in full, as SHA-256 hashes, or
+not at all (`policy.audit.store_text`).
 """
 
 from __future__ import annotations
@@ -13,67 +13,77 @@ import csv
 import hashlib
 import io
 import json
-import sqlite3
-import threading
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
-from morphguard.config import AuditSettings
+import sqlalchemy as sa
+
+from morphguard.config import AuditSettings, StoreSettings
 from morphguard.models import utf8
 from morphguard.policy.record import DecisionRecord, now
+from morphguard.store import database
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS escalations (
-    id INTEGER PRIMARY KEY,
-    time TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    state TEXT NOT NULL,  -- pending | delivered | undelivered
-    attempts INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    payload TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS escalations_state ON escalations (state);
-"""
-
-# The decisions table is DecisionRecord's fields, in order; a store made by an older version gets the
-# columns it lacks added on open (its rows read NULL there).
-COLUMNS = ("id", *DecisionRecord.model_fields)
-_JSON = ("factoids", "cost")
-_BOOLS = ("checked", "flagged", "escalated")
+MIGRATIONS = str(Path(__file__).with_name("migrations"))
 
 
-def _sql_type(annotation: Any) -> str:
+def _column_type(annotation: Any) -> sa.types.TypeEngine[Any]:
     kinds = {a for a in get_args(annotation) if a is not type(None)} or {annotation}
-    if kinds <= {bool, int}:
-        return "INTEGER"
-    return "REAL" if kinds == {float} else "TEXT"
+    if kinds == {bool}:
+        return sa.Boolean()
+    if kinds == {int}:
+        return sa.Integer()
+    if kinds == {float}:
+        return sa.Float()
+    if all(k is str or isinstance(k, str) for k in kinds):  # str, or the values of a Literal
+        return sa.Text()
+    return sa.JSON()
 
 
-def _decisions_schema() -> str:
-    columns = ",\n    ".join(f"{name} {_sql_type(field.annotation)}"
-                              for name, field in DecisionRecord.model_fields.items())
-    return (f"CREATE TABLE IF NOT EXISTS decisions (\n    id INTEGER PRIMARY KEY,\n    {columns}\n);\n"
-            "CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);\n"
-            "CREATE INDEX IF NOT EXISTS decisions_request ON decisions (request_id);\n")
+# The schema, defined once for SQLite and PostgreSQL. The decisions table is DecisionRecord's fields in
+# order; a field added there needs a migration (tests/store/test_schema.py says so).
+metadata = sa.MetaData()
+decisions = sa.Table(
+    "decisions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    *(sa.Column(name, _column_type(field.annotation)) for name, field in DecisionRecord.model_fields.items()),
+    sa.Index("decisions_time", "time"),
+    sa.Index("decisions_request", "request_id"),
+)
+escalations = sa.Table(
+    "escalations", metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("time", sa.Text, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),  # pending | delivered | undelivered
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("error", sa.Text),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("claimed_by", sa.Text),  # the process delivering it
+    sa.Column("claimed_at", sa.Float),  # when that process last tried (epoch seconds)
+    sa.Index("escalations_state", "state"),
+)
+COLUMNS = tuple(decisions.columns.keys())
+
+
+def process_identity() -> str:
+    """Who holds a claim: host, pid and a random part (pids repeat across restarts and containers)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class AuditStore:
-    def __init__(self, settings: AuditSettings) -> None:
+    def __init__(self, settings: AuditSettings, store: StoreSettings | None = None) -> None:
+        store = store or StoreSettings()
         self.settings = settings
-        self.path = Path(settings.path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()  # one connection shared by the proxy's worker threads
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_decisions_schema() + _SCHEMA)
-        present = {row[1] for row in self._db.execute("PRAGMA table_info(decisions)")}
-        for name, field in DecisionRecord.model_fields.items():
-            if name not in present:
-                self._db.execute(f"ALTER TABLE decisions ADD COLUMN {name} {_sql_type(field.annotation)}")
+        self.url = database.url_for(store.url, settings.path)
+        self.shared = not self.url.startswith("sqlite")  # other processes write here too
+        self.engine = database.connect(self.url, store.pool_size)
+        database.migrate(self.engine, MIGRATIONS)
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -87,82 +97,100 @@ class AuditStore:
         row = record.model_dump()
         for name in DecisionRecord.TEXTS:
             row[name] = self._text(row[name])
-        for name in _JSON:
-            row[name] = json.dumps(row[name]) if row[name] is not None else None
-        names = list(DecisionRecord.model_fields)
-        with self._lock:
-            cursor = self._db.execute(
-                f"INSERT INTO decisions ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                [_sql(row[c]) for c in names])
-        return int(cursor.lastrowid or 0)
+        row = {name: _sql(value) for name, value in row.items()}
+        with self.engine.begin() as db:
+            return int(db.execute(decisions.insert().values(row).returning(decisions.c.id)).scalar_one())
 
-    def add_escalation(self, request_id: str, payload: dict[str, Any]) -> int:
-        with self._lock:
-            cursor = self._db.execute("INSERT INTO escalations (time, request_id, state, payload) "
-                                      "VALUES (?, ?, 'pending', ?)", (now(), _sql(request_id), json.dumps(payload)))
-        return int(cursor.lastrowid or 0)
+    def reachable(self) -> bool:
+        return database.reachable(self.engine)
 
-    def pending_escalations(self) -> list[tuple[int, dict[str, Any]]]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, payload FROM escalations WHERE state = 'pending' ORDER BY id"
-                                    ).fetchall()
-        return [(i, json.loads(p)) for i, p in rows]
+    # The escalation outbox. The replica that writes an escalation holds its claim and delivers it; a claim
+    # not renewed (`renew_claim`) for `stale_s` is taken by whoever sweeps next (`claim_escalations`).
+
+    def add_escalation(self, request_id: str, payload: dict[str, Any], owner: str) -> int:
+        with self.engine.begin() as db:
+            return int(db.execute(escalations.insert().values(
+                time=now(), request_id=_sql(request_id), state="pending", payload=json.dumps(payload),
+                claimed_by=owner, claimed_at=time.time()).returning(escalations.c.id)).scalar_one())
+
+    def claim_escalations(self, owner: str, stale_s: float, limit: int = 100) -> list[tuple[int, dict[str, Any]]]:
+        """Pending escalations nobody delivers (claim older than `stale_s`), now claimed by `owner`.
+
+        SKIP LOCKED: replicas sweeping at the same moment take disjoint sets (on SQLite the write lock
+        serialises them instead).
+        """
+        moment = time.time()
+        free = (sa.select(escalations.c.id)
+                .where(escalations.c.state == "pending",
+                       sa.or_(escalations.c.claimed_at.is_(None), escalations.c.claimed_at < moment - stale_s))
+                .order_by(escalations.c.id).limit(limit).with_for_update(skip_locked=True))
+        with self.engine.begin() as db:
+            rows = db.execute(escalations.update().where(escalations.c.id.in_(free.scalar_subquery()))
+                              .values(claimed_by=owner, claimed_at=moment)
+                              .returning(escalations.c.id, escalations.c.payload)).all()
+        return sorted((i, json.loads(p)) for i, p in rows)
+
+    def renew_claim(self, escalation_id: int, owner: str) -> bool:
+        """Renew before an attempt; False: another process took the escalation over, leave it to them."""
+        with self.engine.begin() as db:
+            result = db.execute(escalations.update().where(escalations.c.id == escalation_id,
+                                                           escalations.c.claimed_by == owner,
+                                                           escalations.c.state == "pending")
+                                .values(claimed_at=time.time()))
+        return bool(result.rowcount)
 
     def escalation_outcome(self, escalation_id: int, delivered: bool, attempts: int, error: str | None = None
                            ) -> None:
-        with self._lock:
-            self._db.execute("UPDATE escalations SET state = ?, attempts = attempts + ?, error = ? WHERE id = ?",
-                             ("delivered" if delivered else "undelivered", attempts, error, escalation_id))
+        with self.engine.begin() as db:
+            db.execute(escalations.update().where(escalations.c.id == escalation_id).values(
+                state="delivered" if delivered else "undelivered", attempts=escalations.c.attempts + attempts,
+                error=error))
+
+    def escalation_states(self) -> dict[str, int]:
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(escalations.c.state, sa.func.count()).group_by(escalations.c.state)).all()
+        return {state: int(count) for state, count in rows}
 
     def undelivered_escalations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT time, request_id, attempts, error, payload FROM escalations "
-                                    "WHERE state = 'undelivered' ORDER BY id").fetchall()
-        return [{"time": t, "request_id": r, "attempts": a, "error": e, "payload": json.loads(p)}
-                for t, r, a, e, p in rows]
+        e = escalations.c
+        with self.engine.connect() as db:
+            rows = db.execute(sa.select(e.time, e.request_id, e.attempts, e.error, e.payload)
+                              .where(e.state == "undelivered").order_by(e.id)).all()
+        return [{"time": t, "request_id": r, "attempts": a, "error": err, "payload": json.loads(p)}
+                for t, r, a, err, p in rows]
 
     def query(self, *, flagged: bool | None = None, topic: str | None = None, since: str | None = None,
               until: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        clauses: list[str] = []
-        args: list[str | int] = []
+        c = decisions.c
+        sql = sa.select(decisions).order_by(c.id)
         if flagged is not None:
-            clauses.append("flagged = ?")
-            args.append(int(flagged))
+            sql = sql.where(c.flagged == flagged)
         if topic:
-            clauses.append("topic = ?")
-            args.append(topic)
+            sql = sql.where(c.topic == topic)
         if since:
-            clauses.append("time >= ?")
-            args.append(since)
+            sql = sql.where(c.time >= since)
         if until:
-            clauses.append("time < ?")
-            args.append(until)
-        where = " WHERE " + " AND ".join(clauses) if clauses else ""
-        sql = f"SELECT {', '.join(COLUMNS)} FROM decisions{where} ORDER BY id"
+            sql = sql.where(c.time < until)
         if limit:
-            sql += f" LIMIT {int(limit)}"
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        return [_row(dict(zip(COLUMNS, r, strict=True))) for r in rows]
+            sql = sql.limit(int(limit))
+        with self.engine.connect() as db:
+            rows = db.execute(sql).mappings().all()
+        return [_row(dict(r)) for r in rows]
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.engine.dispose()
 
 
 def _sql(value: Any) -> Any:
-    if isinstance(value, bool):
-        return int(value)
+    """Text as both engines take it: valid UTF-8 and no NUL (PostgreSQL refuses it in text)."""
     if isinstance(value, str):
-        return utf8(value)
+        return utf8(value).replace("\x00", "\ufffd")
+    if isinstance(value, list | dict):
+        return json.loads(json.dumps(value).replace("\\u0000", "\\ufffd"))
     return value
 
 
 def _row(raw: dict[str, Any]) -> dict[str, Any]:
-    for key in _BOOLS:
-        raw[key] = bool(raw[key])
-    for key in _JSON:
-        raw[key] = json.loads(raw[key]) if raw[key] else None
     raw["factoids"] = raw["factoids"] or []
     return raw
 

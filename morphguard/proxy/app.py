@@ -25,7 +25,6 @@ from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
 from morphguard.policy.actions import answer_of
-from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import ChatBackend, Relay
@@ -44,12 +43,10 @@ from morphguard.proxy.errors import (
     unchecked_route,
     upstream_unavailable,
 )
-from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.gate import Gate
-from morphguard.proxy.guard import Guard, Reask
+from morphguard.proxy.guard import Guard, Reask, build_guard
 from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, sse
 from morphguard.proxy.upstream import Upstream, response_headers
-from morphguard.store.queue import SqliteCheckQueue
 from morphguard.telemetry import names
 from morphguard.telemetry import setup as telemetry_setup
 from morphguard.telemetry.server import ServerSpans
@@ -83,19 +80,14 @@ class Proxy:
         self.upstream = Upstream(self.settings, self._transport)
         adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         self.backend = ChatBackend(self.upstream, adapter, self.config.telemetry.upstream_provider)
-        policy = self.config.policy
-        audit = AuditStore(policy.audit) if policy.audit.enabled else None
-        queue = SqliteCheckQueue(policy.audit.path, self.settings.queue_size)
-        self.guard = Guard(detector, self.engine, self.config, audit, Escalator(policy.escalation, audit), queue)
-        self.guard.start()
+        self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
+        await self.guard.start()
         try:
             yield
         finally:
             await self.guard.stop()
             await self.upstream.aclose()
-            queue.close()
-            if audit is not None:
-                audit.close()
+            await self.guard.close()
             telemetry_setup.shutdown()
 
     def app(self) -> Gate:
@@ -126,6 +118,9 @@ class Proxy:
         if local is not None and local.api_base:
             async with httpx.AsyncClient(timeout=3.0) as client:
                 checks["judge"] = await self._reachable(client, local.api_base.removesuffix("/v1") + "/health")
+        checks["queue"] = await self.guard.queue.reachable()
+        if self.guard.audit is not None:
+            checks["store"] = await asyncio.to_thread(self.guard.audit.reachable)
         ready = all(checks.values())
         if self.guard.audit_failures:
             checks["audit_failures"] = self.guard.audit_failures  # reported, and not ready: the trail has gaps

@@ -20,16 +20,18 @@ from opentelemetry import trace
 
 from morphguard import telemetry
 from morphguard.config import Config
-from morphguard.detectors import Detector, build_detector
+from morphguard.detectors import Detector, build_detector, fingerprint
 from morphguard.errors import LLMTimeoutError, MorphguardError
-from morphguard.models import utf8
+from morphguard.models import Detection, utf8
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.check import CheckOutcome, CheckRequest
 from morphguard.proxy.escalation import Escalator
-from morphguard.store.queue import CheckQueue
+from morphguard.store import verdicts
+from morphguard.store.queue import CheckQueue, Entry, open_queue
+from morphguard.store.verdicts import VerdictCache
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ _ROUTINE = frozenset({"no_context", "unchecked_route"})
 
 class Guard:
     def __init__(self, detector: Detector, engine: PolicyEngine, config: Config,
-                 audit: AuditStore | None, escalator: Escalator, queue: CheckQueue) -> None:
+                 audit: AuditStore | None, escalator: Escalator, queue: CheckQueue,
+                 cache: VerdictCache | None = None) -> None:
         self.detector = detector
         self._named: dict[str, Detector] = {}
         self.engine = engine
@@ -50,8 +53,10 @@ class Guard:
         self.audit = audit
         self.escalator = escalator
         self.queue = queue
-        self._wake = asyncio.Event()
+        self.cache = cache
+        self._fingerprints: dict[str, str] = {}
         self._workers: list[asyncio.Task[None]] = []
+        self._busy = 0  # queue entries this process has taken and not finished
         self._accounting: set[asyncio.Task[DecisionRecord]] = set()
         self.audit_failures = 0
 
@@ -64,7 +69,7 @@ class Guard:
         budget = self.engine.budget_s(request.profile)
         try:
             detector = await self.detector_for(request.detector)
-            detection = await asyncio.wait_for(detector.detect(request.rag, utf8(answer)), budget)
+            detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
         except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
             reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
@@ -76,6 +81,21 @@ class Guard:
             return CheckOutcome(decision, None, (time.perf_counter() - started) * 1000)
         decision = self.engine.decide(request.profile, request.topic, detection)
         return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
+
+    async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
+        assert request.rag is not None
+        if self.cache is None:
+            return await detector.detect(request.rag, answer)
+        name = request.detector or self.config.detector.name
+        if name not in self._fingerprints:
+            self._fingerprints[name] = fingerprint(self.config, name)
+        key = verdicts.key_of(self._fingerprints[name], request.rag.question, request.rag.passages, answer)
+        cached = await self.cache.get(key)
+        if cached is not None:
+            return Detection.model_validate(cached)
+        detection = await detector.detect(request.rag, answer)
+        await self.cache.put(key, detection.model_dump(mode="json"))
+        return detection
 
     async def detector_for(self, name: str | None) -> Detector:
         """The configured detector, or one a request names, built once and sharing the judge client."""
@@ -189,27 +209,33 @@ class Guard:
         """Queue a check durably; the record to send now, or None when the caller must check inline."""
         if request.rag is None:
             return await self.account(request, "no_context", actions.answer_of(completion))
-        stored = await asyncio.to_thread(self.queue.put, request.request_id,
-                                         {"request": request.to_dict(), "completion": completion})
+        stored = await self.queue.put(request.request_id, {"request": request.to_dict(), "completion": completion})
         if not stored:
             if self.settings.on_queue_full == "inline":
                 return None
             log.warning("async check queue full (%d): request %s recorded as not checked",
                         self.settings.queue_size, request.request_id)
             return await self.account(request, "queue_full", actions.answer_of(completion))
-        telemetry.queue_changed(+1)
-        self._wake.set()
         return request.pending("queued")
 
-    def start(self) -> None:
-        waiting = self.queue.recover()
-        if waiting:
-            log.info("resuming %d async checks left by an earlier run", waiting)
-            telemetry.queue_changed(waiting)
-        resumed = self.escalator.resume()
+    async def start(self) -> None:
+        waiting = await self.queue.recover()
+        if waiting and self.settings.workers:
+            log.info("%d async checks waiting in the queue", waiting)
+        resumed = await self.escalator.resume()
         if resumed:
-            log.info("resuming %d escalations left by an earlier run", resumed)
+            log.info("resuming %d escalations left undelivered", resumed)
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.settings.workers)]
+        self._workers.append(asyncio.create_task(self._observe_queue()))
+
+    async def _observe_queue(self) -> None:
+        """The queue's gauges, refreshed for the metric reader (its callbacks cannot await)."""
+        while True:
+            try:
+                telemetry.queue_observed(await self.queue.stats())
+            except Exception as exc:  # reported by /readyz; the gauges keep their last values
+                log.debug("queue stats unavailable: %s", exc)
+            await asyncio.sleep(2.0)
 
     async def _work(self) -> None:
         while True:
@@ -217,48 +243,76 @@ class Guard:
                 await self._consume()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the queue itself failed (a locked or broken database): keep the worker alive
+            except Exception:  # the queue itself failed (a locked database, Redis away): keep the worker alive
                 log.exception("async check queue unavailable; retrying")
                 await asyncio.sleep(1.0)
 
     async def _consume(self) -> None:
         while True:
-            entry = await asyncio.to_thread(self.queue.take)
-            if entry is None:
-                self._wake.clear()
+            entry = await self.queue.take(wait_s=1.0)
+            if entry is not None:
+                self._busy += 1
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
-                continue
-            request = CheckRequest.from_dict(entry.payload["request"])
-            completion = entry.payload["completion"]
-            try:
-                if entry.poisoned:
-                    await self.account(request, "check_crashed", actions.answer_of(completion))
-                else:
-                    _, record = await self.review(request, completion, can_change=False, mode="async")
-                    log.info("async check of %s: score %s, flagged %s, action %s", record.request_id,
-                             record.score, record.flagged, record.action)
-            except Exception:
-                log.exception("async check of %s crashed (try %d)", request.request_id, entry.tries + 1)
-                await asyncio.to_thread(self.queue.retry, entry.id)
-                continue
-            await asyncio.to_thread(self.queue.done, entry.id)
-            telemetry.queue_changed(-1)
+                    await self._finish(entry)
+                finally:
+                    self._busy -= 1
+
+    async def _finish(self, entry: Entry) -> None:
+        request = CheckRequest.from_dict(entry.payload["request"])
+        completion = entry.payload["completion"]
+        try:
+            if entry.poisoned:
+                await self.account(request, "check_crashed", actions.answer_of(completion))
+                await self.queue.dead(entry, "check_crashed")
+                return
+            _, record = await self.review(request, completion, can_change=False, mode="async")
+            log.info("async check of %s: score %s, flagged %s, action %s", record.request_id,
+                     record.score, record.flagged, record.action)
+        except Exception:
+            log.exception("async check of %s crashed (try %d)", request.request_id, entry.tries + 1)
+            await self.queue.retry(entry)
+            return
+        await self.queue.done(entry)
 
     async def stop(self) -> None:
-        """Let queued checks finish within the grace period; what is left stays queued for the next start."""
+        """Finish what is under way within the grace period; what is left stays queued.
+
+        On its own queue this process also works the backlog down first; on a shared queue other workers
+        take what is waiting, and only this process's claimed checks are its to finish.
+        """
         grace = self.settings.shutdown_grace_s
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and await asyncio.to_thread(self.queue.pending) > 0:
+        while time.monotonic() < deadline and (self._busy or (self._workers_consume_local()
+                                                              and await self.queue.backlog() > 0)):
             await asyncio.sleep(0.1)
         if self._accounting:
             await asyncio.wait(list(self._accounting), timeout=max(1.0, deadline - time.monotonic()))
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
-        left = await asyncio.to_thread(self.queue.pending)
-        if left:
-            log.warning("shutdown: %d async checks left queued for the next start", left)
+        if not self.queue.shared:
+            left = await self.queue.backlog()
+            if left:
+                log.warning("shutdown: %d async checks left queued for the next start", left)
         await self.escalator.aclose(max(0.0, deadline - time.monotonic()))
+
+    async def close(self) -> None:
+        await self.queue.close()
+        if self.cache is not None:
+            await self.cache.close()
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)
+
+    def _workers_consume_local(self) -> bool:
+        return not self.queue.shared and self.settings.workers > 0
+
+
+def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Guard:
+    """A guard on the configured stores: the audit trail, the escalation outbox, the check queue and,
+    for a fleet, the shared verdict cache. Blocking (it connects and migrates): call it off the loop."""
+    policy = config.policy
+    audit = AuditStore(policy.audit, config.store) if policy.audit.enabled else None
+    queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size)
+    cache = VerdictCache(config.queue.url, config.queue.cache_ttl_s) \
+        if config.queue.url and config.queue.cache_ttl_s else None
+    return Guard(detector, engine, config, audit, Escalator(policy.escalation, audit), queue, cache)

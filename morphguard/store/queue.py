@@ -5,11 +5,16 @@ A process killed outright (kill -9) or stopped before its queue drained leaves i
 the next start hands them out again (`recover`), so a check can run twice but is never lost. The
 consumer decides what "done" means: `done` after the audit row is written, `retry` after a failure
 (an entry that failed `max_tries` times is handed back once more as `poisoned`, for the caller to
-record as not checked and drop).
+record as not checked and drop with `dead`).
+
+Two implementations: `SqliteCheckQueue` here (one process, the default) and
+`store.redis_queue.RedisCheckQueue` (Redis Streams, shared by proxy replicas and `morphguard worker`s);
+`open_queue` picks by `queue.url`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import threading
@@ -17,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from morphguard.config import QueueSettings
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS check_queue (
@@ -32,33 +39,48 @@ CREATE INDEX IF NOT EXISTS check_queue_order ON check_queue (claimed, enqueued);
 
 @dataclass(frozen=True)
 class Entry:
-    id: str
+    id: str  # the queue's own id of the entry
+    key: str  # the id it was put with (the request id)
     payload: dict[str, Any]
-    tries: int  # earlier attempts that failed
-    poisoned: bool  # failed max_tries times: record it as not checked, then `done`
+    tries: int  # earlier deliveries that did not end in `done`
+    poisoned: bool  # delivered max_tries times: record it as not checked, then `dead`
 
 
 class CheckQueue(Protocol):
-    def put(self, entry_id: str, payload: dict[str, Any]) -> bool:
+    shared: bool  # other processes put and take here too
+
+    async def put(self, entry_id: str, payload: dict[str, Any]) -> bool:
         """Store an entry; False when the queue is full (nothing stored)."""
 
-    def take(self) -> Entry | None:
-        """Claim the oldest unclaimed entry, or None."""
+    async def take(self, wait_s: float) -> Entry | None:
+        """Claim the oldest unclaimed entry, waiting up to `wait_s` for one."""
 
-    def done(self, entry_id: str) -> None: ...
+    async def done(self, entry: Entry) -> None: ...
 
-    def retry(self, entry_id: str) -> None: ...
+    async def retry(self, entry: Entry) -> None:
+        """Hand the entry out again later, one try more."""
 
-    def recover(self) -> int:
-        """Release the claims of a previous run; returns how many entries wait."""
+    async def dead(self, entry: Entry, reason: str) -> None:
+        """Give up on a poisoned entry (the caller has audited it)."""
 
-    def pending(self) -> int: ...
+    async def recover(self) -> int:
+        """Get ready to consume after a start; returns how many entries wait."""
 
-    def close(self) -> None: ...
+    async def backlog(self) -> int:
+        """Entries waiting or being checked."""
+
+    async def stats(self) -> dict[str, int]:
+        """Gauges for operators: backlog, and where the backend knows them, claimed, lag, dead letters."""
+
+    async def reachable(self) -> bool: ...
+
+    async def close(self) -> None: ...
 
 
 class SqliteCheckQueue:
     """The embedded queue: one SQLite table, one process consuming it."""
+
+    shared = False
 
     def __init__(self, path: str | Path, max_size: int, max_tries: int = 3) -> None:
         self.max_size, self.max_tries = max_size, max_tries
@@ -71,9 +93,15 @@ class SqliteCheckQueue:
         # it measured 176 req/s (p50 84.5 ms) against 211 req/s (p50 71.0 ms) with NORMAL, in two runs here.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._added = asyncio.Event()  # the only producer is this process: no polling while idle
 
-    def put(self, entry_id: str, payload: dict[str, Any]) -> bool:
-        text = json.dumps(payload)  # ASCII escapes: lone surrogates survive the round trip
+    async def put(self, entry_id: str, payload: dict[str, Any]) -> bool:
+        stored = await asyncio.to_thread(self._put, entry_id, json.dumps(payload))  # ASCII escapes: lone
+        if stored:                                                                  # surrogates survive
+            self._added.set()
+        return stored
+
+    def _put(self, entry_id: str, text: str) -> bool:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -86,7 +114,18 @@ class SqliteCheckQueue:
                 self._db.execute("COMMIT")
         return True
 
-    def take(self) -> Entry | None:
+    async def take(self, wait_s: float) -> Entry | None:
+        entry = await asyncio.to_thread(self._take)
+        if entry is None and wait_s > 0:
+            self._added.clear()
+            try:
+                await asyncio.wait_for(self._added.wait(), timeout=wait_s)
+            except TimeoutError:
+                return None
+            entry = await asyncio.to_thread(self._take)
+        return entry
+
+    def _take(self) -> Entry | None:
         with self._lock:
             row = self._db.execute(
                 "UPDATE check_queue SET claimed = ? WHERE id = (SELECT id FROM check_queue WHERE claimed IS NULL "
@@ -94,25 +133,49 @@ class SqliteCheckQueue:
         if row is None:
             return None
         entry_id, payload, tries = row
-        return Entry(entry_id, json.loads(payload), tries, poisoned=tries >= self.max_tries)
+        return Entry(entry_id, entry_id, json.loads(payload), tries, poisoned=tries >= self.max_tries)
 
-    def done(self, entry_id: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM check_queue WHERE id = ?", (entry_id,))
+    async def done(self, entry: Entry) -> None:
+        await asyncio.to_thread(self._run, "DELETE FROM check_queue WHERE id = ?", entry.id)
 
-    def retry(self, entry_id: str) -> None:
-        with self._lock:
-            self._db.execute("UPDATE check_queue SET claimed = NULL, tries = tries + 1 WHERE id = ?", (entry_id,))
+    async def retry(self, entry: Entry) -> None:
+        await asyncio.to_thread(self._run, "UPDATE check_queue SET claimed = NULL, tries = tries + 1 WHERE id = ?",
+                                entry.id)
+        self._added.set()
 
-    def recover(self) -> int:
+    async def dead(self, entry: Entry, reason: str) -> None:
+        await self.done(entry)  # the audit row (check_crashed) is its record; one process has no one to tell
+
+    async def recover(self) -> int:
+        """Release the claims of a previous run: this process is the queue's only consumer."""
+        await asyncio.to_thread(self._run, "UPDATE check_queue SET claimed = NULL WHERE claimed IS NOT NULL")
+        return await self.backlog()
+
+    async def backlog(self) -> int:
+        return int(await asyncio.to_thread(self._count))
+
+    async def stats(self) -> dict[str, int]:
+        return {"backlog": await self.backlog()}
+
+    async def reachable(self) -> bool:
+        return True  # a file beside the process
+
+    def _count(self) -> int:
         with self._lock:
-            self._db.execute("UPDATE check_queue SET claimed = NULL WHERE claimed IS NOT NULL")
             return int(self._db.execute("SELECT count(*) FROM check_queue").fetchone()[0])
 
-    def pending(self) -> int:
+    def _run(self, sql: str, *args: Any) -> None:
         with self._lock:
-            return int(self._db.execute("SELECT count(*) FROM check_queue").fetchone()[0])
+            self._db.execute(sql, args)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def open_queue(settings: QueueSettings, sqlite_path: str | Path, max_size: int) -> CheckQueue:
+    if settings.url is None:
+        return SqliteCheckQueue(sqlite_path, max_size, settings.max_tries)
+    from morphguard.store.redis_queue import RedisCheckQueue  # redis is needed only by fleets
+
+    return RedisCheckQueue(settings, max_size)

@@ -40,8 +40,14 @@ def _instruments() -> dict[str, Any]:
         "score": meter.create_histogram(names.METRIC_SCORE, unit="1", description="Hallucination score per check"),
         "decisions": meter.create_counter(names.METRIC_DECISIONS, unit="{decision}",
                                           description="Policy decisions by action and topic"),
-        "queue": meter.create_up_down_counter(names.METRIC_QUEUE_DEPTH, unit="{check}",
-                                              description="Checks waiting in the async queue"),
+        "queue": [meter.create_observable_gauge(name, [_observe(key)], unit="{check}", description=text)
+                  for name, key, text in (
+                      (names.METRIC_QUEUE_DEPTH, "backlog", "Checks waiting in the async queue or being checked"),
+                      (names.METRIC_QUEUE_CLAIMED, "claimed", "Checks a worker has taken and not finished"),
+                      (names.METRIC_QUEUE_LAG, "lag", "Checks no worker has taken yet"),
+                      (names.METRIC_QUEUE_DEAD, "dead_letters", "Poison checks moved to the dead-letter stream"),
+                      (names.METRIC_QUEUE_REDELIVERIES, "redeliveries",
+                       "Checks this process took over from a worker that died"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
                                           description="Answers passed unchecked because the check failed"),
         "errors": meter.create_counter(names.METRIC_ERRORS, unit="{error}",
@@ -201,8 +207,20 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
         span.set_attribute(names.OI_OUTPUT, decision.action)
 
 
-def queue_changed(delta: int) -> None:
-    _instruments()["queue"].add(delta)
+# The queue's latest gauges (`queue_observed`); the SDK reads them when it collects metrics.
+_queue_stats: dict[str, int] = {}
+
+
+def _observe(key: str) -> Any:
+    def observe(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        return [metrics.Observation(_queue_stats[key])] if key in _queue_stats else []
+    return observe
+
+
+def queue_observed(stats: dict[str, int]) -> None:
+    _instruments()
+    _queue_stats.clear()
+    _queue_stats.update(stats)
 
 
 def count_error(reason: str) -> None:

@@ -84,11 +84,16 @@ METRIC_TOKENS = "gen_ai.client.token.usage"
 METRIC_DURATION = "gen_ai.client.operation.duration"
 METRIC_SCORE = "morphguard.score"
 METRIC_DECISIONS = "morphguard.decisions"
-METRIC_QUEUE_DEPTH = "morphguard.queue.depth"
+METRIC_QUEUE_DEPTH = "morphguard.queue.depth"  # checks waiting or being checked
+METRIC_QUEUE_CLAIMED = "morphguard.queue.claimed"  # read by a worker, not yet done (Redis)
+METRIC_QUEUE_LAG = "morphguard.queue.lag"  # not yet read by any worker (Redis)
+METRIC_QUEUE_DEAD = "morphguard.queue.dead_letters"  # poison checks set aside (Redis)
+METRIC_QUEUE_REDELIVERIES = "morphguard.queue.redeliveries"  # checks taken over from a dead worker
 METRIC_FAIL_OPEN = "morphguard.fail_open"
 METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, upstream_stream_broken, audit_failed, ...
 METRIC_JUDGE_RESTARTS = "morphguard.judge.restarts"
 
 # Services
 SERVICE_NAME = "service.name"
+SERVICE_INSTANCE = "service.instance.id"
 TRACER_NAME = "morphguard"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics, trace
@@ -90,6 +91,8 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
     _configured = True
     attributes = ({} if os.environ.get("OTEL_SERVICE_NAME")
                   else {names.SERVICE_NAME: settings.service_name or "morphguard"})
+    # Which replica or worker: with several on one backend, their metrics would otherwise add up as one.
+    attributes[names.SERVICE_INSTANCE] = f"{socket.gethostname()}:{os.getpid()}"
     resource = Resource.create(attributes)
     spans, metric_exporter = _exporters(settings)
     spans = span_exporter or spans

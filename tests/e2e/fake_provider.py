@@ -17,8 +17,9 @@ surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malform
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
 recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
-webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503);
-GET /_webhooks lists what arrived.
+webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503),
+/_webhook/gate-NAME (503 until POST /_gate/NAME, then 200); GET /_webhooks lists what it took (200s).
+Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed delay.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ webhooks: list[dict] = []
 received: list[dict] = []
 others: list[dict] = []
 attempts: dict[str, int] = {}
+opened: set[str] = set()  # webhooks /_webhook/gate-NAME answer 503 until POST /_gate/NAME
 
 
 def _tag(text: str, tag: str) -> str:
@@ -96,6 +98,9 @@ async def _chat(request: Request) -> Response:
     model = body.get("model", "")
     if model == "slow-judge":
         await asyncio.sleep(3)
+    delay = re.fullmatch(r"judge-(\d+)ms", model)
+    if delay:  # a judge with a fixed delay per call, for throughput measurements
+        await asyncio.sleep(int(delay.group(1)) / 1000)
     if judged is not None:
         if model == "broken-judge":
             return JSONResponse({"error": {"message": "judge rejected", "type": "invalid_request_error"}},
@@ -193,9 +198,15 @@ async def webhook(request: Request) -> Response:
     kind = request.path_params["kind"]
     key = f"webhook-{kind}"  # apart from the chat model "flaky"'s own count
     attempts[key] = attempts.get(key, 0) + 1
-    if kind == "down" or (kind == "flaky" and attempts[key] <= 2):
+    closed = kind.startswith("gate-") and kind not in opened
+    if kind == "down" or closed or (kind == "flaky" and attempts[key] <= 2):
         return JSONResponse({"error": "unavailable"}, status_code=503)
     webhooks.append({"kind": kind, "attempt": attempts[key], "body": json.loads(await request.body())})
+    return JSONResponse({"ok": True})
+
+
+async def open_gate(request: Request) -> Response:
+    opened.add("gate-" + request.path_params["name"])
     return JSONResponse({"ok": True})
 
 
@@ -216,6 +227,7 @@ app = Starlette(routes=[
     Route("/_requests", requests_seen),
     Route("/_webhook/{kind}", webhook, methods=["POST"]),
     Route("/_webhooks", webhooks_seen),
+    Route("/_gate/{name}", open_gate, methods=["POST"]),
     Route("/_others", lambda request: JSONResponse(others)),
     Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ])

@@ -170,7 +170,7 @@ def test_an_upstream_that_does_not_answer_in_time_gives_504(annotate_proxy):
 def test_health_and_readiness(annotate_proxy):
     assert httpx.get(annotate_proxy + "/healthz").json() == {"status": "ok"}
     ready = httpx.get(annotate_proxy + "/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"upstream": True}
+    assert ready.status_code == 200 and ready.json()["checks"] == {"upstream": True, "queue": True, "store": True}
 
 
 def test_block_config_replaces_a_hallucinated_answer(block_proxy):

@@ -1,0 +1,65 @@
+"""One SQL database behind every backend: SQLite for one process, PostgreSQL for a fleet.
+
+SQLAlchemy Core gives the two one schema definition and one dialect of queries; Alembic keeps the schema
+up to date (`migrate`). Callers name a database by URL; `connect` applies what each engine needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+
+
+def url_for(url: str | None, sqlite_path: str | Path) -> str:
+    """The configured URL, or the embedded SQLite file; `postgresql://` is served by psycopg 3."""
+    if url is None:
+        return f"sqlite:///{Path(sqlite_path)}"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def connect(url: str, pool_size: int = 5) -> sa.Engine:
+    if url.startswith("sqlite"):
+        path = sa.make_url(url).database
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, connect_args={"timeout": 10, "check_same_thread": False})
+        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    # pre_ping: a connection the server dropped (a restart, an idle timeout) is replaced, not handed out.
+    return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    cursor = connection.cursor()
+    # WAL: readers (`morphguard audit`) never block the proxy's writes. NORMAL: a committed row survives
+    # the process being killed, not a power cut of the host.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def migrate(engine: sa.Engine, script_location: str) -> None:
+    """Bring the schema to the newest revision; several processes starting at once take turns."""
+    settings = AlembicConfig()
+    settings.set_main_option("script_location", script_location)
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Replicas starting together would race to create the same tables; the lock ends with the transaction.
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(727274)"))
+        settings.attributes["connection"] = connection
+        command.upgrade(settings, "head")
+
+
+def reachable(engine: sa.Engine) -> bool:
+    try:
+        with engine.connect() as connection:
+            connection.execute(sa.text("SELECT 1"))
+        return True
+    except sa.exc.SQLAlchemyError:
+        return False

@@ -1,0 +1,183 @@
+"""The distributed deployment, on real servers: proxy replicas that only enqueue, `morphguard worker`
+processes that check, Redis Streams between them and one PostgreSQL audit trail.
+
+Nothing accepted is lost and nothing is recorded twice without a crash to explain it: every request a
+replica answered 200 ends as audit rows in the shared store, exactly one each when no process died."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psycopg
+import yaml
+
+from tests.e2e.conftest import ROOT, serve, stop
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+
+
+def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str = "judge", mode: str = "async",
+                 webhook: str = "ok", claim_idle_s: float = 300.0, workers: int = 0) -> dict:
+    base = provider.removesuffix("/v1")
+    return {
+        "judge": {"model": f"openai/{judge}", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "detector": {"name": "direct"},
+        "proxy": {"upstream": {"base_url": provider, "timeout_s": 10}, "mode": mode, "workers": workers,
+                  "queue_size": 5000, "shutdown_grace_s": 2},
+        "queue": {"url": redis_url, "stream": f"checks:{uuid.uuid4().hex[:8]}", "claim_idle_s": claim_idle_s},
+        "store": {"url": postgres_url},
+        "policy": {"profiles": {"general": {"action": "annotate", "escalate": True, "threshold": 0.0,
+                                            "topics": {}}},
+                   "escalation": {"webhook_url": f"{base}/_webhook/{webhook}", "max_attempts": 100,
+                                  "timeout_s": 1, "claim_timeout_s": 8},
+                   "audit": {"path": "unused.db"}},
+    }
+
+
+def start_worker(config: dict, folder: Path, concurrency: int = 4) -> subprocess.Popen[bytes]:
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    log = folder / "worker.log"
+    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "worker", "--config",
+                                str(folder / "config.yaml"), "--concurrency", str(concurrency)],
+                               cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while "checks at once" not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"worker did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    return process
+
+
+def audited(postgres_url: str) -> Counter[str]:
+    with psycopg.connect(postgres_url) as db:
+        return Counter(r[0] for r in db.execute("SELECT request_id FROM decisions"))
+
+
+def post(base: str, i: int) -> str | None:
+    """The request id if the replica accepted the request (200), else None."""
+    body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+            "morphguard": {"context": PASSAGE}}
+    try:
+        response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    except httpx.HTTPError:
+        return None  # the replica died with the request: not acknowledged
+    if response.status_code != 200:
+        return None
+    verdict = response.json()["morphguard"]
+    assert verdict["reason"] == "queued"
+    return str(verdict["request_id"])
+
+
+def wait_for(ids: set[str], postgres_url: str, timeout: float) -> Counter[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = audited(postgres_url)
+        if ids <= set(rows):
+            return rows
+        time.sleep(0.5)
+    return audited(postgres_url)
+
+
+def folders(tmp_path: Path, n: int, name: str) -> list[Path]:
+    out = []
+    for i in range(n):
+        (tmp_path / f"{name}{i}").mkdir()
+        out.append(tmp_path / f"{name}{i}")
+    return out
+
+
+def test_three_replicas_two_workers_500_requests_each_audited_once(provider, redis_url, postgres_url, tmp_path):
+    config = fleet_config(provider, redis_url, postgres_url)
+    replicas = [serve(config, folder) for folder in folders(tmp_path, 3, "replica")]
+    workers = [start_worker(config, folder) for folder in folders(tmp_path, 2, "worker")]
+    try:
+        bases = [base for base, _ in replicas]
+        with ThreadPoolExecutor(24) as pool:
+            accepted = [i for i in pool.map(lambda i: post(bases[i % 3], i), range(500)) if i]
+        assert len(accepted) == 500
+        rows = wait_for(set(accepted), postgres_url, timeout=180)
+        ready = httpx.get(bases[0] + "/readyz", timeout=10).json()
+    finally:
+        for process in workers + [p for _, p in replicas]:
+            stop(process)
+    assert set(rows) == set(accepted) and max(rows.values()) == 1  # each exactly once: 0 lost, 0 twice
+    assert ready["checks"]["queue"] is True and ready["checks"]["store"] is True
+    print(f"accepted 500 through 3 replicas, audited {len(rows)} distinct, duplicates 0")
+
+
+def test_kill_9_of_a_worker_and_of_a_replica_loses_nothing(provider, redis_url, postgres_url, tmp_path):
+    # a judge of 3 s per call keeps checks in flight; a dead worker's claims go stale after 4 s
+    config = fleet_config(provider, redis_url, postgres_url, judge="slow-judge", claim_idle_s=4)
+    replicas = [serve(config, folder) for folder in folders(tmp_path, 2, "replica")]
+    victim, survivor = (start_worker(config, folder, concurrency=6) for folder in folders(tmp_path, 2, "worker"))
+    try:
+        bases = [base for base, _ in replicas]
+        with ThreadPoolExecutor(8) as pool:
+            first = list(pool.map(lambda i: post(bases[i % 2], i), range(40)))
+            time.sleep(2)  # both workers are in the middle of checks
+            victim.send_signal(signal.SIGKILL)
+            # the second replica dies under load: what it answered 200 was already in Redis
+            second = pool.map(lambda i: post(bases[i % 2], i), range(40, 100))
+            time.sleep(0.5)
+            replicas[1][1].send_signal(signal.SIGKILL)
+            accepted = {i for i in [*first, *second] if i}
+        assert len(accepted) >= 60
+        rows = wait_for(accepted, postgres_url, timeout=240)
+    finally:
+        for process in [survivor, victim] + [p for _, p in replicas]:
+            stop(process)
+    lost = accepted - set(rows)
+    twice = sum(n - 1 for n in rows.values())
+    assert lost == set()
+    assert twice <= 6  # at most what the killed worker had in flight: audited, then killed before its ack
+    print(f"accepted {len(accepted)}, lost {len(lost)}, recorded twice {twice}")
+
+
+def test_escalations_with_three_replicas_and_a_webhook_down_then_up_arrive_once(provider, redis_url, postgres_url,
+                                                                                tmp_path):
+    gate = uuid.uuid4().hex[:8]
+    config = fleet_config(provider, redis_url, postgres_url, mode="inline", webhook=f"gate-{gate}", workers=1)
+    replicas = [serve(config, folder) for folder in folders(tmp_path, 3, "replica")]
+    base_url = provider.removesuffix("/v1")
+    try:
+        bases = [base for base, _ in replicas]
+        with ThreadPoolExecutor(6) as pool:
+            flagged = [r for r in pool.map(lambda i: _inline(bases[i % 3], i), range(30)) if r]
+        assert len(flagged) == 30  # threshold 0: every checked answer is flagged and escalated
+        time.sleep(2)  # every replica retries against the closed webhook
+        replicas[2][1].send_signal(signal.SIGKILL)  # its escalations must be taken over by the others
+        httpx.post(f"{base_url}/_gate/{gate}", timeout=5)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _states(postgres_url).get("pending"):
+            time.sleep(0.5)
+        states = _states(postgres_url)
+    finally:
+        for _, process in replicas:
+            stop(process)
+    arrived = Counter(h["body"]["request_id"] for h in httpx.get(f"{base_url}/_webhooks", timeout=5).json()
+                      if h["kind"] == f"gate-{gate}")
+    assert set(arrived) == set(flagged) and max(arrived.values()) == 1
+    assert states == {"delivered": 30}
+    print("30 escalations from 3 replicas (one killed while the webhook was down): delivered once each")
+
+
+def _inline(base: str, i: int) -> str | None:
+    body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+            "morphguard": {"context": PASSAGE}}
+    verdict = httpx.post(base + "/v1/chat/completions", json=body, timeout=30).json()["morphguard"]
+    return str(verdict["request_id"]) if verdict.get("escalated") else None
+
+
+def _states(postgres_url: str) -> dict[str, int]:
+    with psycopg.connect(postgres_url) as db:
+        return dict(db.execute("SELECT state, count(*) FROM escalations GROUP BY state").fetchall())

@@ -119,6 +119,9 @@ class ProxySettings(Section):
     stream_mode: Literal["buffer", "passthrough", "async"] = "passthrough"
     queue_size: int = Field(256, ge=1)
     workers: int = Field(2, ge=0)  # async checks run at once here; 0: enqueue only, `morphguard worker` runs them
+    # inline checks: run here ("process"), or by the `morphguard worker` pool, awaited within the latency
+    # budget ("workers"), so replicas stay light and judge capacity scales on its own
+    inline_via: Literal["process", "workers"] = "process"
     on_queue_full: Literal["drop", "inline"] = "drop"  # drop: recorded in the audit trail as not checked
     shutdown_grace_s: float = Field(30.0, ge=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
@@ -319,6 +322,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _someone_consumes(self) -> Config:
+        if self.proxy.inline_via == "workers" and self.queue.url is None:
+            raise ValueError("proxy.inline_via: workers needs a shared queue (queue.url) that workers consume")
         if self.proxy.workers == 0 and self.queue.url is None:
             raise ValueError("proxy.workers: 0 needs a shared queue (queue.url) that `morphguard worker` consumes")
         if self.queue.cache_ttl_s and self.queue.url is None:

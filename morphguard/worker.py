@@ -25,7 +25,9 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     """Consume until SIGTERM or SIGINT; checks under way finish within `proxy.shutdown_grace_s`."""
     if config.queue.url is None:
         raise MorphguardError("morphguard worker consumes a shared queue: set queue.url (redis://...)")
-    config = config.model_copy(update={"proxy": config.proxy.model_copy(update={"workers": concurrency})})
+    # A worker checks in its own process whatever the replicas' `inline_via` says: it is the pool.
+    config = config.model_copy(update={"proxy": config.proxy.model_copy(update={"workers": concurrency,
+                                                                                 "inline_via": "process"})})
     telemetry_setup.configure(config.telemetry)
     detector = await asyncio.to_thread(build_detector, config)  # may start the embedded judge
     guard = await asyncio.to_thread(build_guard, config, detector, PolicyEngine(config.policy))

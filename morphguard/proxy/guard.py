@@ -21,7 +21,7 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
-from morphguard.errors import LLMTimeoutError, MorphguardError
+from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
 from morphguard.models import Detection, utf8
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore
@@ -31,7 +31,9 @@ from morphguard.proxy.check import CheckOutcome, CheckRequest
 from morphguard.proxy.escalation import Escalator
 from morphguard.store import verdicts
 from morphguard.store.queue import CheckQueue, Entry, open_queue
+from morphguard.store.redis_queue import RedisCheckQueue
 from morphguard.store.verdicts import VerdictCache
+from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ _ROUTINE = frozenset({"no_context", "unchecked_route"})
 class Guard:
     def __init__(self, detector: Detector, engine: PolicyEngine, config: Config,
                  audit: AuditStore | None, escalator: Escalator, queue: CheckQueue,
-                 cache: VerdictCache | None = None) -> None:
+                 cache: VerdictCache | None = None, pool: RedisCheckQueue | None = None) -> None:
         self.detector = detector
         self._named: dict[str, Detector] = {}
         self.engine = engine
@@ -54,6 +56,7 @@ class Guard:
         self.escalator = escalator
         self.queue = queue
         self.cache = cache
+        self.pool = pool  # the worker pool inline checks go to (`proxy.inline_via: workers`), and replies go back by
         self._fingerprints: dict[str, str] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # queue entries this process has taken and not finished
@@ -68,8 +71,11 @@ class Guard:
             return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_answer"), None, 0.0)
         budget = self.engine.budget_s(request.profile)
         try:
-            detector = await self.detector_for(request.detector)
-            detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
+            if self.pool is not None and self.settings.inline_via == "workers":
+                detection = await self._detect_by_workers(request, utf8(answer), budget)
+            else:
+                detector = await self.detector_for(request.detector)
+                detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
         except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
             reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
@@ -96,6 +102,38 @@ class Guard:
         detection = await detector.detect(request.rag, answer)
         await self.cache.put(key, detection.model_dump(mode="json"))
         return detection
+
+    async def _detect_by_workers(self, request: CheckRequest, answer: str, budget: float | None) -> Detection:
+        """The detection, computed by whichever worker takes the job; failures raise as a local check's would."""
+        assert self.pool is not None
+        job = {"detect": {"request": request.to_dict(), "answer": answer, "trace": telemetry.carrier()}}
+        reply = await self.pool.call(request.request_id, job, budget or self.config.judge.timeout_s)
+        if reply is None:
+            raise TimeoutError("no worker answered within the latency budget")
+        error = reply.get("error")
+        if error == "judge_timeout":
+            raise LLMTimeoutError("the worker's judge timed out")
+        if error:
+            raise LLMError(f"the worker could not check: {error}")
+        return Detection.model_validate(reply["detection"])
+
+    async def _detect_for_caller(self, entry: Entry) -> dict[str, Any]:
+        """A worker's half of `_detect_by_workers`: the detection or a short error, never an exception."""
+        job = entry.payload["detect"]
+        request = CheckRequest.from_dict(job["request"])
+        if entry.poisoned:
+            return {"error": "check_crashed"}
+        remaining = entry.payload["deadline"] - time.time()
+        if remaining <= 0:
+            return {"error": "expired"}  # the caller has given up waiting: spend no judge time on it
+        with telemetry.continued(job.get("trace"), names.SPAN_REMOTE_CHECK, request.request_id):
+            try:
+                detector = await self.detector_for(request.detector)
+                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
+            except (MorphguardError, TimeoutError) as exc:
+                trace.get_current_span().record_exception(exc)
+                return {"error": "judge_timeout" if isinstance(exc, LLMTimeoutError | TimeoutError) else "judge_error"}
+        return {"detection": detection.model_dump(mode="json")}
 
     async def detector_for(self, name: str | None) -> Detector:
         """The configured detector, or one a request names, built once and sharing the judge client."""
@@ -258,6 +296,9 @@ class Guard:
                     self._busy -= 1
 
     async def _finish(self, entry: Entry) -> None:
+        if "detect" in entry.payload and self.pool is not None:  # an inline check a proxy waits for
+            await self.pool.answer(entry, await self._detect_for_caller(entry))
+            return
         request = CheckRequest.from_dict(entry.payload["request"])
         completion = entry.payload["completion"]
         try:
@@ -315,4 +356,5 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size)
     cache = VerdictCache(config.queue.url, config.queue.cache_ttl_s) \
         if config.queue.url and config.queue.cache_ttl_s else None
-    return Guard(detector, engine, config, audit, Escalator(policy.escalation, audit), queue, cache)
+    pool = queue if isinstance(queue, RedisCheckQueue) else None
+    return Guard(detector, engine, config, audit, Escalator(policy.escalation, audit), queue, cache, pool)

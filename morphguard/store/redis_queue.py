@@ -105,6 +105,30 @@ class RedisCheckQueue:
             pipe.xdel(self.stream, entry.id)
             await pipe.execute()
 
+    # Request/reply for inline checks run by workers (`proxy.inline_via: workers`): the job names a list
+    # to answer on; the caller waits on it as long as its latency budget allows.
+
+    async def call(self, entry_id: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The worker's reply, {"error": "queue_full"}, or None when none came within `timeout_s`."""
+        reply_to = f"{self.stream}:reply:{uuid.uuid4().hex}"
+        job = {**payload, "reply_to": reply_to, "deadline": time.time() + timeout_s}
+        if not await self._add(entry_id, json.dumps(job), 0):
+            return {"error": "queue_full"}
+        try:
+            reply: Any = await self._redis.blpop([reply_to], timeout=timeout_s)
+        finally:
+            await self._redis.delete(reply_to)
+        return json.loads(reply[1]) if reply else None
+
+    async def answer(self, entry: Entry, reply: dict[str, Any]) -> None:
+        """Send the reply, then drop the job; a reply nobody waits for any more expires."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(entry.payload["reply_to"], json.dumps(reply))
+            pipe.expire(entry.payload["reply_to"], 60)
+            pipe.xack(self.stream, self.group, entry.id)
+            pipe.xdel(self.stream, entry.id)
+            await pipe.execute()
+
     async def recover(self) -> int:
         """Create the group on first use; a dead worker's entries are claimed as `take` goes."""
         try:

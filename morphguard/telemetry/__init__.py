@@ -145,6 +145,26 @@ def guardrail_span(request_id: str, mode: str, link_to: trace.SpanContext | None
             yield span
 
 
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C headers, to travel with a queued job (`continued` on the far side)."""
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
+@contextmanager
+def continued(headers: dict[str, str] | None, name: str, request_id: str) -> Iterator[Span]:
+    """A span in the trace `headers` came from (another process's `carrier`)."""
+    from opentelemetry import propagate
+
+    parent = propagate.extract(headers or {})
+    with tracer().start_as_current_span(name, context=parent, kind=SpanKind.CONSUMER,
+                                        attributes={names.REQUEST_ID: request_id}) as span:
+        yield span
+
+
 @contextmanager
 def stage_span(stage: str) -> Iterator[Span]:
     with tracer().start_as_current_span(stage, attributes={names.STAGE: stage}) as span:  # named after its stage

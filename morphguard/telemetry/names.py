@@ -8,6 +8,7 @@ what Arize Phoenix reads; everything of our own is under `morphguard.*`.
 SPAN_CHAT = "chat {model}"  # a GenAI client call (upstream or judge)
 SPAN_GUARDRAIL = "apply_guardrail morphguard"
 SPAN_SERVER = "{method} {route}"
+SPAN_REMOTE_CHECK = "morphguard.remote_check"  # a worker's half of an inline check handed to the pool
 
 # GenAI semantic conventions
 OPERATION_NAME = "gen_ai.operation.name"

@@ -6,6 +6,7 @@ replica answered 200 ends as audit rows in the shared store, exactly one each wh
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import psycopg
 import yaml
 
 from tests.e2e.conftest import ROOT, serve, stop
+from tests.otlp_receiver import OtlpReceiver
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
@@ -181,3 +183,78 @@ def _inline(base: str, i: int) -> str | None:
 def _states(postgres_url: str) -> dict[str, int]:
     with psycopg.connect(postgres_url) as db:
         return dict(db.execute("SELECT state, count(*) FROM escalations GROUP BY state").fetchall())
+
+
+def test_inline_checks_by_the_worker_pool_stay_in_the_callers_trace(provider, redis_url, postgres_url, tmp_path):
+    with OtlpReceiver() as receiver:
+        def telemetry(service: str) -> dict:
+            return {"exporter": "otlp-http", "endpoint": receiver.endpoint, "service_name": service,
+                    "metric_interval_s": 1}
+
+        config = fleet_config(provider, redis_url, postgres_url, mode="inline")
+        config["policy"]["profiles"]["general"]["latency_budget_s"] = 4
+        # The replicas' own judge is unreachable: a check that ran in a replica would fail, not score.
+        inline = {**config, "judge": {**config["judge"], "api_base": "http://127.0.0.1:9/v1"},
+                  "proxy": {**config["proxy"], "inline_via": "workers"}, "telemetry": telemetry("replica")}
+        later = {**config, "proxy": {**config["proxy"], "mode": "async"}, "telemetry": telemetry("replica")}
+        (inline_folder, async_folder, worker_folder) = folders(tmp_path, 3, "node")
+        inline_base, inline_process = serve(inline, inline_folder)
+        async_base, async_process = serve(later, async_folder)
+        worker = None
+        try:
+            alone = _verdict(inline_base, 0)  # no worker yet: the budget runs out, policy's on_error applies
+            assert alone["checked"] is False and alone["reason"].endswith("latency_budget_exceeded")
+            worker = start_worker({**config, "telemetry": telemetry("worker")}, worker_folder)
+            verdicts = [_verdict(inline_base, i) for i in range(1, 6)]
+            queued = post(async_base, 99)
+            assert wait_for({str(queued)}, postgres_url, timeout=60)[str(queued)] == 1
+            time.sleep(3)  # span batches (0.5 s) and a metric export (1 s) from every process
+        finally:
+            for process in [worker, inline_process, async_process]:
+                if process is not None:
+                    stop(process)
+    assert all(v["checked"] and v["flagged"] and v["score"] is not None for v in verdicts)
+    guardrails = {s.attributes.get("morphguard.request_id"): s for s in receiver.named("apply_guardrail morphguard")}
+    remote = receiver.named("morphguard.remote_check")
+    assert len(remote) == 5
+    for span in remote:  # the worker's span is a child of the replica's check span, in the request's trace
+        parent = guardrails[span.attributes["morphguard.request_id"]]
+        assert parent.resource["service.name"] == "replica" and span.resource["service.name"] == "worker"
+        assert span.trace_id == parent.trace_id and span.parent_span_id == parent.span_id
+    async_check = guardrails[queued]  # async: the worker's check is its own trace, linked to the request's
+    assert async_check.resource["service.name"] == "worker"
+    chat = [s for s in receiver.spans if s.resource["service.name"] == "replica" and s.name.startswith("chat ")
+            and s.trace_id in async_check.links]
+    assert chat
+    instances = {r["service.instance.id"] for r, name in receiver.metrics
+                 if name == "morphguard.decisions" and r["service.name"] == "worker"}
+    assert len(instances) == 1  # the worker's metrics say which worker
+
+
+def _verdict(base: str, i: int) -> dict:
+    body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
+            "morphguard": {"context": PASSAGE}}
+    response = httpx.post(base + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    return response.json()["morphguard"]
+
+
+def test_the_fleet_judges_the_same_answer_once(provider, redis_url, postgres_url, tmp_path):
+    config = fleet_config(provider, redis_url, postgres_url, mode="inline")
+    config["queue"]["cache_ttl_s"] = 60
+    (a, b) = folders(tmp_path, 2, "replica")
+    replicas = [serve(config, a), serve(config, b)]
+    marker = uuid.uuid4().hex[:8]
+    try:
+        body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} {marker}"}],
+                "morphguard": {"context": PASSAGE}}
+        first, second = (httpx.post(base + "/v1/chat/completions", json=body, timeout=30).json()["morphguard"]
+                         for base, _ in replicas)
+    finally:
+        for _, process in replicas:
+            stop(process)
+    judged = [r for r in httpx.get(provider.removesuffix("/v1") + "/_requests", timeout=10).json()
+              if r["body"].get("model") == "judge" and marker in json.dumps(r["body"])]
+    assert first["checked"] and second["checked"] and first["score"] == second["score"]
+    assert first["request_id"] != second["request_id"]
+    assert len(judged) == 1  # the second replica took the first one's verdict from Redis

@@ -2,9 +2,10 @@
 
 The judge is the scripted provider with a fixed delay per call (`judge-<N>ms`), so the workers' own cost
 and the queue and store are what scale or not. For each worker count, in one run: a proxy replica (async
-mode, enqueue only) takes N requests while no worker runs, then the workers start and the clock runs
-until all N are in the audit trail. Throughput = N / that time; the 1-worker figure is the baseline of the
-ratios. Redis and PostgreSQL are throwaway servers on loopback (tests/servers.py).
+mode, enqueue only) and the workers start; then the clock runs from the first of N requests (each with
+its own question, so no cache answers) until all N are in the audit trail. The proxy enqueues far faster
+than the workers check, so throughput = N / that time; the 1-worker figure is the baseline of the ratios.
+Redis and PostgreSQL are throwaway servers on loopback (tests/servers.py).
 Prints a table and writes benchmarks/results/worker_scaling.json.
 
     python benchmarks/worker_scaling.py [--requests 400] [--judge-ms 250] [--concurrency 4] [--workers 1,2,4]
@@ -79,19 +80,22 @@ def one_round(workers: int, args: argparse.Namespace, provider: str, redis_url: 
                   folder / f"proxy-{workers}.log", url=f"http://127.0.0.1:{port}/healthz")
     started: list[subprocess.Popen[bytes]] = [proxy]
     try:
-        body = {"model": "hallucinated", "messages": [{"role": "user", "content": "Can I take ibuprofen?"}],
-                "morphguard": {"context": "Ibuprofen is contraindicated in the third trimester of pregnancy."}}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client, ThreadPoolExecutor(8) as pool:
-            codes = list(pool.map(lambda _: client.post("/v1/chat/completions", json=body).status_code,
-                                  range(args.requests)))
-        assert codes.count(200) == args.requests, codes
-        clock = time.perf_counter()
         for i in range(workers):
             started.append(start([sys.executable, "-m", "morphguard.cli", "worker", "--config", str(path),
                                   "--concurrency", str(args.concurrency)], folder / f"worker-{workers}-{i}.log",
                                  ready="checks at once"))
+
+        def body(i: int) -> dict[str, object]:
+            return {"model": "hallucinated", "messages": [{"role": "user", "content": f"Can I take ibuprofen? ({i})"}],
+                    "morphguard": {"context": "Ibuprofen is contraindicated in the third trimester of pregnancy."}}
+
+        clock = time.perf_counter()
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client, ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda i: client.post("/v1/chat/completions", json=body(i)).status_code,
+                                  range(args.requests)))
+        assert codes.count(200) == args.requests, codes
         while audited(database) < args.requests:
-            time.sleep(0.2)
+            time.sleep(0.1)
         seconds = time.perf_counter() - clock
     finally:
         for process in started:

@@ -1,5 +1,5 @@
-"""The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `eval` detectors,
-read the `audit` trail, `model pull` the embedded judge."""
+"""The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `review` flagged
+answers, `eval` detectors, read the `audit` trail, `model pull` the embedded judge."""
 
 from __future__ import annotations
 
@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(worker)
     worker.set_defaults(run=_worker)
 
+    review = commands.add_parser("review", help="the review console: judge what the guard flagged (own port)")
+    review.add_argument("--host", default=None, help="default: review.host of the config")
+    review.add_argument("--port", type=int, default=None, help="default: review.port of the config")
+    _config_option(review)
+    review.set_defaults(run=_review)
+
     evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
     evaluate.add_argument("--dataset", "-d", required=True,
                           help="comma-separated: ragtruth, contrast (each also -qa|-summary|-data2txt), halueval, "
@@ -100,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
     audit.add_argument("--out", type=Path, default=None, help="write to a file instead of stdout")
     audit.add_argument("--undelivered", action="store_true", help="escalations the webhook never took (JSONL)")
+    audit.add_argument("--purge", action="store_true",
+                       help="reduce texts kept for review past policy.audit.keep_text_days to what store_text says")
     _config_option(audit)
     audit.set_defaults(run=_audit)
 
@@ -197,6 +205,28 @@ def _worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _review(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from morphguard.policy.audit import AuditStore
+    from morphguard.review.app import ReviewConsole, reviewer_keys
+
+    config = _load(args)
+    store = AuditStore(config.policy.audit, config.store)
+    reviewers, one_time_key = reviewer_keys(config.review)
+    console = ReviewConsole(config.review, lambda: store, reviewers, list(config.policy.topics))
+    host, port = args.host or config.review.host, args.port or config.review.port
+    print(f"morphguard review on http://{host}:{port}/  (audit store: {store.url.split('@')[-1]})", flush=True)
+    if one_time_key:
+        print(f"log in as reviewer 'local' with key {one_time_key}  (no review.reviewers configured: this key "
+              "lasts while this process runs)", flush=True)
+    try:
+        uvicorn.run(console.app(), host=host, port=port, log_level="info" if args.verbose else "warning")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
 def _model_pull(args: argparse.Namespace) -> int:
     from morphguard.llm.weights import pull_model
 
@@ -214,7 +244,9 @@ def _audit(args: argparse.Namespace) -> int:
         raise MorphguardError(f"no audit store at {settings.path} (policy.audit.path)")
     store = audit.AuditStore(settings, config.store)
     try:
-        if args.undelivered:
+        if args.purge:
+            text = f"purged the text of {store.purge_text()} decisions\n"
+        elif args.undelivered:
             text = "".join(audit.to_jsonl(store.undelivered_escalations()))
         else:
             try:

@@ -210,6 +210,10 @@ class AuditSettings(Section):
     enabled: bool = True
     path: str = "morphguard-audit.db"
     store_text: Literal["full", "hash", "none"] = "hash"  # question, answer and context as given, hashed or left out
+    # Review needs the text: these decisions keep it in full for `keep_text_days`, then `morphguard audit --purge`
+    # reduces it to what store_text says.
+    keep_text: Literal["none", "flagged", "escalated"] = "flagged"
+    keep_text_days: float = Field(30.0, gt=0)
 
 
 def _default_topics() -> dict[str, TopicRule]:
@@ -266,6 +270,21 @@ class PolicySettings(Section):
         return self
 
 
+class ReviewSettings(Section):
+    """The review console (`morphguard review`)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8090, ge=0, le=65535)
+    # name → key, separate from proxy keys. None configured: `morphguard review` makes a one-time key for "local".
+    reviewers: dict[str, SecretStr] = {}
+    session_secret: SecretStr | None = None  # signs session cookies; None: random per process
+    session_max_age_s: int = Field(8 * 3600, ge=60)
+    secure_cookies: bool = True  # cookies only over HTTPS (browsers count http://localhost as secure)
+    trace_url: str | None = None  # e.g. http://localhost:6006/projects/default/traces/{trace_id}
+    page_size: int = Field(50, ge=1, le=500)
+    mount_in_serve: bool = False  # also serve the console at /review on the proxy's port
+
+
 class StoreSettings(Section):
     """Where the audit trail and escalation outbox live: one SQLAlchemy URL for every backend."""
 
@@ -319,6 +338,7 @@ class Config(Section):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
+    review: ReviewSettings = Field(default_factory=ReviewSettings)
 
     @model_validator(mode="after")
     def _someone_consumes(self) -> Config:
@@ -326,6 +346,8 @@ class Config(Section):
             raise ValueError("proxy.inline_via: workers needs a shared queue (queue.url) that workers consume")
         if self.proxy.workers == 0 and self.queue.url is None:
             raise ValueError("proxy.workers: 0 needs a shared queue (queue.url) that `morphguard worker` consumes")
+        if self.review.mount_in_serve and not self.review.reviewers:
+            raise ValueError("review.mount_in_serve: configure review.reviewers (the proxy prints no one-time key)")
         if self.queue.cache_ttl_s and self.queue.url is None:
             raise ValueError("queue.cache_ttl_s: the shared verdict cache needs queue.url (Redis)")
         return self

@@ -73,4 +73,7 @@ def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+    if flagged_any:
+        out(f"flagged answers keep their text for review (policy.audit.keep_text) in {config.policy.audit.path}; "
+            "judge them in the console: morphguard review")
     return 0

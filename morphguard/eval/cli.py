@@ -110,7 +110,7 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
         raise MorphguardError("--limit, --repeats and --workers must be at least 1")
     if half is not None and half not in datasets.HALVES:
         raise MorphguardError(f"--half must be one of {', '.join(datasets.HALVES)}")
-    items = [i for i in datasets.load(dataset, data_dir) if half is None or datasets.half_of(i) == half]
+    items = [i for i in datasets.load(dataset, data_dir, config) if half is None or datasets.half_of(i) == half]
     items = datasets.sample(items, limit, seed)
     if not items:
         raise MorphguardError(f"dataset {dataset} has no items")

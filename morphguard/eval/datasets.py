@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from morphguard.config import Config
 from morphguard.errors import MorphguardError
 
 # What each RAGTruth / FaithBench generator was asked to do, restated as the "question" a detector sees.
@@ -45,6 +46,7 @@ class Item(BaseModel):
     # Items that share a source (RAGTruth: one context answered by six models; a contrast pair) share a group,
     # and a group is never split between the fit and the report half. None: the item is its own group.
     group: str | None = None
+    topic: str | None = None  # the policy topic, where the source recorded one (reviews); else the tagger's
 
     @field_validator("passages", mode="before")
     @classmethod
@@ -60,10 +62,12 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
-def load(name: str, data_dir: Path | None = None) -> list[Item]:
+def load(name: str, data_dir: Path | None = None, config: Config | None = None) -> list[Item]:
     """`ragtruth`, `ragtruth-qa|summary|data2txt`, the same for `contrast` (eval/contrast.py), `halueval`,
-    `faithbench`, or `jsonl:PATH`."""
+    `faithbench`, `reviews` (the review console's judgements, from the config's audit store) or `jsonl:PATH`."""
     data_dir = data_dir or default_data_dir()
+    if name == "reviews":
+        return load_reviews(config or Config())
     if name.startswith("jsonl:"):
         return list(load_jsonl(Path(name.removeprefix("jsonl:"))))
     if name == "ragtruth":
@@ -80,8 +84,30 @@ def load(name: str, data_dir: Path | None = None) -> list[Item]:
     if name == "faithbench":
         return list(load_faithbench(data_dir / "faithbench" / "vectara_FaithBench" / "data_for_release"))
     names = [f"{base}{t}" for base in ("ragtruth", "contrast") for t in ("", *(f"-{t}" for t in _RAGTRUTH_TASKS))]
-    names += ["halueval", "faithbench", "jsonl:PATH"]
+    names += ["halueval", "faithbench", "reviews", "jsonl:PATH"]
     raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(names)}")
+
+
+def load_reviews(config: Config) -> list[Item]:
+    """Decisions people judged hallucinated or faithful in the review console, with the text the audit kept.
+
+    Each item keeps the decision's topic, so proposed thresholds come per topic as policy chose it; unsure
+    judgements and decisions whose text was not kept are left out.
+    """
+    from morphguard.policy.audit import AuditStore  # the audit store is only needed for this dataset
+    from morphguard.policy.reviews import ReviewStore
+
+    settings = config.policy.audit
+    if config.store.url is None and not Path(settings.path).is_file():
+        raise DatasetError(f"no audit store at {settings.path} (policy.audit.path)")
+    store = AuditStore(settings, config.store)
+    try:
+        rows = ReviewStore(store).labelled()
+    finally:
+        store.close()
+    return [Item(id=f"review-{r['id']}", task="review", topic=r["topic"], question=r["question"],
+                 passages=[p for p in (r["context"] or "").split("\n\n") if p.strip()] or [""], answer=r["answer"],
+                 hallucinated=r["review"] == "hallucinated", group=r["request_id"]) for r in rows]
 
 
 def _lines(path: Path) -> Iterator[tuple[int, dict]]:

@@ -1,9 +1,10 @@
 """`morphguard eval --target-recall R` (or `--target-precision P`): thresholds proposed from labelled data.
 
-For the items of each topic the policy's tagger finds (and for all items together), the highest threshold
-that still catches the target share of hallucinated answers (recall), or the lowest that keeps the target
-share of flags right (precision). Written as a `policy.profiles` snippet to paste into the config; a topic
-with too few labelled answers to say anything keeps the profile's threshold.
+For the items of each topic (the one recorded with the item, else the one the policy's tagger finds; and
+for all items together), the highest threshold that still catches the target share of hallucinated
+answers (recall), or the lowest that keeps the target share of flags right (precision). Written as a
+`policy.profiles` snippet to paste into the config; a topic with too few labelled answers to say
+anything keeps the profile's threshold.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def propose(items: Sequence[Item], outcomes: Sequence[Outcome], detector: str, p
         if item.id not in scores:
             continue
         groups["(all)"].append((item.hallucinated, scores[item.id]))
-        for topic in tagger.tag(RagInput(question=item.question, passages=item.passages))[:1]:
+        topics = [item.topic] if item.topic else tagger.tag(RagInput(question=item.question, passages=item.passages))
+        for topic in topics[:1]:
             groups[topic].append((item.hallucinated, scores[item.id]))
     proposals: dict[str, Any] = {}
     for topic, pairs in sorted(groups.items()):

@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
@@ -54,6 +54,8 @@ decisions = sa.Table(
     *(sa.Column(name, _column_type(field.annotation)) for name, field in DecisionRecord.model_fields.items()),
     sa.Index("decisions_time", "time"),
     sa.Index("decisions_request", "request_id"),
+    sa.Index("decisions_score", "score", "id"),  # the review queue, highest score first
+    sa.Index("decisions_text_kept", "text_kept_until"),  # the purge
 )
 escalations = sa.Table(
     "escalations", metadata,
@@ -67,6 +69,18 @@ escalations = sa.Table(
     sa.Column("claimed_by", sa.Text),  # the process delivering it
     sa.Column("claimed_at", sa.Float),  # when that process last tried (epoch seconds)
     sa.Index("escalations_state", "state"),
+)
+reviews = sa.Table(
+    "reviews", metadata,  # a person's judgement of a decision: its own record, never an edit of the decision
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("time", sa.Text, nullable=False),
+    sa.Column("decision_id", sa.Integer, nullable=False),
+    sa.Column("request_id", sa.Text, nullable=False),
+    sa.Column("reviewer", sa.Text, nullable=False),
+    sa.Column("label", sa.Text, nullable=False),  # hallucinated | faithful | unsure
+    sa.Column("factoids", sa.JSON),  # factoid number → label, where the reviewer gave one
+    sa.Column("note", sa.Text),
+    sa.Index("reviews_decision", "decision_id"),
 )
 COLUMNS = tuple(decisions.columns.keys())
 
@@ -92,17 +106,40 @@ class AuditStore:
             return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
         return value
 
+    def _keeps_text(self, record: DecisionRecord) -> bool:
+        keep = self.settings.keep_text
+        return self.settings.store_text != "full" and (
+            keep == "flagged" and (record.flagged or record.escalated) or keep == "escalated" and record.escalated)
+
     def record(self, record: DecisionRecord) -> int:
         """Write one decision; text fields are stored as configured. Returns the row id."""
         row = record.model_dump()
-        for name in DecisionRecord.TEXTS:
-            row[name] = self._text(row[name])
+        if self._keeps_text(record):
+            until = datetime.now(UTC) + timedelta(days=self.settings.keep_text_days)
+            row["text_kept_until"] = until.isoformat(timespec="milliseconds")
+        else:
+            for name in DecisionRecord.TEXTS:
+                row[name] = self._text(row[name])
         row = {name: _sql(value) for name, value in row.items()}
         with self.engine.begin() as db:
             return int(db.execute(decisions.insert().values(row).returning(decisions.c.id)).scalar_one())
 
     def reachable(self) -> bool:
         return database.reachable(self.engine)
+
+    def purge_text(self) -> int:
+        """Reduce texts kept for review past their time to what `store_text` says; returns how many rows."""
+        c = decisions.c
+        moment = now()
+        with self.engine.begin() as db:
+            rows = db.execute(sa.select(c.id, c.question, c.answer, c.context)
+                              .where(c.text_kept_until.is_not(None), c.text_kept_until < moment)
+                              .with_for_update(skip_locked=True)).all()
+            for row_id, question, answer, context in rows:
+                db.execute(decisions.update().where(c.id == row_id).values(
+                    question=self._text(question), answer=self._text(answer), context=self._text(context),
+                    text_kept_until=None))
+        return len(rows)
 
     # The escalation outbox. The replica that writes an escalation holds its claim and delivers it; a claim
     # not renewed (`renew_claim`) for `stale_s` is taken by whoever sweeps next (`claim_escalations`).

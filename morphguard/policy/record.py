@@ -53,10 +53,11 @@ class DecisionRecord(BaseModel):
     context_source: str | None = None
     latency_ms: int | None = None
     regenerations: int = 0
+    text_kept_until: str | None = None  # full text kept for review until then (policy.audit.keep_text)
 
     # kept in the audit trail, never sent to the client
     AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",
-                                                      "context"})
+                                                      "context", "text_kept_until"})
     TEXTS: ClassVar[tuple[str, ...]] = ("question", "answer", "context")  # stored as `store_text` says
 
     @classmethod

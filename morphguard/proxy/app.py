@@ -19,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from morphguard import telemetry
 from morphguard.config import Config
@@ -92,10 +92,18 @@ class Proxy:
 
     def app(self) -> Gate:
         route_headers = frozenset(h for r in self.config.policy.routes for h in r.headers)
+        console: list[BaseRoute] = []
+        if self.config.review.mount_in_serve:
+            from morphguard.review.app import ReviewConsole, reviewer_keys
+
+            keys, _ = reviewer_keys(self.config.review)
+            console = [Mount("/review", ReviewConsole(self.config.review, lambda: self.guard.audit, keys,
+                                                      list(self.config.policy.topics)).app())]
         return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
+                *console,
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 # A path prefix (base_url http://proxy/clinic/v1) can select a policy profile.

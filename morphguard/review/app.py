@@ -1,0 +1,264 @@
+"""The review console's routes: log in, the queue of flagged answers, one answer in detail, a judgement,
+insights, export. Server-rendered (Jinja2, autoescaped); the one script only adds keyboard shortcuts.
+
+Access: reviewer keys are separate from proxy keys and compared in constant time; the session is a
+signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off); every form carries the
+session's CSRF token; pages forbid framing, inline scripts and caching. URLs carry ids and filter names,
+never answer text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import hmac
+import io
+import json
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from morphguard.config import ReviewSettings
+from morphguard.policy.audit import AuditStore, parse_time
+from morphguard.policy.reviews import LABELS, QueueFilter, ReviewStore, text_kept
+from morphguard.review import charts
+from morphguard.review.pages import answer_pieces, passage_pieces, passages_of
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+_FORM_LIMIT = 64_000
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+    "x-frame-options": "DENY",
+}
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class ReviewConsole:
+    """The console over an audit store; `store` is called per request, so a proxy can mount the console
+    before its own store exists (the store is built in the proxy's lifespan)."""
+
+    def __init__(self, settings: ReviewSettings, store: Callable[[], AuditStore | None],
+                 reviewers: dict[str, str], topics: Sequence[str] = ()) -> None:
+        self.settings = settings
+        self.topics = sorted(topics)  # the configured topics, offered by the queue's filter
+        self._store = store
+        self.reviewers = reviewers
+        self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(
+            default=True, default_for_string=True))
+
+    def app(self) -> Starlette:
+        secret = self.settings.session_secret.get_secret_value() if self.settings.session_secret \
+            else secrets.token_urlsafe(32)  # sessions then end with the process
+        return Starlette(
+            routes=[
+                Route("/login", self.login_page, methods=["GET"]),
+                Route("/login", self.login, methods=["POST"]),
+                Route("/logout", self._auth(self.logout), methods=["POST"]),
+                Route("/", self._auth(self.queue), methods=["GET"]),
+                Route("/decisions/{decision_id:int}", self._auth(self.detail), methods=["GET"]),
+                Route("/decisions/{decision_id:int}/review", self._auth(self.review), methods=["POST"]),
+                Route("/insights", self._auth(self.insights), methods=["GET"]),
+                Route("/export.{kind:str}", self._auth(self.export), methods=["GET"]),
+                Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+            ],
+            middleware=[Middleware(SessionMiddleware, secret_key=secret, session_cookie="morphguard_review",
+                                   max_age=self.settings.session_max_age_s, same_site="strict",
+                                   https_only=self.settings.secure_cookies)],
+            exception_handlers={404: self._not_found, 405: self._not_found},
+        )
+
+    # --- plumbing ---------------------------------------------------------------------------------------
+
+    def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
+        session = request.session
+        if "csrf" not in session:
+            session["csrf"] = secrets.token_urlsafe(32)
+        html = self.templates.get_template(template).render(
+            base=request.scope.get("root_path", ""), reviewer=session.get("reviewer"), csrf=session["csrf"],
+            **values)
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    def _redirect(self, request: Request, path: str) -> RedirectResponse:
+        return RedirectResponse(request.scope.get("root_path", "") + path, status_code=303, headers=_HEADERS)
+
+    def _auth(self, handler: Handler) -> Handler:
+        async def guarded(request: Request) -> Response:
+            if not request.session.get("reviewer"):
+                if request.method == "GET":
+                    return self._redirect(request, "/login")
+                return self._page(request, "error.html", 403, message="Log in first.")
+            if request.method == "POST":
+                form = await self._form(request)
+                if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
+                    return self._page(request, "error.html", 403, message="This form has expired; reload the page.")
+                request.state.form = form
+            return await handler(request)
+        return guarded
+
+    @staticmethod
+    async def _form(request: Request) -> dict[str, str] | None:
+        body = await request.body()
+        if len(body) > _FORM_LIMIT:
+            return None
+        try:
+            fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return {key: values[0] for key, values in fields.items()}
+
+    def _audit(self) -> ReviewStore:
+        store = self._store()
+        if store is None:
+            raise RuntimeError("the review console needs the audit store (policy.audit.enabled)")
+        return ReviewStore(store)
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        return self._page(request, "error.html", 404, message="No such page.")
+
+    # --- routes -----------------------------------------------------------------------------------------
+
+    async def login_page(self, request: Request) -> Response:
+        return self._page(request, "login.html")
+
+    async def login(self, request: Request) -> Response:
+        form = await self._form(request)
+        if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
+            return self._page(request, "login.html", 403, error="This form has expired; try again.")
+        name, key = form.get("name", ""), form.get("key", "")
+        if not self._valid(name, key):
+            await asyncio.sleep(0.5)  # slows guessing; the comparison itself does not leak timing
+            log.warning("review console: failed login")
+            return self._page(request, "login.html", 401, error="Unknown reviewer or wrong key.")
+        request.session.clear()
+        request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32)})
+        return self._redirect(request, "/")
+
+    def _valid(self, name: str, key: str) -> bool:
+        matched = False
+        for known, secret in self.reviewers.items():  # every key compared: no early exit on the right name
+            matched |= hmac.compare_digest(known.encode(), name.encode()) & \
+                hmac.compare_digest(secret.encode(), key.encode())
+        return matched
+
+    async def logout(self, request: Request) -> Response:
+        request.session.clear()
+        return self._redirect(request, "/login")
+
+    def _filter(self, request: Request) -> QueueFilter:
+        q = request.query_params
+        reviewed = {"yes": True, "no": False}.get(q.get("reviewed", ""))
+        try:
+            since = parse_time(q["since"]) if q.get("since") else None
+            until = parse_time(q["until"]) if q.get("until") else None
+        except ValueError:
+            since = until = None
+        return QueueFilter(topic=q.get("topic") or None, profile=q.get("profile") or None,
+                           action=q.get("action") or None, since=since, until=until, reviewed=reviewed,
+                           order="score" if q.get("order") == "score" else "newest")
+
+    async def queue(self, request: Request) -> Response:
+        where = self._filter(request)
+        after = request.query_params.get("after")
+        if after and not re.fullmatch(r"-?[0-9.]+:[0-9]+", after):
+            after = None
+        rows, cursor = await asyncio.to_thread(self._audit().queue, where, after, self.settings.page_size)
+        kept = {k: v for k, v in request.query_params.items() if k != "after" and v}
+        return self._page(request, "queue.html", rows=rows, filters=kept, labels=LABELS,
+                          next_url=("?" + urlencode({**kept, "after": cursor})) if cursor else None,
+                          topics=self.topics, actions=_ACTIONS)
+
+    async def detail(self, request: Request) -> Response:
+        decision_id = int(request.path_params["decision_id"])
+        store = self._audit()
+        row = await asyncio.to_thread(store.decision, decision_id)
+        if row is None:
+            return self._page(request, "error.html", 404, message="No such decision.")
+        judgements = await asyncio.to_thread(store.judgements, decision_id)
+        delivery = await asyncio.to_thread(store.delivery, row["request_id"]) if row["escalated"] else None
+        newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
+        kept = text_kept(row)
+        passages = passages_of(row["context"]) if kept else []
+        trace_url = None
+        if self.settings.trace_url and row.get("trace_id") and _TRACE_ID.fullmatch(row["trace_id"]):
+            trace_url = self.settings.trace_url.format(trace_id=row["trace_id"])
+        return self._page(
+            request, "detail.html", row=row, kept=kept, judgements=judgements, labels=LABELS,
+            answer=answer_pieces(row["answer"], row["factoids"]) if kept else [],
+            passages=passage_pieces(passages, row["factoids"]) if kept else [],
+            cost=row.get("cost") or {}, trace_url=trace_url, newer=newer, older=older, delivery=delivery,
+            saved=request.query_params.get("saved") == "1")
+
+    async def review(self, request: Request) -> Response:
+        decision_id = int(request.path_params["decision_id"])
+        form: dict[str, str] = request.state.form
+        label = form.get("label", "")
+        factoid_labels = {int(k[1:]): v for k, v in form.items() if re.fullmatch(r"f[0-9]{1,4}", k) and v}
+        note = form.get("note", "")[:2000]
+        store = self._audit()
+        try:
+            await asyncio.to_thread(store.judge, decision_id, request.session["reviewer"], label, factoid_labels,
+                                    note)
+        except KeyError:
+            return self._page(request, "error.html", 404, message="No such decision.")
+        except ValueError:
+            return self._page(request, "error.html", 400, message="Choose hallucinated, faithful or unsure.")
+        _newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
+        return self._redirect(request, f"/decisions/{older}?saved=1" if older else f"/decisions/{decision_id}?saved=1")
+
+    async def insights(self, request: Request) -> Response:
+        store = self._audit()
+        summary = await asyncio.to_thread(store.topic_summary)
+        scores = await asyncio.to_thread(store.reviewed_scores)
+        return self._page(request, "insights.html", summary=summary,
+                          charts=[charts.flagged_rate(summary), charts.precision_over_time(scores),
+                                  charts.score_distribution(scores)])
+
+    async def export(self, request: Request) -> Response:
+        kind = request.path_params["kind"]
+        if kind not in ("jsonl", "csv"):
+            return self._page(request, "error.html", 404, message="Export as .jsonl or .csv.")
+        rows = await asyncio.to_thread(self._audit().export)
+        if kind == "jsonl":
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+            media = "application/x-ndjson"
+        else:
+            out = io.StringIO()
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["review_id"])
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in r.items()})
+            text, media = out.getvalue(), "text/csv"
+        return Response(text, media_type=media, headers={
+            **_HEADERS, "content-disposition": f'attachment; filename="morphguard-reviews.{kind}"'})
+
+
+_ACTIONS = ("annotate", "highlight", "cite", "regenerate", "block", "pass")
+
+
+def reviewer_keys(settings: ReviewSettings) -> tuple[dict[str, str], str | None]:
+    """The configured reviewers' keys; with none configured, one reviewer `local` with a fresh key, which
+    `morphguard review` prints once (returned second)."""
+    if settings.reviewers:
+        return {name: key.get_secret_value() for name, key in settings.reviewers.items()}, None
+    key = secrets.token_urlsafe(18)
+    return {"local": key}, key

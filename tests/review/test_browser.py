@@ -1,0 +1,119 @@
+"""The review flow in a real browser: Debian's headless Chromium driven by Playwright, against
+`morphguard review` started as its own process (default settings: Secure cookies, on loopback).
+
+Log in, filter the queue, open an item, see its highlighted spans, label it with the keyboard, find the
+label in the export; an answer carrying <script> and <img onerror> stays inert. Screenshots of the queue
+and the detail page go to docs/images/ (shown in the README)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from morphguard.config import AuditSettings
+from morphguard.policy.audit import AuditStore
+from tests.review.conftest import seed
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# What the workplace's probe found Chromium needs here: no sandbox as root, and no calls home.
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture
+def review_process(tmp_path):
+    if CHROMIUM is None:
+        message = "Chromium is not installed (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    audit_path = tmp_path / "audit.db"
+    store = AuditStore(AuditSettings(path=str(audit_path)))
+    ids = seed(store)
+    store.close()
+    port = free_port()
+    config = {"policy": {"audit": {"path": str(audit_path)}},
+              "review": {"port": port, "reviewers": {"alice": "browser-key"}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    log = tmp_path / "review.log"
+    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "review", "--config",
+                                str(tmp_path / "config.yaml")], cwd=ROOT, stdout=open(log, "wb"),
+                               stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.get(base + "/login", timeout=1)
+            break
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(log.read_text()) from None
+            time.sleep(0.1)
+    yield base, ids
+    process.terminate()
+    process.wait(timeout=20)
+
+
+def test_review_flow_in_chromium(review_process, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    base, ids = review_process
+    images = ROOT / "docs" / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 800})
+        alerts: list[str] = []
+        page.on("dialog", lambda dialog: (alerts.append(dialog.message), dialog.dismiss()))
+        page.goto(base + "/")
+        assert page.url.endswith("/login")
+        page.fill("input[name=name]", "alice")
+        page.fill("input[name=key]", "browser-key")
+        page.click("button[type=submit]")
+        page.wait_for_url(base + "/")
+        assert page.locator("table.queue tbody tr").count() == 3  # the three flagged of four decisions
+
+        page.select_option("select[name=topic]", "healthcare")
+        page.click("form.filters button[type=submit]")
+        page.wait_for_load_state()
+        rows = page.locator("table.queue tbody tr")
+        assert rows.count() == 2 and "legal" not in page.locator("table.queue").inner_text()
+        page.screenshot(path=str(images / "review-queue.png"), full_page=True)
+
+        page.keyboard.press("j")
+        page.keyboard.press("j")  # the second row: the flagged ibuprofen answer
+        page.keyboard.press("Enter")
+        page.wait_for_url(f"{base}/decisions/{ids['flagged']}")
+        mark = page.locator("p.answer mark#f1")
+        assert mark.inner_text().startswith("Yes, ibuprofen is safe throughout pregnancy.")
+        assert page.locator("mark.cited").count() == 1
+        page.screenshot(path=str(images / "review-detail.png"), full_page=True)
+
+        page.keyboard.press("h")
+        page.fill("textarea[name=note]", "contradicts passage 1")
+        page.keyboard.press("Control+Enter")
+        page.wait_for_url("**saved=1")
+        page.goto(f"{base}/decisions/{ids['flagged']}")
+        assert "hallucinated" in page.locator("table.judgements").inner_text()
+
+        page.goto(f"{base}/decisions/{ids['hostile']}")
+        assert "<script>window.__pwned = 1</script>" in page.locator("p.answer").inner_text()
+        assert page.evaluate("typeof window.__pwned") == "undefined" and alerts == []
+        assert page.locator("p.answer img").count() == 0 and page.locator("p.answer script").count() == 0
+
+        with page.expect_download() as download:
+            page.evaluate(f"window.location.href = '{base}/export.jsonl'")
+        exported = Path(download.value.path()).read_text()
+        assert '"label": "hallucinated"' in exported and "contradicts passage 1" in exported
+        browser.close()

@@ -59,12 +59,12 @@ class ReviewStore:
         if where.reviewed is not None:
             exists = sa.exists().where(reviews.c.decision_id == c.id)
             sql = sql.where(exists if where.reviewed else ~exists)
-        if where.order == "score":
-            score = sa.func.coalesce(c.score, -1.0)
+        if where.order == "score":  # decisions with a score (checked ones), along the (score, id) index
+            sql = sql.where(c.score.is_not(None))
             if after:
                 last_score, last_id = _cursor(after)
-                sql = sql.where(sa.or_(score < last_score, sa.and_(score == last_score, c.id < last_id)))
-            sql = sql.order_by(score.desc(), c.id.desc())
+                sql = sql.where(sa.or_(c.score < last_score, sa.and_(c.score == last_score, c.id < last_id)))
+            sql = sql.order_by(c.score.desc(), c.id.desc())
         else:
             if after:
                 sql = sql.where(c.id < int(_cursor(after)[1]))
@@ -76,8 +76,7 @@ class ReviewStore:
         if not more or not rows:
             return rows, None
         last = rows[-1]
-        cursor = f"{last['score'] if last['score'] is not None else -1.0}:{last['id']}" if where.order == "score" \
-            else f"0:{last['id']}"
+        cursor = f"{last['score']!r}:{last['id']}" if where.order == "score" else f"0:{last['id']}"
         return rows, cursor
 
     def neighbours(self, decision_id: int, where: QueueFilter) -> tuple[int | None, int | None]:
@@ -171,8 +170,12 @@ class ReviewStore:
 
 
 def _cursor(text: str) -> tuple[float, int]:
+    """(score, id) of the last row of the previous page; a cursor that does not parse starts over."""
     score, _, row_id = text.partition(":")
-    return float(score), int(row_id)
+    try:
+        return float(score), int(row_id)
+    except ValueError:
+        return float("inf"), 2**62
 
 
 def text_kept(row: dict[str, Any]) -> bool:

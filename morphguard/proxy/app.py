@@ -18,7 +18,7 @@ from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
 from morphguard import telemetry
@@ -97,7 +97,9 @@ class Proxy:
             from morphguard.review.app import ReviewConsole, reviewer_keys
 
             keys, _ = reviewer_keys(self.config.review)
-            console = [Mount("/review", ReviewConsole(self.config.review, lambda: self.guard.audit, keys,
+            # Paths reach routes without a trailing slash (gate.Gate), so /review itself needs its own route.
+            console = [Route("/review", lambda _: RedirectResponse("/review/queue", status_code=303)),
+                       Mount("/review", ReviewConsole(self.config.review, lambda: self.guard.audit, keys,
                                                       list(self.config.policy.topics)).app())]
         return Gate(ServerSpans(Starlette(
             routes=[

@@ -74,7 +74,8 @@ class ReviewConsole:
                 Route("/login", self.login_page, methods=["GET"]),
                 Route("/login", self.login, methods=["POST"]),
                 Route("/logout", self._auth(self.logout), methods=["POST"]),
-                Route("/", self._auth(self.queue), methods=["GET"]),
+                Route("/", self.home, methods=["GET"]),
+                Route("/queue", self._auth(self.queue), methods=["GET"]),
                 Route("/decisions/{decision_id:int}", self._auth(self.detail), methods=["GET"]),
                 Route("/decisions/{decision_id:int}/review", self._auth(self.review), methods=["POST"]),
                 Route("/insights", self._auth(self.insights), methods=["GET"]),
@@ -151,7 +152,7 @@ class ReviewConsole:
             return self._page(request, "login.html", 401, error="Unknown reviewer or wrong key.")
         request.session.clear()
         request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32)})
-        return self._redirect(request, "/")
+        return self._redirect(request, "/queue")
 
     def _valid(self, name: str, key: str) -> bool:
         matched = False
@@ -159,6 +160,9 @@ class ReviewConsole:
             matched |= hmac.compare_digest(known.encode(), name.encode()) & \
                 hmac.compare_digest(secret.encode(), key.encode())
         return matched
+
+    async def home(self, request: Request) -> Response:
+        return self._redirect(request, "/queue")
 
     async def logout(self, request: Request) -> Response:
         request.session.clear()
@@ -179,7 +183,7 @@ class ReviewConsole:
     async def queue(self, request: Request) -> Response:
         where = self._filter(request)
         after = request.query_params.get("after")
-        if after and not re.fullmatch(r"-?[0-9.]+:[0-9]+", after):
+        if after and not re.fullmatch(r"[-+0-9.eE]{1,32}:[0-9]{1,18}", after):
             after = None
         rows, cursor = await asyncio.to_thread(self._audit().queue, where, after, self.settings.page_size)
         kept = {k: v for k, v in request.query_params.items() if k != "after" and v}

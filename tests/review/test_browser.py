@@ -81,7 +81,7 @@ def test_review_flow_in_chromium(review_process, tmp_path):
         page.fill("input[name=name]", "alice")
         page.fill("input[name=key]", "browser-key")
         page.click("button[type=submit]")
-        page.wait_for_url(base + "/")
+        page.wait_for_url(base + "/queue")
         assert page.locator("table.queue tbody tr").count() == 3  # the three flagged of four decisions
 
         page.select_option("select[name=topic]", "healthcare")

@@ -15,7 +15,7 @@ from tests.review.conftest import csrf_of
 
 def test_nothing_is_shown_before_logging_in(console):
     client = console.client()
-    for path in ("/", f"/decisions/{console.ids['flagged']}", "/insights", "/export.jsonl"):
+    for path in ("/queue", f"/decisions/{console.ids['flagged']}", "/insights", "/export.jsonl"):
         response = client.get(path)
         assert response.status_code == 303 and response.headers["location"].endswith("/login")
     response = client.post(f"/decisions/{console.ids['flagged']}/review", data={"label": "faithful"})
@@ -36,28 +36,28 @@ def test_login_needs_the_form_token_and_the_right_key(console):
     assert ok.status_code == 303
     cookie = ok.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
-    assert client.get("/").status_code == 200
+    assert client.get("/queue").status_code == 200
 
 
 def test_the_queue_holds_flagged_and_escalated_answers_with_filters_and_pages(console):
     client = console.login()
-    first = client.get("/")  # page size 2, newest first
+    first = client.get("/queue")  # page size 2, newest first
     assert first.status_code == 200
     seen = [int(i) for i in re.findall(r'data-href="/decisions/(\d+)"', first.text)]
     assert seen == [console.ids["legal"], console.ids["hostile"]]
     nxt = re.search(r'href="(\?[^"]+)" rel="next"', first.text).group(1).replace("&amp;", "&")
-    second = client.get("/" + nxt)
+    second = client.get("/queue" + nxt)
     seen += [int(i) for i in re.findall(r'data-href="/decisions/(\d+)"', second.text)]
     assert seen == [console.ids["legal"], console.ids["hostile"], console.ids["flagged"]]  # not the unflagged one
     assert 'rel="next"' not in second.text
-    legal = client.get("/", params={"topic": "legal"}).text
+    legal = client.get("/queue", params={"topic": "legal"}).text
     assert f"/decisions/{console.ids['legal']}" in legal and f"/decisions/{console.ids['flagged']}" not in legal
-    blocked = client.get("/", params={"action": "block"}).text
+    blocked = client.get("/queue", params={"action": "block"}).text
     assert f"/decisions/{console.ids['hostile']}" in blocked and f"/decisions/{console.ids['legal']}" not in blocked
-    by_score = client.get("/", params={"order": "score"}).text
+    by_score = client.get("/queue", params={"order": "score"}).text
     order = [int(i) for i in re.findall(r'data-href="/decisions/(\d+)"', by_score)]
     assert order == [console.ids["flagged"], console.ids["hostile"]]  # 0.9, then 0.8
-    assert client.get("/", params={"since": "not a time", "after": "1:x"}).status_code == 200  # ignored, not 500
+    assert client.get("/queue", params={"since": "not a time", "after": "1:x"}).status_code == 200  # ignored, not 500
 
 
 def test_the_detail_page_marks_flagged_spans_and_their_evidence(console):
@@ -100,9 +100,9 @@ def test_a_judgement_needs_the_token_and_is_its_own_record(console):
     assert after == before  # the decision is never rewritten
     page = client.get(f"/decisions/{target}").text
     assert "alice" in page and "#1 hallucinated, #2 faithful" in page and "&lt;b&gt;no&lt;/b&gt;" in page
-    reviewed = client.get("/", params={"reviewed": "yes"}).text
+    reviewed = client.get("/queue", params={"reviewed": "yes"}).text
     assert f"/decisions/{target}" in reviewed and "to review" not in reviewed
-    assert f"/decisions/{target}\"" not in client.get("/", params={"reviewed": "no"}).text
+    assert f"/decisions/{target}\"" not in client.get("/queue", params={"reviewed": "no"}).text
 
 
 def test_export_has_every_judgement_and_no_text(console):
@@ -132,9 +132,9 @@ def test_insights_draw_the_topics(console):
 def test_logout_needs_the_token_and_ends_the_session(console):
     client = console.login()
     assert client.post("/logout", data={}).status_code == 403
-    csrf = csrf_of(client.get("/").text)
+    csrf = csrf_of(client.get("/queue").text)
     assert client.post("/logout", data={"csrf": csrf}).status_code == 303
-    assert client.get("/").status_code == 303
+    assert client.get("/queue").status_code == 303
 
 
 def test_unknown_pages_are_plain_404s(console):

@@ -306,20 +306,25 @@ class QueueSettings(Section):
 
 
 class TelemetrySettings(Section):
-    """OpenTelemetry export. OTEL_* environment variables apply where a field is left unset."""
+    """OpenTelemetry export. A field left unset follows the standard OTEL_* environment variables, read as
+    the SDK's own autoconfiguration reads them; a field set here wins."""
 
-    exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] = "none"
-    endpoint: str | None = None  # None: OTEL_EXPORTER_OTLP_ENDPOINT, else the exporter's default
-    headers: dict[str, SecretStr] = {}  # e.g. an API key for a hosted backend; never recorded
-    service_name: str | None = None  # None: OTEL_SERVICE_NAME, else "morphguard"
-    sampling_ratio: float | None = Field(None, ge=0.0, le=1.0)  # None: OTEL_TRACES_SAMPLER*, else all
-    metrics: bool = True
-    metric_interval_s: float = Field(15.0, gt=0)
+    # None: OTEL_TRACES_EXPORTER (otlp, otlp_proto_http, otlp_proto_grpc, console, none; otlp's protocol from
+    # OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, grpc when unset, as in the SDK), else none
+    exporter: Literal["none", "console", "otlp-http", "otlp-grpc"] | None = None
+    endpoint: str | None = None  # None: OTEL_EXPORTER_OTLP_[TRACES_|METRICS_]ENDPOINT, else the exporter's default
+    headers: dict[str, SecretStr] = {}  # e.g. an API key for a hosted backend; never recorded. {}: OTEL_..._HEADERS
+    service_name: str | None = None  # None: OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else "morphguard"
+    project: str | None = None  # Arize Phoenix project (resource attribute openinference.project.name)
+    sampling_ratio: float | None = Field(None, ge=0.0, le=1.0)  # None: OTEL_TRACES_SAMPLER(_ARG), else all
+    metrics: bool = True  # also export metrics: to OTEL_METRICS_EXPORTER when set, else where the traces go
+    metric_interval_s: float | None = Field(None, gt=0)  # None: OTEL_METRIC_EXPORT_INTERVAL, else 15 s
+    prometheus: bool = False  # GET /metrics on the proxy in the Prometheus text format
     capture_content: bool = False  # prompts, answers and context in span attributes: opt-in
     openinference: bool = False  # also OpenInference attributes, for Arize Phoenix
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream
     # Regexes of request paths that get no server span. None: OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS, else
-    # OTEL_PYTHON_EXCLUDED_URLS, else the health and readiness probes.
+    # OTEL_PYTHON_EXCLUDED_URLS, else the health, readiness and metrics probes.
     excluded_urls: list[str] | None = None
 
 

@@ -105,6 +105,7 @@ class Proxy:
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
                 *console,
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
@@ -119,6 +120,13 @@ class Proxy:
 
     async def healthz(self, request: Request) -> Response:
         return JSON({"status": "ok"})
+
+    async def metrics(self, request: Request) -> Response:
+        """The instruments in the Prometheus text format (`telemetry.prometheus`); 404 when not enabled."""
+        if not telemetry_setup.prometheus_enabled:
+            raise not_found("/metrics")
+        body, content_type = telemetry_setup.prometheus_text()
+        return Response(body, media_type=content_type)
 
     async def readyz(self, request: Request) -> Response:
         checks: dict[str, Any] = {"upstream": await self._reachable(self.upstream.client,

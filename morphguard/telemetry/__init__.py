@@ -30,14 +30,24 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(names.TRACER_NAME)
 
 
+_SECONDS = [0.01 * 2 ** i for i in range(14)]  # 10 ms to 82 s
+
+
 @cache
 def _instruments() -> dict[str, Any]:
     meter = metrics.get_meter(names.TRACER_NAME)
     return {
+        # Bucket boundaries: the GenAI conventions' advice for tokens and call durations; tenths for scores.
         "tokens": meter.create_histogram(names.METRIC_TOKENS, unit="{token}",
-                                         description="Tokens per LLM call, by type (input, output)"),
-        "duration": meter.create_histogram(names.METRIC_DURATION, unit="s", description="LLM call duration"),
-        "score": meter.create_histogram(names.METRIC_SCORE, unit="1", description="Hallucination score per check"),
+                                         description="Tokens per LLM call, by type (input, output)",
+                                         explicit_bucket_boundaries_advisory=[4.0 ** i for i in range(14)]),
+        "duration": meter.create_histogram(names.METRIC_DURATION, unit="s", description="LLM call duration",
+                                           explicit_bucket_boundaries_advisory=_SECONDS),
+        "score": meter.create_histogram(names.METRIC_SCORE, unit="1", description="Hallucination score per check",
+                                        explicit_bucket_boundaries_advisory=[i / 10 for i in range(11)]),
+        "check_duration": meter.create_histogram(names.METRIC_CHECK_DURATION, unit="s",
+                                                 description="Wall time of one check, judge calls included",
+                                                 explicit_bucket_boundaries_advisory=_SECONDS),
         "decisions": meter.create_counter(names.METRIC_DECISIONS, unit="{decision}",
                                           description="Policy decisions by action and topic"),
         "queue": [meter.create_observable_gauge(name, [_observe(key)], unit="{check}", description=text)
@@ -194,7 +204,7 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
                 span.set_attribute(key, value)
     instruments = _instruments()
     instruments["decisions"].add(1, {names.ACTION: decision.action, names.TOPIC: decision.topic,
-                                     names.PROFILE: decision.profile})
+                                     names.PROFILE: decision.profile, names.FLAGGED: decision.flagged})
     if detection is None:
         if decision.reason and decision.reason.startswith("fail_open"):
             instruments["fail_open"].add(1, {names.PROFILE: decision.profile, names.TOPIC: decision.topic})
@@ -203,6 +213,8 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
     span.set_attribute(names.SCORE, detection.score)
     span.set_attribute(names.FACTOIDS, len(detection.factoids))
     instruments["score"].record(detection.score, {names.DETECTOR: detection.detector, names.TOPIC: decision.topic})
+    instruments["check_duration"].record(detection.cost.seconds, {names.DETECTOR: detection.detector,
+                                                                   names.TOPIC: decision.topic})
     for factoid in detection.factoids:
         event: dict[str, AttributeValue] = {names.FACTOID_SCORE: factoid.score,
                                             names.FACTOID_FLAGGED: factoid.score >= decision.threshold}

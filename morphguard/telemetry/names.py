@@ -69,6 +69,7 @@ FACTOID_END = "morphguard.factoid.end"
 FACTOID_FLAGGED = "morphguard.factoid.flagged"
 
 # OpenInference (Arize Phoenix), optional
+OI_PROJECT = "openinference.project.name"  # resource attribute: the Arize Phoenix project
 OI_SPAN_KIND = "openinference.span.kind"  # LLM | GUARDRAIL | EVALUATOR | CHAIN
 OI_INPUT = "input.value"
 OI_OUTPUT = "output.value"
@@ -84,6 +85,7 @@ OI_EVAL_EXPLANATION = "evaluation.explanation"
 METRIC_TOKENS = "gen_ai.client.token.usage"
 METRIC_DURATION = "gen_ai.client.operation.duration"
 METRIC_SCORE = "morphguard.score"
+METRIC_CHECK_DURATION = "morphguard.check.duration"
 METRIC_DECISIONS = "morphguard.decisions"
 METRIC_QUEUE_DEPTH = "morphguard.queue.depth"  # checks waiting or being checked
 METRIC_QUEUE_CLAIMED = "morphguard.queue.claimed"  # read by a worker, not yet done (Redis)

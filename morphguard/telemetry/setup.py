@@ -1,7 +1,9 @@
 """OpenTelemetry providers, exporters and httpx instrumentation, configured once per process from config.
 
-Unset fields fall back to the standard OTEL_* environment variables (endpoint, headers, service name,
-sampler), which the SDK and its exporters read themselves.
+A field the config leaves unset follows the standard OTEL_* environment variables as the SDK's own
+autoconfiguration reads them: which exporter (OTEL_TRACES_EXPORTER, OTEL_METRICS_EXPORTER, otlp's
+protocol), and, read by the SDK and its exporters themselves, endpoint, headers, resource and service
+name, sampler, metric interval. A field the config sets wins.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -26,7 +29,7 @@ from morphguard.telemetry import names
 log = logging.getLogger(__name__)
 
 
-DEFAULT_EXCLUDED_URLS = (r"/healthz$", r"/readyz$")
+DEFAULT_EXCLUDED_URLS = (r"/healthz$", r"/readyz$", r"/metrics$")
 
 
 @dataclass(frozen=True)
@@ -51,68 +54,137 @@ def excluded_urls(settings: TelemetrySettings) -> ExcludeList:
 _configured = False
 
 
-def _exporters(settings: TelemetrySettings) -> tuple[SpanExporter | None, object | None]:
-    headers = {k: v.get_secret_value() for k, v in settings.headers.items()} or None
-    kind = settings.exporter
+Kind = Literal["none", "console", "otlp-http", "otlp-grpc", "prometheus"]
+# OTEL_*_EXPORTER values as the SDK's autoconfiguration names them, and otlp's protocols.
+_BY_ENV_NAME: dict[str, Kind] = {"none": "none", "console": "console", "otlp_proto_http": "otlp-http",
+                                 "otlp_proto_grpc": "otlp-grpc", "prometheus": "prometheus"}
+_BY_PROTOCOL: dict[str, Kind] = {"grpc": "otlp-grpc", "http/protobuf": "otlp-http"}
+
+
+def exporter_kind(settings: TelemetrySettings, signal: Literal["traces", "metrics"]) -> Kind:
+    """The config's exporter when set; else OTEL_<SIGNAL>_EXPORTER (metrics: else the traces' choice)."""
+    if settings.exporter is not None:
+        return settings.exporter
+    given = [n.strip() for n in os.environ.get(f"OTEL_{signal.upper()}_EXPORTER", "").split(",") if n.strip()]
+    if not given:
+        return exporter_kind(settings, "traces") if signal == "metrics" else "none"
+    name = given[0]
+    if len(given) > 1:
+        log.warning("OTEL_%s_EXPORTER names several exporters; morphguard uses the first, %s", signal.upper(), name)
+    if name == "otlp":
+        protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
+        if protocol not in _BY_PROTOCOL:
+            log.warning("OTLP protocol %r is not supported (grpc, http/protobuf): %s not exported", protocol, signal)
+            return "none"
+        return _BY_PROTOCOL[protocol]
+    if name not in _BY_ENV_NAME or name == "prometheus" and signal == "traces":
+        log.warning("OTEL_%s_EXPORTER=%s is not supported here: %s not exported", signal.upper(), name, signal)
+        return "none"
+    return _BY_ENV_NAME[name]
+
+
+def _span_exporter(kind: Kind, settings: TelemetrySettings, headers: dict[str, str] | None) -> SpanExporter | None:
     if kind == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter(), ConsoleMetricExporter()
+        return ConsoleSpanExporter()
     if kind == "otlp-http":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-            OTLPMetricExporter,
-        )
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter,
-        )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         base = settings.endpoint.rstrip("/") if settings.endpoint else None
-        return (OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, headers=headers),
-                OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, headers=headers))
+        return OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, headers=headers)
     if kind == "otlp-grpc":
-        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter, trace_exporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 
-        return (trace_exporter.OTLPSpanExporter(endpoint=settings.endpoint, headers=headers),
-                metric_exporter.OTLPMetricExporter(endpoint=settings.endpoint, headers=headers))
-    return None, None
+        return GrpcSpanExporter(endpoint=settings.endpoint, headers=headers)
+    return None
+
+
+def _metric_reader(kind: Kind, settings: TelemetrySettings, headers: dict[str, str] | None) -> MetricReader | None:
+    exporter: Any = None
+    if kind == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        exporter = ConsoleMetricExporter()
+    elif kind == "otlp-http":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        base = settings.endpoint.rstrip("/") if settings.endpoint else None
+        exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, headers=headers)
+    elif kind == "otlp-grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetricExporter
+
+        exporter = GrpcMetricExporter(endpoint=settings.endpoint, headers=headers)
+    if exporter is None:
+        return None
+    interval = (settings.metric_interval_s * 1000 if settings.metric_interval_s
+                else None if os.environ.get("OTEL_METRIC_EXPORT_INTERVAL") else 15_000)  # None: the SDK reads it
+    return PeriodicExportingMetricReader(exporter, export_interval_millis=interval)
+
+
+def resource(settings: TelemetrySettings) -> Resource:
+    """The SDK's resource from the environment (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME) with what the
+    config sets on top, the process's identity, and "morphguard" where nothing names the service."""
+    attributes: dict[str, str] = {
+        # Which replica or worker: with several on one backend, their metrics would otherwise add up as one.
+        names.SERVICE_INSTANCE: f"{socket.gethostname()}:{os.getpid()}"}
+    if settings.service_name:
+        attributes[names.SERVICE_NAME] = settings.service_name
+    elif str(Resource.create({}).attributes.get(names.SERVICE_NAME, "")).startswith("unknown_service"):
+        attributes[names.SERVICE_NAME] = "morphguard"
+    if settings.project:
+        attributes[names.OI_PROJECT] = settings.project
+    return Resource.create(attributes)
 
 
 def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None = None,
               metric_reader: MetricReader | None = None) -> None:
     """Install the providers (once per process) and instrument httpx. Explicit exporters win (tests)."""
-    global options, _configured
+    global options, _configured, prometheus_enabled
     options = Options(settings.capture_content, settings.openinference, settings.upstream_provider,
                       excluded_urls(settings))
     if _configured:
         return
-    if settings.exporter == "none" and span_exporter is None and metric_reader is None:
+    headers = {k: v.get_secret_value() for k, v in settings.headers.items()} or None  # None: OTEL_..._HEADERS
+    traces = exporter_kind(settings, "traces")
+    spans = span_exporter or _span_exporter(traces, settings, headers)
+    readers = [metric_reader] if metric_reader is not None else []
+    if not readers and settings.metrics:
+        reader = _metric_reader(exporter_kind(settings, "metrics"), settings, headers)
+        readers += [reader] if reader is not None else []
+    prometheus_enabled = settings.prometheus or exporter_kind(settings, "metrics") == "prometheus"
+    if prometheus_enabled:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        readers.append(PrometheusMetricReader())
+    if spans is None and not readers:
         return  # the API's no-op providers stay: instrumented code costs next to nothing
     _configured = True
-    attributes = ({} if os.environ.get("OTEL_SERVICE_NAME")
-                  else {names.SERVICE_NAME: settings.service_name or "morphguard"})
-    # Which replica or worker: with several on one backend, their metrics would otherwise add up as one.
-    attributes[names.SERVICE_INSTANCE] = f"{socket.gethostname()}:{os.getpid()}"
-    resource = Resource.create(attributes)
-    spans, metric_exporter = _exporters(settings)
-    spans = span_exporter or spans
-    sampler = ParentBased(TraceIdRatioBased(settings.sampling_ratio)) if settings.sampling_ratio is not None else None
-    tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+    described = resource(settings)
     if spans is not None:
+        sampler = ParentBased(TraceIdRatioBased(settings.sampling_ratio)) \
+            if settings.sampling_ratio is not None else None  # None: the SDK reads OTEL_TRACES_SAMPLER(_ARG)
+        tracer_provider = TracerProvider(resource=described, sampler=sampler)
         tracer_provider.add_span_processor(BatchSpanProcessor(spans, schedule_delay_millis=500))
-    trace.set_tracer_provider(tracer_provider)
-    readers: list[MetricReader] = []
-    if metric_reader is not None:
-        readers.append(metric_reader)
-    elif settings.metrics and metric_exporter is not None:
-        readers.append(PeriodicExportingMetricReader(metric_exporter,  # type: ignore[arg-type]
-                                                     export_interval_millis=settings.metric_interval_s * 1000))
+        trace.set_tracer_provider(tracer_provider)
     if readers:
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+        metrics.set_meter_provider(MeterProvider(resource=described, metric_readers=readers))
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
     HTTPXClientInstrumentor().instrument()
-    log.info("telemetry: exporter %s", settings.exporter if span_exporter is None else "in-process")
+    log.info("telemetry: traces to %s, metrics to %d readers", traces if span_exporter is None else "in-process",
+             len(readers))
+
+
+prometheus_enabled = False  # whether the proxy serves GET /metrics
+
+
+def prometheus_text() -> tuple[bytes, str]:
+    """The Prometheus exposition of every instrument (body, content type)."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return generate_latest(), CONTENT_TYPE_LATEST
 
 
 def shutdown() -> None:

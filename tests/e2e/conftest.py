@@ -23,10 +23,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60,
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     out = open(log, "wb")
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -58,12 +59,14 @@ def provider(tmp_path_factory) -> Iterator[str]:
     stop(process)
 
 
-def serve(config: dict, folder: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
-    """`morphguard serve` with `config` written to `folder`; its base URL and process."""
+def serve(config: dict, folder: Path, port: int | None = None,
+          env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """`morphguard serve` with `config` written to `folder` (and `env` added); its base URL and process."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     port = port or free_port()
     process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
-                     "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log", timeout=300)
+                     "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log", timeout=300,
+                    env=env)
     return f"http://127.0.0.1:{port}", process
 
 

@@ -112,6 +112,7 @@ class ProxySettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    anthropic: UpstreamSettings | None = None  # /v1/messages goes here (https://api.anthropic.com/v1); None: upstream
     keys: list[SecretStr] = []
     litellm_routes: list[LitellmRoute] = []
     max_body_bytes: int = Field(4_000_000, ge=1024)

@@ -1,4 +1,5 @@
-"""The proxy's routes: chat completions are forwarded and checked; a short allow-list of other /v1 paths
+"""The proxy's routes: chat completions, the Responses API and the Anthropic Messages API are forwarded
+and checked (the latter two in `native_routes`); a short allow-list of other /v1 paths
 (`proxy.passthrough_routes`) passes through; generation routes that cannot be checked are refused
 unless `proxy.unchecked_routes` lets them pass (audited); anything else is 404.
 
@@ -45,6 +46,8 @@ from morphguard.proxy.errors import (
 )
 from morphguard.proxy.gate import Gate
 from morphguard.proxy.guard import Guard, Reask, build_guard
+from morphguard.proxy.native import Messages, Responses
+from morphguard.proxy.native_routes import NativeRoutes
 from morphguard.proxy.streaming import DONE, StreamedAnswer, chunk_payloads, sse
 from morphguard.proxy.upstream import Upstream, response_headers
 from morphguard.telemetry import names
@@ -70,7 +73,9 @@ class Proxy:
         self._detector = detector
         self._transport = transport
         self.upstream: Upstream
+        self.anthropic: Upstream | None = None  # /v1/messages, when not the main upstream
         self.guard: Guard
+        self.native = NativeRoutes(self)
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -78,6 +83,8 @@ class Proxy:
         detector = self._detector if self._detector is not None else await asyncio.to_thread(
             build_detector, self.config)  # may start the judge
         self.upstream = Upstream(self.settings, self._transport)
+        self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic}),
+                                  self._transport) if self.settings.anthropic is not None else None
         adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         self.backend = ChatBackend(self.upstream, adapter, self.config.telemetry.upstream_provider)
         self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
@@ -87,6 +94,8 @@ class Proxy:
         finally:
             await self.guard.stop()
             await self.upstream.aclose()
+            if self.anthropic is not None:
+                await self.anthropic.aclose()
             await self.guard.close()
             telemetry_setup.shutdown()
 
@@ -108,9 +117,13 @@ class Proxy:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 *console,
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/responses", self.responses, methods=["POST"]),
+                Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
                 # A path prefix (base_url http://proxy/clinic/v1) can select a policy profile.
                 Route("/{prefix:path}/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/{prefix:path}/v1/responses", self.responses, methods=["POST"]),
+                Route("/{prefix:path}/v1/messages", self.messages, methods=["POST"]),
                 Route("/{prefix:path}/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
             ],
             exception_handlers={ProxyError: handle_proxy_error, HTTPException: handle_http_error,
@@ -179,7 +192,7 @@ class Proxy:
             raise bad_request(f"'{OUR_FIELD}.detector' may only be set when the proxy allows requests to choose "
                               "their policy (policy.request_override).", f"{OUR_FIELD}.detector")
         facts = RequestFacts(
-            api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
+            api_key=_presented_key(headers),
             model=extraction.body.get("model") if isinstance(extraction.body.get("model"), str) else None,
             headers=headers, path_prefix=f"/{prefix}" if prefix else "",
             requested_profile=_string(options.get("policy")) or headers.get("x-morphguard-policy"),
@@ -200,6 +213,12 @@ class Proxy:
             return reply.completion
 
         return reask
+
+    async def responses(self, request: Request) -> Response:
+        return await self.native.handle(request, Responses)
+
+    async def messages(self, request: Request) -> Response:
+        return await self.native.handle(request, Messages)
 
     async def chat(self, request: Request) -> Response:
         headers = self.upstream.headers_for(request.headers)
@@ -355,11 +374,16 @@ class Proxy:
         """The request as policy sees it when there is no chat body to read."""
         headers = {k.lower(): val for k, val in request.headers.items()}
         prefix = request.path_params.get("prefix")
-        facts = RequestFacts(api_key=headers.get("authorization", "").removeprefix("Bearer ").strip() or None,
+        facts = RequestFacts(api_key=_presented_key(headers),
                              headers=headers, path_prefix=f"/{prefix}" if prefix else "")
         profile = self.engine.profile_for(facts)
         return CheckRequest(body={}, rag=None, source=None, profile=profile, topic=self.engine.topic_for(profile, None),
                       route=facts.path_prefix)
+
+
+def _presented_key(headers: dict[str, str]) -> str | None:
+    """The client's key: a bearer token (OpenAI's clients) or x-api-key (Anthropic's)."""
+    return headers.get("authorization", "").removeprefix("Bearer ").strip() or headers.get("x-api-key") or None
 
 
 def _string(value: Any) -> str | None:

@@ -55,7 +55,8 @@ def depth_ok(value: Any, limit: int) -> bool:
     return True
 
 
-def parse_chat(raw: bytes) -> dict[str, Any]:
+def parse_object(raw: bytes) -> dict[str, Any]:
+    """A request body: a JSON object, not too deep, no NaN; `model`, `stream` and our field well typed."""
     try:
         body = json.loads(raw, parse_constant=reject_constant)
     except RecursionError:
@@ -66,6 +67,16 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
         raise bad_request("The request body must be a JSON object.")
     if not depth_ok(body, MAX_JSON_DEPTH):
         raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise bad_request("'stream' must be a boolean.", "stream")
+    if "model" in body and not isinstance(body["model"], str):
+        raise bad_request("'model' must be a string.", "model")
+    _check_ours(body.get(OUR_FIELD))
+    return body
+
+
+def parse_chat(raw: bytes) -> dict[str, Any]:
+    body = parse_object(raw)
     messages = body.get("messages")
     if messages is None:
         raise bad_request("Missing required parameter: 'messages'.", "messages")
@@ -75,26 +86,24 @@ def parse_chat(raw: bytes) -> dict[str, Any]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
         check_content(message.get("content"), f"messages[{i}].content")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise bad_request("'stream' must be a boolean.", "stream")
-    if "model" in body and not isinstance(body["model"], str):
-        raise bad_request("'model' must be a string.", "model")
-    ours = body.get(OUR_FIELD)
-    if ours is not None:
-        if not isinstance(ours, dict):
-            raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
-        if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
-            raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(SPECS))} "
-                              f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
-        for key in ("topic", "policy"):
-            if ours.get(key) is not None and not isinstance(ours[key], str):
-                raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")
-        context = ours.get("context")
-        if context is not None and not (isinstance(context, str) or (
-                isinstance(context, list) and all(isinstance(p, str) for p in context))):
-            raise bad_request(f"'{OUR_FIELD}.context' must be a string or an array of strings.",
-                              f"{OUR_FIELD}.context")
     return body
+
+
+def _check_ours(ours: Any) -> None:
+    if ours is None:
+        return
+    if not isinstance(ours, dict):
+        raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
+    if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
+        raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(SPECS))} "
+                          f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
+    for key in ("topic", "policy"):
+        if ours.get(key) is not None and not isinstance(ours[key], str):
+            raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")
+    context = ours.get("context")
+    if context is not None and not (isinstance(context, str) or (
+            isinstance(context, list) and all(isinstance(p, str) for p in context))):
+        raise bad_request(f"'{OUR_FIELD}.context' must be a string or an array of strings.", f"{OUR_FIELD}.context")
 
 
 def check_content(content: Any, where: str) -> None:

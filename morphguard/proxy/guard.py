@@ -155,6 +155,11 @@ class Guard:
         with telemetry.guardrail_span(request.request_id, mode, link_to=link) as span:
             result = await self.check(request, actions.answer_of(completion))
             attempts = 0
+            if result.decision.action == "regenerate" and can_change and reask is None:
+                # This API offers no way to ask again (Responses, Messages): the safe fallback is to withhold.
+                note = "regenerate not possible on this API: blocked"
+                result = CheckOutcome(result.decision.model_copy(update={"action": "block", "reason": note}),
+                                      result.detection, result.latency_ms)
             if result.decision.action == "regenerate" and can_change and reask is not None:
                 completion, result, attempts = await self._regenerate(request, completion, result, reask)
                 if attempts:  # the action taken was a regeneration, whatever the final answer scored

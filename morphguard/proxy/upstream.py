@@ -90,7 +90,9 @@ class Upstream:
                    if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-morphguard-")}
         if self.settings.api_key is None:
             return headers  # the client's own Authorization goes through
-        presented = incoming.get("authorization", "").removeprefix("Bearer ").strip().encode("latin-1")
+        # Anthropic's clients present their key as x-api-key, OpenAI's as a bearer token.
+        presented = (incoming.get("authorization", "").removeprefix("Bearer ").strip()
+                     or incoming.get("x-api-key", "").strip()).encode("latin-1")
         if not any(hmac.compare_digest(presented, key) for key in self._proxy_keys):
             raise unauthorized()
         headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "api-key", "x-api-key")}

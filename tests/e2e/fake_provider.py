@@ -19,7 +19,9 @@ recorded (method, path, authorization) at GET /_others, so tests can tell what r
 It also receives escalation
 webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503),
 /_webhook/gate-NAME (503 until POST /_gate/NAME, then 200); GET /_webhooks lists what it took (200s).
-Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed delay.
+Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed delay. POST /v1/responses
+and /v1/messages answer in the OpenAI Responses and Anthropic Messages shapes (streamed as their SSE
+events), picking the answer by model as chat does; GET /_native lists what they received.
 """
 
 from __future__ import annotations
@@ -194,6 +196,96 @@ async def requests_seen(request: Request) -> Response:
     return Response(json.dumps(received), media_type="application/json")
 
 
+# --- the Responses API and the Anthropic Messages API, answering as the chat route does ---------------------
+
+native_received: list[dict] = []
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\S+\s*", text)
+
+
+def _response(model: str, text: str) -> dict:
+    return {"id": "resp_fake", "object": "response", "created_at": int(time.time()), "status": "completed",
+            "model": model, "output": [{"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+                                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "usage": {"input_tokens": 20, "output_tokens": 9, "total_tokens": 29},
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+async def responses(request: Request) -> Response:
+    body = json.loads(await request.body())
+    native_received.append({"path": "responses", "body": body, "headers": dict(request.headers)})
+    model = body.get("model", "")
+    if model == "fail-400":
+        return JSONResponse({"error": {"message": "model rejected", "type": "invalid_request_error",
+                                       "param": "model", "code": "model_not_found"}}, status_code=400)
+    final = _response(model, ANSWERS.get(model, ANSWERS["faithful"]))
+    if not body.get("stream"):
+        return JSONResponse(final)
+
+    async def events():
+        seq = 0
+
+        def event(name: str, **data: object) -> str:
+            nonlocal seq
+            seq += 1
+            return f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': seq, **data})}\n\n"
+
+        item = final["output"][0]
+        text = item["content"][0]["text"]
+        yield event("response.created", response={**final, "status": "in_progress", "output": []})
+        yield event("response.output_item.added", output_index=0, item={**item, "content": [],
+                                                                        "status": "in_progress"})
+        yield event("response.content_part.added", output_index=0, item_id=item["id"], content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []})
+        for word in _words(text):
+            yield event("response.output_text.delta", output_index=0, item_id=item["id"], content_index=0,
+                        delta=word, logprobs=[])
+        yield event("response.output_text.done", output_index=0, item_id=item["id"], content_index=0, text=text,
+                    logprobs=[])
+        yield event("response.content_part.done", output_index=0, item_id=item["id"], content_index=0,
+                    part=item["content"][0])
+        yield event("response.output_item.done", output_index=0, item=item)
+        yield event("response.completed", response=final)
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _message(model: str, text: str) -> dict:
+    return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 20, "output_tokens": 9}}
+
+
+async def messages(request: Request) -> Response:
+    body = json.loads(await request.body())
+    native_received.append({"path": "messages", "body": body, "headers": dict(request.headers)})
+    model = body.get("model", "")
+    final = _message(model, ANSWERS.get(model, ANSWERS["faithful"]))
+    if not body.get("stream"):
+        return JSONResponse(final)
+
+    async def events():
+        def event(name: str, **data: object) -> str:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n"
+
+        yield event("message_start", message={**final, "content": [], "stop_reason": None,
+                                              "usage": {"input_tokens": 20, "output_tokens": 1}})
+        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield event("ping")
+        for word in _words(final["content"][0]["text"]):
+            yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": word})
+        yield event("content_block_stop", index=0)
+        yield event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
+                    usage={"output_tokens": 9})
+        yield event("message_stop")
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def native_seen(request: Request) -> Response:
+    return JSONResponse(native_received)
+
+
 async def webhook(request: Request) -> Response:
     kind = request.path_params["kind"]
     key = f"webhook-{kind}"  # apart from the chat model "flaky"'s own count
@@ -224,6 +316,9 @@ app = Starlette(routes=[
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/models", models),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/_native", native_seen),
     Route("/_requests", requests_seen),
     Route("/_webhook/{kind}", webhook, methods=["POST"]),
     Route("/_webhooks", webhooks_seen),

@@ -131,10 +131,12 @@ def test_allow_listed_paths_pass_through_with_the_upstream_key(guarded, provider
 
 
 def test_generation_routes_that_cannot_be_checked_are_refused_or_pass_audited(guarded, proxy_factory, provider):
-    status, _, data = raw(guarded, "POST", "/v1/responses", {"model": "hallucinated", "input": QUESTION})
+    status, _, data = raw(guarded, "POST", "/v1/assistants", {"model": "hallucinated", "instructions": QUESTION})
+    assert status == 403 and json.loads(data)["error"]["code"] == "unchecked_route"
+    status, _, data = raw(guarded, "GET", "/v1/responses/resp_123")  # a stored response, never checked here
     assert status == 403 and json.loads(data)["error"]["code"] == "unchecked_route"
     others = httpx.get(provider.removesuffix("/v1") + "/_others").json()
-    assert not any(o["path"].endswith("/responses") for o in others)
+    assert not any(o["path"].endswith(("/assistants", "/resp_123")) for o in others)
     status, _, _ = raw(guarded, "POST", "/v1/completions", {"model": "hallucinated", "prompt": QUESTION})
     assert status == 200  # listed in proxy.unchecked_routes: passes, and the audit says so
     assert audit_rows(proxy_factory, guarded)[-1]["reason"] == "unchecked_route"

@@ -1,0 +1,226 @@
+"""The routes of the Responses and Messages APIs (`native.py` knows their shapes): forward, check,
+write the verdict back, in the same steps as chat completions, and with the same accounting: from the
+moment a request is accepted, every way out leaves one audit row."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from morphguard import telemetry
+from morphguard.policy.actions import answer_of
+from morphguard.policy.record import DecisionRecord
+from morphguard.proxy.body import loads_upstream, parse_object
+from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.errors import JSON, ProxyError, upstream_malformed
+from morphguard.proxy.native import VERDICT_EVENT, Dialect, Event, Messages, as_completion, read_events, sse_event
+from morphguard.proxy.upstream import Upstream, read_body, response_headers
+from morphguard.telemetry import names
+
+if TYPE_CHECKING:
+    from morphguard.proxy.app import Proxy
+
+
+class NativeRoutes:
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+
+    def _upstream(self, dialect: Dialect) -> tuple[Upstream, str]:
+        """Where the dialect's requests go, and the provider name its spans carry."""
+        if dialect is Messages:
+            return self.proxy.anthropic or self.proxy.upstream, "anthropic"
+        return self.proxy.upstream, self.proxy.config.telemetry.upstream_provider
+
+    async def handle(self, request: Request, dialect: Dialect) -> Response:
+        proxy = self.proxy
+        upstream, provider = self._upstream(dialect)
+        headers = upstream.headers_for(request.headers)
+        if dialect is Messages and upstream.settings.api_key is not None:
+            # The proxy's own key, the way Anthropic's API takes it.
+            headers["x-api-key"] = headers.pop("authorization").removeprefix("Bearer ")
+        headers["content-type"] = "application/json"
+        body = parse_object(await proxy._read_body(request))
+        extraction = proxy.extractor.extract(dialect.chat_view(body))
+        review = proxy._review(request, extraction)
+        forwarded = json.dumps({k: v for k, v in body.items() if k != OUR_FIELD}).encode()
+        # Accepted: from here on, every way out leaves one audit row.
+        try:
+            span = telemetry.start_chat_span(review.model, provider, "upstream",
+                                             dialect.chat_view(body)["messages"])
+            if body.get("stream"):
+                return await self._stream(dialect, upstream, provider, headers, forwarded, review, span)
+            return await self._complete(dialect, upstream, provider, headers, forwarded, review, span)
+        except ProxyError as exc:
+            await proxy.guard.account(review, exc.code or "upstream_error")
+            raise
+        except Exception:
+            await proxy.guard.account(review, "internal_error")
+            raise
+
+    async def _complete(self, dialect: Dialect, upstream: Upstream, provider: str, headers: dict[str, str],
+                        forwarded: bytes, review: CheckRequest, span: Span) -> Response:
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
+                async with upstream.open("POST", dialect.path, headers, forwarded) as response:
+                    data = await read_body(response)
+        except BaseException:
+            span.end()
+            raise
+        answered = time.time_ns()
+        if response.status_code >= 400:  # the provider's own error, unchanged
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=review.model,
+                                  response_model=None, input_tokens=None, output_tokens=None,
+                                  seconds=time.perf_counter() - started, error=f"HTTP {response.status_code}")
+            span.end(end_time=answered)
+            await self.proxy.guard.account(review, f"upstream_http_{response.status_code}")
+            return Response(data, response.status_code,
+                            headers=response_headers(response.headers, rewritten_body=False))
+        native = loads_upstream(data)
+        try:
+            text = dialect.answer(native)
+            _record_call(span, provider, review, native, time.perf_counter() - started, text)
+            native, record = await self._checked(dialect, review, native, text, span, can_change=True,
+                                                 later=self.proxy.settings.mode == "async")
+        finally:
+            span.end(end_time=answered)
+        return JSON(native, headers=response_headers(response.headers, rewritten_body=True) | record.headers())
+
+    async def _checked(self, dialect: Dialect, review: CheckRequest, native: dict[str, Any], text: str, span: Span,
+                       *, can_change: bool, later: bool) -> tuple[dict[str, Any], DecisionRecord]:
+        """The response as the client gets it (verdict in, answer rewritten by policy) and the record;
+        `later`: queue the check (async mode) unless the queue sends it back to be done now."""
+        guard = self.proxy.guard
+        review.chat_span = span
+        span.set_attribute(names.REQUEST_ID, review.request_id)
+        record = await guard.check_later(review, as_completion(text)) if later else None
+        if record is None:
+            with trace.use_span(span, end_on_exit=False):
+                checked, record = await guard.review(review, as_completion(text), can_change=can_change)
+            new_text = answer_of(checked)
+            if can_change and (new_text != text or record.action == "block"):
+                native = dialect.rewrite(native, new_text, blocked=record.action == "block")
+        native = {**native, OUR_FIELD: record.payload()}
+        return native, record
+
+    async def _stream(self, dialect: Dialect, upstream: Upstream, provider: str, headers: dict[str, str],
+                      forwarded: bytes, review: CheckRequest, span: Span) -> Response:
+        opened = AsyncExitStack()
+        started = time.perf_counter()
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=True):
+                response = await opened.enter_async_context(upstream.open("POST", dialect.path, headers, forwarded))
+        except BaseException:
+            span.end()
+            raise
+        if response.status_code >= 400:
+            data = await read_body(response)
+            await opened.aclose()
+            span.end()
+            await self.proxy.guard.account(review, f"upstream_http_{response.status_code}")
+            return Response(data, response.status_code,
+                            headers=response_headers(response.headers, rewritten_body=False))
+        kept = response_headers(response.headers, rewritten_body=True)
+        events = read_events(response.aiter_lines())
+        if self.proxy.settings.stream_mode == "buffer":
+            return await self._buffered(dialect, provider, review, span, events, opened, started, kept)
+        return StreamingResponse(self._relayed(dialect, provider, review, span, events, opened, started),
+                                 media_type="text/event-stream", headers=kept)
+
+    async def _buffered(self, dialect: Dialect, provider: str, review: CheckRequest, span: Span,
+                        events: AsyncIterator[Event], opened: AsyncExitStack, started: float,
+                        kept: dict[str, str]) -> Response:
+        """The whole stream collected and checked first: what policy changes reaches the client."""
+        try:
+            collected = [e async for e in events]
+        except httpx.HTTPError as exc:
+            span.end()
+            raise upstream_malformed(f"the stream broke ({type(exc).__name__})") from None
+        finally:
+            await opened.aclose()
+        native = dialect.collected(collected)
+        if native is None or not collected or not dialect.is_last(collected[-1]):
+            span.end()
+            raise upstream_malformed("the stream ended before its last event")
+        text = dialect.answer(native)
+        _record_call(span, provider, review, native, time.perf_counter() - started, text)
+        ended = time.time_ns()
+        try:
+            checked, record = await self._checked(dialect, review, native, text, span, can_change=True, later=False)
+        finally:
+            span.end(end_time=ended)
+        verdict = sse_event(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: record.payload()})
+        if dialect.answer(checked) != text or record.action == "block":
+            out = list(dialect.synthesize({k: v for k, v in checked.items() if k != OUR_FIELD}))
+            out = [*out[:-1], verdict, out[-1]]
+        else:
+            out = [e.encode() for e in collected[:-1]]
+            out += [verdict, dialect.with_verdict(collected[-1], record.payload()).encode()]
+        return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | record.headers())
+
+    async def _relayed(self, dialect: Dialect, provider: str, review: CheckRequest, span: Span,
+                       events: AsyncIterator[Event], opened: AsyncExitStack, started: float) -> AsyncIterator[bytes]:
+        """Events go out as they come; the last waits for the verdict, which goes out just before it."""
+        guard = self.proxy.guard
+        parts: list[str] = []
+        last: Event | None = None
+        recorded = False
+        try:
+            try:
+                async for event in events:
+                    if dialect.is_last(event):
+                        last = event
+                        continue
+                    parts.append(dialect.delta(event))
+                    yield event.encode()
+            except httpx.HTTPError as exc:
+                await guard.account(review, "upstream_stream_broken", "".join(parts))
+                recorded = True
+                span.end()
+                yield sse_event("error", {"type": "error", "error": {
+                    "type": "api_error", "message": f"the upstream stream broke ({type(exc).__name__})"}})
+                return
+            finally:
+                await opened.aclose()
+            text = "".join(parts)
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=review.model,
+                                  response_model=None, input_tokens=None, output_tokens=None,
+                                  seconds=time.perf_counter() - started, output_text=text)
+            ended = time.time_ns()
+            try:
+                _, record = await self._checked(dialect, review, {}, text, span, can_change=False,
+                                                later=self.proxy.settings.stream_mode == "async")
+                recorded = True
+            finally:
+                span.end(end_time=ended)
+            yield sse_event(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: record.payload()})
+            if last is not None:
+                yield dialect.with_verdict(last, record.payload()).encode()
+        finally:
+            if not recorded:
+                if span.is_recording():
+                    span.end()
+                guard.account_soon(review, "client_disconnected", "".join(parts))
+
+
+def _record_call(span: Span, provider: str, review: CheckRequest, native: dict[str, Any], seconds: float,
+                 text: str) -> None:
+    usage: dict[str, Any] = native["usage"] if isinstance(native.get("usage"), dict) else {}
+    telemetry.record_chat(span, provider=provider, role="upstream", request_model=review.model,
+                          response_model=native.get("model") if isinstance(native.get("model"), str) else None,
+                          input_tokens=_int(usage.get("input_tokens")), output_tokens=_int(usage.get("output_tokens")),
+                          seconds=seconds, output_text=text)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

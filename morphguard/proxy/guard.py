@@ -358,7 +358,9 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     for a fleet, the shared verdict cache. Blocking (it connects and migrates): call it off the loop."""
     policy = config.policy
     audit = AuditStore(policy.audit, config.store) if policy.audit.enabled else None
-    queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size)
+    budgets = [p.latency_budget_s or 0.0 for p in policy.profiles.values()]
+    queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size,
+                       max([config.judge.timeout_s, *budgets]))
     cache = VerdictCache(config.queue.url, config.queue.cache_ttl_s) \
         if config.queue.url and config.queue.cache_ttl_s else None
     pool = queue if isinstance(queue, RedisCheckQueue) else None

@@ -173,9 +173,11 @@ class SqliteCheckQueue:
             self._db.close()
 
 
-def open_queue(settings: QueueSettings, sqlite_path: str | Path, max_size: int) -> CheckQueue:
+def open_queue(settings: QueueSettings, sqlite_path: str | Path, max_size: int,
+               longest_wait_s: float = 120.0) -> CheckQueue:
+    """`longest_wait_s`: the longest this process waits on the queue in one call (an awaited inline check)."""
     if settings.url is None:
         return SqliteCheckQueue(sqlite_path, max_size, settings.max_tries)
     from morphguard.store.redis_queue import RedisCheckQueue  # redis is needed only by fleets
 
-    return RedisCheckQueue(settings, max_size)
+    return RedisCheckQueue(settings, max_size, longest_wait_s)

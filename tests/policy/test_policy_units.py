@@ -76,7 +76,8 @@ def test_highlight_merges_overlapping_spans_and_skips_unplaced_factoids():
 
 
 def test_audit_hashes_text_by_default_and_filters(tmp_path):
-    store = audit.AuditStore(AuditSettings(path=str(tmp_path / "a.db")))
+    # by default flagged answers keep their text for review (tests/review); without that, everything is hashed
+    store = audit.AuditStore(AuditSettings(path=str(tmp_path / "a.db"), keep_text="none"))
     base = DecisionRecord(request_id="r1", profile="general", topic="legal", checked=True, score=0.7, threshold=0.3,
                           flagged=True, action="annotate", answer="secret answer")
     store.record(base)

@@ -145,3 +145,21 @@ def test_poison_lands_in_the_dead_letter_stream_on_redis(redis_url, tmp_path):
         assert await q.stats() == {"backlog": 0, "claimed": 0, "lag": 0, "dead_letters": 1, "redeliveries": 0}
         await q.close()
     run(go())
+
+
+def test_an_entry_delivered_during_a_failed_read_is_taken_back_on_redis(redis_url, tmp_path):
+    async def go():
+        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        q = open_queue(settings, tmp_path / "x.db", 10)
+        await q.recover()
+        await q.put("a", {"k": "a"})
+        await q.put("b", {"k": "b"})
+        working = await q.take(0)  # a task here is busy with "a"
+        # The server delivers "b" to this consumer, but the reply never reaches us (a read that timed out).
+        await q._redis.xreadgroup(q.group, q.consumer, {q.stream: ">"}, count=1)
+        q._check_own = True
+        again = await q.take(0)
+        assert working.key == "a" and again is not None and again.key == "b"  # "a" is not handed out twice
+        assert await q.take(0) is None
+        await q.close()
+    run(go())

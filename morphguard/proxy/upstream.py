@@ -86,7 +86,8 @@ class Upstream:
 
     def headers_for(self, incoming: Mapping[str, str]) -> dict[str, str]:
         """The headers to send upstream; checks the client's proxy key when we inject our own upstream key."""
-        headers = {k: v for k, v in incoming.items()
+        # Values without surrounding whitespace (RFC 9110 5.5), as h11 would have parsed them: httptools keeps it.
+        headers = {k: v.strip(" \t") for k, v in incoming.items()
                    if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-morphguard-")}
         if self.settings.api_key is None:
             return headers  # the client's own Authorization goes through

@@ -236,7 +236,8 @@ def test_the_embedded_local_judge_checks_through_the_proxy(proxy_factory):
         **ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE}})
     verdict = verdict_of(raw.parse())
     assert verdict["checked"] and verdict["flagged"], verdict
-    assert httpx.get(proxy + "/readyz").json()["checks"] == {"upstream": True, "judge": True}
+    checks = httpx.get(proxy + "/readyz").json()["checks"]
+    assert checks == {"upstream": True, "judge": True, "queue": True, "store": True}
 
 
 @pytest.fixture(scope="module")

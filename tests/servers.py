@@ -46,7 +46,8 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path, timeo
     raise RuntimeError(f"server not listening on {port}:\n{log.read_text()}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate, and kill what does not stop within 20 s."""
     process.terminate()
     try:
         process.wait(timeout=20)
@@ -70,7 +71,7 @@ def redis_server(folder: Path) -> Iterator[str]:
         _wait_for_port(port, process, log)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        _stop(process)
+        stop(process)
 
 
 def _postgres_bin(name: str) -> str | None:
@@ -108,7 +109,7 @@ def postgres_server() -> Iterator[str]:
         _wait_for_port(port, process, log)
         yield f"postgresql://morphguard@127.0.0.1:{port}/postgres"
     finally:
-        _stop(process)
+        stop(process)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ import httpx
 import pytest
 import yaml
 
+from tests.servers import free_port, stop
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60,
@@ -39,14 +34,6 @@ def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60,
             time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"{cmd} not ready:\n{log.read_text()}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 @pytest.fixture(scope="session")

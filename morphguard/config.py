@@ -306,6 +306,15 @@ class QueueSettings(Section):
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long
 
 
+class AnnotationSettings(Section):
+    """Verdicts also written as span annotations through the tracing backend's API (Arize Phoenix)."""
+
+    url: str | None = None  # Phoenix's base URL, e.g. http://localhost:6006; None: no annotations
+    api_key: SecretStr | None = None  # for a Phoenix with authentication
+    name: str = "hallucination"
+    delay_s: float = Field(2.0, gt=0)  # first attempt after this; again while the span is not yet ingested
+
+
 class TelemetrySettings(Section):
     """OpenTelemetry export. A field left unset follows the standard OTEL_* environment variables, read as
     the SDK's own autoconfiguration reads them; a field set here wins."""
@@ -324,6 +333,7 @@ class TelemetrySettings(Section):
     capture_content: bool = False  # prompts, answers and context in span attributes: opt-in
     openinference: bool = False  # also OpenInference attributes, for Arize Phoenix
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream
+    annotations: AnnotationSettings = Field(default_factory=AnnotationSettings)
     # Regexes of request paths that get no server span. None: OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS, else
     # OTEL_PYTHON_EXCLUDED_URLS, else the health, readiness and metrics probes.
     excluded_urls: list[str] | None = None

@@ -231,6 +231,10 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
         names.EVALUATION_NAME: names.EVALUATION_HALLUCINATION, names.EVALUATION_SCORE: detection.score,
         names.EVALUATION_LABEL: label, names.EVALUATION_EXPLANATION: explanation}
     evaluated.add_event(names.EVENT_EVALUATION, evaluation)
+    target = evaluated.get_span_context()
+    if setup.annotation_sink is not None and target.is_valid and target.trace_flags.sampled:
+        setup.annotation_sink.submit(format(target.span_id, "016x"), label=label, score=detection.score,
+                                 explanation=explanation, identifier=format(target.trace_id, "032x"))
     if setup.options.openinference:
         span.set_attribute(names.OI_EVAL_NAME, names.EVALUATION_HALLUCINATION)
         span.set_attribute(names.OI_EVAL_SCORE, detection.score)

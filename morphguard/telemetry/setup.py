@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -24,6 +24,9 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.util.http import ExcludeList, parse_excluded_urls
 
 from morphguard.config import TelemetrySettings
+
+if TYPE_CHECKING:
+    from morphguard.telemetry.annotations import AnnotationSink
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
@@ -158,6 +161,11 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
         readers.append(PrometheusMetricReader())
+    global annotation_sink
+    if settings.annotations.url and spans is not None:
+        from morphguard.telemetry.annotations import AnnotationSink
+
+        annotation_sink = AnnotationSink(settings.annotations)
     if spans is None and not readers:
         return  # the API's no-op providers stay: instrumented code costs next to nothing
     _configured = True
@@ -178,6 +186,7 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
 
 
 prometheus_enabled = False  # whether the proxy serves GET /metrics
+annotation_sink: AnnotationSink | None = None  # verdicts as Phoenix span annotations (telemetry.annotations)
 
 
 def prometheus_text() -> tuple[bytes, str]:
@@ -189,6 +198,8 @@ def prometheus_text() -> tuple[bytes, str]:
 
 def shutdown() -> None:
     """Flush what is buffered (at exit of the proxy)."""
+    if annotation_sink is not None:
+        annotation_sink.close()
     for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
         flush = getattr(provider, "force_flush", None)
         if flush:

@@ -55,8 +55,9 @@ def phoenix(tmp_path_factory):
     stop(process)
 
 
-def spans(phoenix: str, **query) -> list[dict]:
-    response = httpx.get(f"{phoenix}/v1/projects/default/spans/otlpv1", params={"limit": 1000, **query}, timeout=10)
+def spans(phoenix: str, project: str = "default", **query) -> list[dict]:
+    response = httpx.get(f"{phoenix}/v1/projects/{project}/spans/otlpv1", params={"limit": 1000, **query},
+                         timeout=10)
     response.raise_for_status()
     return response.json()["data"]
 
@@ -98,3 +99,29 @@ def test_the_guardrail_span_and_its_evaluation_are_found_in_phoenix(phoenix, pro
     event = attributes(evaluation)
     assert event["gen_ai.evaluation.name"] == "hallucination" and float(event["gen_ai.evaluation.score.value"]) == 1.0
     assert found[0]["parent_span_id"] == chat[0]["span_id"]
+
+
+def test_verdicts_become_span_annotations_in_the_configured_project(phoenix, proxy_factory):
+    proxy = proxy_factory(telemetry={"exporter": "otlp-http", "endpoint": phoenix, "project": "clinic-rag",
+                                     "annotations": {"url": phoenix, "delay_s": 1}})
+    client = openai.OpenAI(base_url=proxy + "/v1", api_key="sk-client", max_retries=0, timeout=60)
+    completion = client.chat.completions.create(
+        model="hallucinated", messages=[{"role": "user", "content": "Can pregnant women take ibuprofen?"}],
+        extra_body={"morphguard": {"context": PASSAGE}})
+    trace_id = completion.model_extra["morphguard"]["trace_id"]
+    deadline = time.monotonic() + 60
+    chat: list[dict] = []
+    while not chat and time.monotonic() < deadline:  # the project comes from the config, not "default"
+        chat = spans(phoenix, "clinic-rag", name="chat hallucinated", trace_id=trace_id)
+        time.sleep(0.5)
+    assert chat and not spans(phoenix, name="chat hallucinated", trace_id=trace_id)
+    found: list[dict] = []
+    while not found and time.monotonic() < deadline:
+        response = httpx.get(f"{phoenix}/v1/projects/clinic-rag/span_annotations",
+                             params={"span_ids": chat[0]["span_id"]}, timeout=10)
+        found = response.json().get("data", []) if response.status_code == 200 else []
+        time.sleep(0.5)
+    assert found, "no annotation reached Phoenix"
+    (annotation,) = found
+    assert annotation["name"] == "hallucination" and annotation["annotator_kind"] == "LLM"
+    assert annotation["result"]["label"] == "hallucinated" and annotation["result"]["score"] == 1.0

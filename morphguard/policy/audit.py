@@ -126,7 +126,7 @@ class AuditStore:
             for name in DecisionRecord.TEXTS:
                 row[name] = self._text(row[name])
         # Without SQLAlchemy's type processing here: JSON columns go in as the JSON text sa.JSON would write.
-        row = {name: json.dumps(_sql(value)) if name in _JSON_FIELDS and value is not None else _sql(value)
+        row = {name: _json_text(value) if name in _JSON_FIELDS and value is not None else _sql(value)
                for name, value in row.items()}
         order = self._insert.positiontup
         args = tuple(row[name] for name in order) if order else row
@@ -231,9 +231,12 @@ def _sql(value: Any) -> Any:
     """Text as both engines take it: valid UTF-8 and no NUL (PostgreSQL refuses it in text)."""
     if isinstance(value, str):
         return utf8(value).replace("\x00", "\ufffd")
-    if isinstance(value, list | dict):
-        return json.loads(json.dumps(value).replace("\\u0000", "\\ufffd"))
     return value
+
+
+def _json_text(value: Any) -> str:
+    """A JSON column's text, serialised once, without the NUL escape PostgreSQL refuses."""
+    return json.dumps(value).replace("\\u0000", "\\ufffd")
 
 
 def _row(raw: dict[str, Any]) -> dict[str, Any]:

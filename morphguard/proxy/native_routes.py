@@ -50,13 +50,13 @@ class NativeRoutes:
             headers["x-api-key"] = headers.pop("authorization").removeprefix("Bearer ")
         headers["content-type"] = "application/json"
         body = parse_object(await proxy._read_body(request))
-        extraction = proxy.extractor.extract(dialect.chat_view(body))
+        view = dialect.chat_view(body)
+        extraction = proxy.extractor.extract(view)
         review = proxy._review(request, extraction)
         forwarded = json.dumps({k: v for k, v in body.items() if k != OUR_FIELD}).encode()
         # Accepted: from here on, every way out leaves one audit row.
         try:
-            span = telemetry.start_chat_span(review.model, provider, "upstream",
-                                             dialect.chat_view(body)["messages"])
+            span = telemetry.start_chat_span(review.model, provider, "upstream", view["messages"])
             if body.get("stream"):
                 return await self._stream(dialect, upstream, provider, headers, forwarded, review, span)
             return await self._complete(dialect, upstream, provider, headers, forwarded, review, span)

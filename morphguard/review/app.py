@@ -118,11 +118,18 @@ class ReviewConsole:
 
     @staticmethod
     async def _form(request: Request) -> dict[str, str] | None:
-        body = await request.body()
-        if len(body) > _FORM_LIMIT:
+        """The urlencoded form, or None when it is not one or exceeds the limit (read no further than that:
+        the login form takes anyone's body)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > _FORM_LIMIT:
             return None
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > _FORM_LIMIT:
+                return None
         try:
-            fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=200)
+            fields = parse_qs(bytes(body).decode("utf-8"), keep_blank_values=True, max_num_fields=200)
         except (UnicodeDecodeError, ValueError):
             return None
         return {key: values[0] for key, values in fields.items()}

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from morphguard.config import Section
+from morphguard.detectors.alignment import KINDS
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -36,6 +37,7 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
 # `direct` is always a part; the per-factoid judge only when the fit had its outcomes.
 PARTS = ("direct", "metarag:factoids")
+INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 
 def features(direct: float, factoid_scores: Sequence[float] | None, grounding: Mapping[str, float]
@@ -54,8 +56,8 @@ def features(direct: float, factoid_scores: Sequence[float] | None, grounding: M
         "unsupported_share": grounding.get("unsupported_share", 0.0),
         "worst_sentence_share": grounding.get("worst_sentence_share", 0.0),
         "content_words": math.log1p(grounding.get("content_words", 0.0)),
-        **{k: math.log1p(grounding.get(k, 0.0))
-           for k in ("negation_mismatch", "number_mismatch", "name_mismatch", "hedge_dropped")},
+        **{f"{kind}_conflict": grounding.get(f"{kind}_conflict", 0.0) for kind in KINDS},
+        "changed_copies": math.log1p(grounding.get("changed_copies", 0.0)),
     }
 
 
@@ -117,6 +119,10 @@ class Combined:
         values = features(direct.score, [f.score for f in factoids.factoids] if factoids else None,
                           grounded.features)
         score = self.weights.probability(values)
+        if grounded.features.get("instruction"):
+            # An answer that tells its checker what to conclude is suspect whatever the parts say; noisy-OR
+            # keeps such answers in the order the evidence puts them.
+            score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
         stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
         judged = direct.factoids  # the parts the direct judge named as unsupported
         if factoids is not None:

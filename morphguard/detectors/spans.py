@@ -43,16 +43,25 @@ def locate(factoid: str, answer: str, min_overlap: float = 0.4) -> tuple[int, in
     return (best[1], best[2]) if best else None
 
 
-_CONTEXT_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*", re.UNICODE)
+# A sentence ends at . ! ? followed by white space (so "3.5" and "U.S.-based" stay whole) or at a line
+# break; a list marker ("5." or "5)" opening a line) belongs to the item it numbers.
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)|\n")
+_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s*")
 
 
 def sentences(text: str) -> list[tuple[int, int]]:
     """(start, end) of each sentence of `text`, stripped of surrounding spaces."""
+    cuts = []
+    start = 0
+    for match in _SENTENCE_END.finditer(text):
+        if not _LIST_MARKER.fullmatch(text, start, match.end()):
+            cuts.append((start, match.end()))
+            start = match.end()
+    cuts.append((start, len(text)))
     out = []
-    for match in _CONTEXT_SENTENCE.finditer(text):
-        raw = match.group()
-        start = match.start() + len(raw) - len(raw.lstrip())
-        end = match.end() - (len(raw) - len(raw.rstrip()))
+    for start, end in cuts:
+        raw = text[start:end]
+        start, end = start + len(raw) - len(raw.lstrip()), end - (len(raw) - len(raw.rstrip()))
         if end > start:
             out.append((start, end))
     return out

@@ -1,17 +1,18 @@
 """`morphguard eval --fit`: the combined check's weights, learned from labelled outcomes of its parts.
 
-A logistic regression over the features of `detectors.combined.features`, standardised, its strength of
-regularisation chosen by cross-validation in folds of whole groups (never two answers to one source on
-both sides of a fold). Fit on a fit half only: the report half is for reporting.
+A logistic regression over the features of `detectors.combined.features`, standardised, with weights
+bounded at zero, its strength of regularisation chosen by cross-validation in folds of whole groups (never
+two answers to one source on both sides of a fold). Fit on a fit half only: the report half is for reporting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from morphguard.detectors.combined import PARTS, Weights, features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -48,31 +49,55 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
                               f"scored by every part ({', '.join(PARTS)})")
     names = list(values[0])
-    # Every feature is a risk signal: more unsupported words, a surer NO, more copied sentences changed. A
-    # negative weight is a fit to noise or to two features that move together, and it would make an answer
-    # look safer for having more of a warning sign; such features are dropped, one at a time, and refitted.
-    while True:
-        model, scaler = _fit(names, values, labels, groups)
-        worst = min(range(len(names)), key=lambda i: model.coef_[0][i])
-        if model.coef_[0][worst] >= 0 or len(names) == 1:
-            break
-        names = names[:worst] + names[worst + 1:]
-    return Weights(features=names, mean=list(map(float, scaler.mean_)), scale=list(map(float, scaler.scale_)),
-                   coef=[float(c) for c in model.coef_[0]], intercept=float(model.intercept_[0]),
-                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True),
-                              "C": float(model.C_[0])})
+    matrix = np.array([[row[n] for n in names] for row in values], dtype=float)
+    mean = matrix.mean(axis=0)
+    scale = matrix.std(axis=0)
+    scale[scale == 0] = 1.0
+    x, y = (matrix - mean) / scale, np.array(labels, dtype=float)
+    c = _choose_c(x, y, groups)
+    coef, intercept = _logistic(x, y, c)
+    return Weights(features=names, mean=[float(v) for v in mean], scale=[float(v) for v in scale],
+                   coef=[float(v) for v in coef], intercept=intercept,
+                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True), "C": c})
 
 
-def _fit(names: list[str], values: list[dict[str, float]], labels: list[bool], groups: list[str]) -> Any:
-    from sklearn.linear_model import LogisticRegressionCV
+def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression whose weights may not be negative.
+
+    Every feature is a risk signal (more unsupported words, a surer NO, a copied sentence changed): a
+    negative weight would make an answer look safer for showing a warning sign, which is a fit to noise
+    or to features that move together. Bounding the weights at zero keeps each signal or switches it
+    off, and keeps the others as they are; the intercept is free."""
+    from scipy.optimize import minimize
+
+    def loss(params: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = params[:-1], params[-1]
+        z = x @ w + b
+        p = 1.0 / (1.0 + np.exp(-z))
+        value = float(np.sum(sample * (np.logaddexp(0.0, z) - y * z)) + w @ w / (2 * c))
+        residual = sample * (p - y)
+        return value, np.append(x.T @ residual + w / c, residual.sum())
+
+    sample = np.ones(len(y)) if weight is None else weight
+    start = np.zeros(x.shape[1] + 1)
+    bounds = [(0.0, None)] * x.shape[1] + [(None, None)]
+    found = minimize(loss, start, jac=True, method="L-BFGS-B", bounds=bounds)
+    return found.x[:-1], float(found.x[-1])
+
+
+def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str]) -> float:
+    """The regularisation strength with the lowest log-loss over folds of whole groups."""
     from sklearn.model_selection import GroupKFold
-    from sklearn.preprocessing import StandardScaler
 
-    matrix = [[row[n] for n in names] for row in values]
-    scaler = StandardScaler().fit(matrix)
-    folds = list(GroupKFold(n_splits=min(5, len(set(groups)))).split(matrix, labels, groups))
-    model = LogisticRegressionCV(Cs=10, cv=folds, scoring="neg_log_loss", max_iter=2000)
-    with warnings.catch_warnings():  # scikit-learn 1.9 announces a change of attributes we do not read
-        warnings.simplefilter("ignore", FutureWarning)
-        model.fit(scaler.transform(matrix), labels)
-    return model, scaler
+    folds = list(GroupKFold(n_splits=min(5, len(set(groups)))).split(x, y, groups))
+    best: tuple[float, float] | None = None
+    for c in np.logspace(-3, 2, 11):
+        total = 0.0
+        for train, test in folds:
+            w, b = _logistic(x[train], y[train], float(c))
+            z = x[test] @ w + b
+            total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
+        if best is None or total < best[0]:
+            best = (total, float(c))
+    assert best is not None
+    return best[1]

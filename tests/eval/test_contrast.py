@@ -41,6 +41,8 @@ def test_pairs_are_deterministic_kept_together_and_cover_every_kind():
 def test_vocabulary_alone_cannot_tell_the_pairs_apart():
     items = datasets.load("contrast-qa")
     detector = build_detector(Config(), name="grounding")
-    scores = [asyncio.run(detector.detect(RagInput(question=i.question, passages=i.passages), i.answer)).score
-              for i in items]
-    assert abs(metrics.auroc([i.hallucinated for i in items], scores) - 0.5) < 0.05
+    found = [asyncio.run(detector.detect(RagInput(question=i.question, passages=i.passages), i.answer)).features
+             for i in items]
+    labels = [i.hallucinated for i in items]
+    assert abs(metrics.auroc(labels, [f["unsupported"] for f in found]) - 0.5) < 0.05
+    assert abs(metrics.auroc(labels, [len(i.answer) for i in items]) - 0.5) < 0.1

@@ -1,0 +1,116 @@
+"""Alignment: answer sentences that copy a context sentence but change it where a copy goes wrong.
+
+A negated claim, a number or a name taken from elsewhere in the same context, a dropped qualifier: every
+word of such a sentence is in the context, so counting unsupported words cannot see it. Here each answer
+sentence is aligned with the context sentence it shares most content with, rare words weighing more
+(inverse sentence frequency within the context). Where the answer sentence copies that sentence closely,
+the differences that change a claim are reported, each with the strength of the copy: the weighted share
+of the answer sentence's content found in the context sentence. A loose paraphrase, whose differences
+are mostly rewording, yields nothing. No LLM call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+from morphguard.detectors.spans import sentences
+from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, words
+from morphguard.models import Evidence
+
+KINDS = ("negation", "number", "name", "qualifier")
+
+# Words and phrases that narrow a claim; a copy that drops one states more than its source does.
+_QUALIFIER = re.compile(
+    r"\b(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|mostly|likely|possibly|"
+    r"partially|occasionally|rarely|some|may|might|about|around|roughly|up to|at least|at most|more than|"
+    r"less than|fewer than|in some|in most|in rare)\b", re.I)
+_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
+_OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    kind: str  # one of KINDS
+    start: int  # the answer sentence
+    end: int
+    strength: float  # how closely the answer sentence copies the context sentence, in (0, 1]
+    evidence: Evidence  # that context sentence
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    text: str
+    at: Evidence | None  # where a context sentence stands; None for the answer's
+    keys: frozenset[str]  # content keys, for alignment
+    tokens: tuple[str, ...]  # every word, lower-cased, for the diff
+    names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
+
+    @classmethod
+    def of(cls, text: str, at: Evidence | None = None) -> _Sentence:
+        found = list(TOKEN.finditer(text))
+        names = frozenset(i for i, m in enumerate(found)
+                          if m.group()[0].isupper() and i > 0 and not _OPENING.search(text, 0, m.start()))
+        return cls(text, at, frozenset(content_keys(text)), tuple(words(text)), names)
+
+
+def _differences(source: _Sentence, claim: _Sentence) -> set[str]:
+    """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation or a
+    qualifier counts where one edit adds or drops it, a name where one edit replaces it, a number where the words
+    the copy dropped and the words it put in both hold one, and differ (a delete and an insert are often one
+    replacement)."""
+    kinds = set()
+    dropped_numbers: set[str] = set()
+    added_numbers: set[str] = set()
+    matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        old, new = source.tokens[i1:i2], claim.tokens[j1:j2]
+        if bool(NEGATIONS.intersection(old)) != bool(NEGATIONS.intersection(new)):
+            kinds.add("negation")
+        if _QUALIFIER.search(" ".join(old)) and not _QUALIFIER.search(" ".join(new)):
+            kinds.add("qualifier")
+        dropped_numbers |= {number(t) for t in old if t[0].isdigit()}
+        added_numbers |= {number(t) for t in new if t[0].isdigit()}
+        # a name only where one edit replaces it: answers often join facts about other people
+        old_names = {source.tokens[i] for i in range(i1, i2) if i in source.names}
+        new_names = {claim.tokens[j] for j in range(j1, j2) if j in claim.names}
+        if old_names and new_names - old_names - set(source.tokens):
+            kinds.add("name")
+    if dropped_numbers and added_numbers - dropped_numbers:
+        kinds.add("number")
+    return kinds
+
+
+def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
+    """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
+    (at least `min_copy` of its weighted content)."""
+    context = [_Sentence.of(p[a:b], Evidence(passage=n, start=a, end=b, text=p[a:b]))
+               for n, p in enumerate(passages, 1) for a, b in sentences(p)]
+    if not context:
+        return []
+    frequency = Counter(k for sentence in context for k in sentence.keys)
+    found: list[Conflict] = []
+    for start, end in sentences(answer):
+        marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
+        claim = _Sentence.of(answer[marker.end() if marker else start:end])
+        if not claim.keys:
+            continue
+        weight = {k: math.log(1 + len(context) / frequency[k]) if k in frequency else math.log(1 + len(context))
+                  for k in claim.keys}
+        total = sum(weight.values())
+        source, copy = max(((c, sum(weight[k] for k in claim.keys & c.keys) / total) for c in context),
+                           key=lambda pair: pair[1])
+        if copy >= min_copy:
+            found += [Conflict(kind, start, end, copy, source.at) for kind in KINDS  # type: ignore[arg-type]
+                      if kind in _differences(source, claim)]
+    return found
+
+
+def strongest(found: list[Conflict]) -> dict[str, float]:
+    """Per kind, the strength of its strongest conflict (0 where there is none)."""
+    return {kind: max((c.strength for c in found if c.kind == kind), default=0.0) for kind in KINDS}

@@ -1,0 +1,36 @@
+from morphguard.detectors.alignment import conflicts, strongest
+
+CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
+           "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
+
+
+def kinds(answer: str) -> list[str]:
+    return sorted(c.kind for c in conflicts(answer, CONTEXT))
+
+
+def test_a_faithful_copy_or_a_loose_paraphrase_has_no_conflict():
+    assert kinds("Ibuprofen is contraindicated in the third trimester of pregnancy.") == []
+    assert kinds("Doctor Lee saw 40 patients in May, and paracetamol is usually preferred.") == []
+    assert kinds("Pain relief in general was discussed.") == []  # copies nothing: not this check's business
+
+
+def test_each_kind_of_change_to_a_copied_sentence_is_found():
+    assert kinds("Ibuprofen is not contraindicated in the third trimester of pregnancy.") == ["negation"]
+    assert kinds("Doctor Lee saw 25 patients in May.") == ["number"]  # 25 is the context's, from elsewhere
+    assert kinds("Doctor Kim saw 40 patients in May.") == ["name"]
+    assert kinds("Paracetamol is preferred for pain.") == ["qualifier"]
+
+
+def test_the_strength_is_how_closely_the_sentence_copies_its_source():
+    close = strongest(conflicts("Ibuprofen is not contraindicated in the third trimester of pregnancy.", CONTEXT))
+    loose = strongest(conflicts("Ibuprofen is not contraindicated in the trimester, which matters a lot for "
+                                "women and their families.", CONTEXT))
+    assert close["negation"] == 1.0 and 0 < loose["negation"] < close["negation"]
+    assert close["number"] == 0.0
+
+
+def test_a_list_marker_is_no_number_and_the_evidence_is_where_the_source_stands():
+    [conflict] = conflicts("Steps:\n1. Doctor Lee saw 41 patients in May.", ["Intro.", *CONTEXT])
+    assert conflict.kind == "number"
+    assert conflict.evidence.passage == 2 and CONTEXT[0][conflict.evidence.start:conflict.evidence.end] == (
+        "Doctor Lee saw 40 patients in May.")

@@ -71,7 +71,7 @@ DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
 
 
 class DetectorSettings(Section):
-    name: str = "metarag"  # a registered detector
+    name: str = "combined"  # a registered detector
     threshold: float = Field(0.5, ge=0.0, le=1.0)
 
     @field_validator("name")

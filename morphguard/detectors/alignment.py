@@ -22,6 +22,7 @@ from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, w
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
+VERSION = 1  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does.
 _QUALIFIER = re.compile(

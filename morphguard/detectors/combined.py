@@ -1,13 +1,16 @@
 """The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
 
-Up to three parts look at the answer: `grounding` (no call: content words the context never uses, and
-copied sentences changed where a copy goes wrong), `direct` (one call: is the whole answer supported?)
-and, when the weights were fitted with it, the judge's per-factoid check (`metarag:factoids`, one call
-per factoid). They fail on different answers: the words of a negated or swapped claim are all in
-the context, while the small judge waves through invented detail it finds plausible. Their signals
-become features, and a logistic regression fitted on the fit halves (`morphguard eval --fit`) turns them
-into the probability that the answer is hallucinated, so a threshold of 0.3 means the same here as in
-any other topic. The coefficients ship as data (`combined.json`) together with what they were fitted on.
+Up to four parts look at the answer: `grounding` (no call: content words the context never uses,
+copied sentences changed where a copy goes wrong, instructions to the checker), `direct` (one call: is
+the whole answer supported?) and, when the weights were fitted with them, `restatement` (one short call
+per changed copy, none for most answers: does the copy say what its source says?) and the judge's
+per-factoid check (`metarag:factoids`, one call per factoid). They fail on different answers: the
+words of a negated or swapped claim are all in the context, while the small judge waves through
+invented detail it finds plausible. Their signals become features, and a logistic regression fitted
+on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
+that the answer is hallucinated, so a threshold of 0.3 means the same here as in any other topic. The
+coefficients ship as data (`combined.json`) together with what they were fitted on. An answer that
+addresses its checker is raised to at least `INSTRUCTION_FLOOR`.
 """
 
 from __future__ import annotations
@@ -24,40 +27,43 @@ from typing import Any
 from pydantic import BaseModel
 
 from morphguard.config import Section
-from morphguard.detectors.alignment import KINDS
+from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
-# `direct` is always a part; the per-factoid judge only when the fit had its outcomes.
-PARTS = ("direct", "metarag:factoids")
+# `direct` is always a part; `restatement` and the per-factoid judge only when the fit had their outcomes.
+PARTS = ("direct", "restatement", "metarag:factoids")
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 
-def features(direct: float, factoid_scores: Sequence[float] | None, grounding: Mapping[str, float]
-             ) -> dict[str, float]:
+def features(direct: float, restatement: float | None, factoid_scores: Sequence[float] | None,
+             grounding: Mapping[str, float]) -> dict[str, float]:
     """The model's inputs, from what the parts said: the same function at fit time and at check time.
-    `factoid_scores` None: the per-factoid judge did not run (weights fitted without it never ask for it)."""
+    `restatement` or `factoid_scores` None: that part did not run (weights fitted without it never ask for it)."""
     judged = {"direct": direct}
+    if restatement is not None:
+        judged["restatement"] = restatement
     if factoid_scores is not None:
         judged["factoid_max"] = max(factoid_scores, default=0.0)
         judged["factoid_mean"] = sum(factoid_scores) / len(factoid_scores) if factoid_scores else 0.0
+    # Chosen by grouped cross-validation on the fit halves of RAGTruth QA and the QA contrast set: the answer's
+    # length, shares and the other kinds of changed copy added noise there. Those changed copies still count,
+    # through `restatement`, which judges each; a negated copy also counts as such, since the judge says
+    # YES to negations more often than to anything else.
     return {
         **judged,
         "unsupported": math.log1p(grounding.get("unsupported", 0.0)),
         "unsupported_numbers": math.log1p(grounding.get("unsupported_numbers", 0.0)),
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
-        "unsupported_share": grounding.get("unsupported_share", 0.0),
-        "worst_sentence_share": grounding.get("worst_sentence_share", 0.0),
-        "content_words": math.log1p(grounding.get("content_words", 0.0)),
-        **{f"{kind}_conflict": grounding.get(f"{kind}_conflict", 0.0) for kind in KINDS},
-        "changed_copies": math.log1p(grounding.get("changed_copies", 0.0)),
+        "negation_conflict": grounding.get("negation_conflict", 0.0),
     }
 
 
@@ -106,6 +112,8 @@ class Combined:
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
         self.direct = DirectJudge(llm, model=settings.model)
+        self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
+                            if "restatement" in self.weights.features else None)
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
                                               verify_models=(settings.model,)))
                          if "factoid_max" in self.weights.features else None)
@@ -115,9 +123,10 @@ class Combined:
         grounded = await self.grounding.detect(rag, answer)
         # One after the other: the embedded judge decodes one request at a time anyway.
         direct = await self.direct.detect(rag, answer)
+        restated = await self.restatement.detect(rag, answer) if self.restatement else None
         factoids = await self.factoids.detect(rag, answer) if self.factoids else None
-        values = features(direct.score, [f.score for f in factoids.factoids] if factoids else None,
-                          grounded.features)
+        values = features(direct.score, restated.score if restated else None,
+                          [f.score for f in factoids.factoids] if factoids else None, grounded.features)
         score = self.weights.probability(values)
         if grounded.features.get("instruction"):
             # An answer that tells its checker what to conclude is suspect whatever the parts say; noisy-OR
@@ -125,6 +134,9 @@ class Combined:
             score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
         stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
         judged = direct.factoids  # the parts the direct judge named as unsupported
+        if restated is not None:
+            stages |= {f"restatement.{k}": v for k, v in restated.cost.stages.items()}
+            judged = judged + [f for f in restated.factoids if f.score > 0]
         if factoids is not None:
             stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
             judged = factoids.factoids
@@ -153,12 +165,13 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights)
     return {"options": settings.model_dump(exclude={"weights"}), "weights": weights.model_dump(exclude={"fitted_on"}),
-            "factoids": asdict(PROFILES["factoids"]), "logprob_reader": 2, "grounding": GROUNDING_VERSION}
+            "factoids": asdict(PROFILES["factoids"]), "logprob_reader": 2, "grounding": GROUNDING_VERSION,
+            "alignment": ALIGNMENT_VERSION}
 
 
 register(DetectorSpec(
     name="combined", settings=CombinedSettings, models=lambda settings: [settings.model],
-    prompts=lambda settings: ["direct_system", "direct_user", "decompose_system", "decompose_user",
-                              "verify_system", "verify_user"],
+    prompts=lambda settings: ["direct_system", "direct_user", "restatement_system", "restatement_user",
+                              "decompose_system", "decompose_user", "verify_system", "verify_user"],
     fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

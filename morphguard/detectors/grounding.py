@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from morphguard.config import Section
+from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, strongest
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.registry import DetectorSpec, register
@@ -149,5 +150,6 @@ VERSION = 3  # of the word lists and matching rules above: a change makes earlie
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],
-    fingerprint=lambda settings: {"options": settings.model_dump(), "version": VERSION},
+    fingerprint=lambda settings: {"options": settings.model_dump(), "version": VERSION,
+                                  "alignment": ALIGNMENT_VERSION},
     build=lambda settings, threshold, llm: Grounding(settings, threshold)))

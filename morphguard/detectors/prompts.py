@@ -8,7 +8,7 @@ from functools import cache
 from importlib import resources
 
 # Words that open or close our delimiters; removed from data so an answer cannot close a tag early.
-_TAGS = re.compile(r"</?\s*(passages|statement|question|answer)\s*>", re.I)
+_TAGS = re.compile(r"</?\s*(passages|statement|question|answer|source|restatement)\s*>", re.I)
 
 
 @cache

@@ -70,12 +70,13 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     values: list[dict[str, float]] = []
     labels: list[bool] = []
     groups: list[str] = []
-    for run in runs:
+    sources: list[str] = []
+    for run, dataset in zip(runs, datasets_used, strict=True):
         v, y, g = fit.rows(run.items, run.outcomes, parts)
-        values, labels, groups = values + v, labels + y, groups + g
+        values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     about = {"datasets": datasets_used, "half": args.half or "all", "grounding": fingerprint(config, "grounding"),
              "fingerprints": {n: fingerprint(config, n) for n in parts}}
-    weights = fit.fit(values, labels, groups, about)
+    weights = fit.fit(values, labels, groups, about, sources)
     args.fit.parent.mkdir(parents=True, exist_ok=True)
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "

@@ -37,14 +37,19 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
             continue
         grounded = asyncio.run(grounding.detect(RagInput(question=item.question, passages=item.passages),
                                                 item.answer))
+        restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
         factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
-        values.append(features(scored["direct"].score or 0.0, factoids, grounded.features))
+        values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded.features))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups
 
 
-def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any]) -> Weights:
+def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
+        sources: list[str] | None = None) -> Weights:
+    """Weights for `values` (one row of features per item). `sources` names each row's dataset: every
+    dataset then weighs the same in the fit, so that a small one is not drowned by a larger one; within a
+    dataset the classes keep their own rates, so the probability stays calibrated to the mix."""
     if min(labels.count(True), labels.count(False)) < 5 or len(set(groups)) < 2:
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
                               f"scored by every part ({', '.join(PARTS)})")
@@ -54,8 +59,9 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     scale = matrix.std(axis=0)
     scale[scale == 0] = 1.0
     x, y = (matrix - mean) / scale, np.array(labels, dtype=float)
-    c = _choose_c(x, y, groups)
-    coef, intercept = _logistic(x, y, c)
+    weight = _balanced(sources or [""] * len(labels))
+    c = _choose_c(x, y, groups, weight)
+    coef, intercept = _logistic(x, y, c, weight)
     return Weights(features=names, mean=[float(v) for v in mean], scale=[float(v) for v in scale],
                    coef=[float(v) for v in coef], intercept=intercept,
                    fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True), "C": c})
@@ -85,7 +91,12 @@ def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None 
     return found.x[:-1], float(found.x[-1])
 
 
-def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str]) -> float:
+def _balanced(sources: list[str]) -> np.ndarray:
+    counts = {source: sources.count(source) for source in set(sources)}
+    return np.array([len(sources) / (len(counts) * counts[source]) for source in sources])
+
+
+def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str], weight: np.ndarray) -> float:
     """The regularisation strength with the lowest log-loss over folds of whole groups."""
     from sklearn.model_selection import GroupKFold
 
@@ -94,9 +105,9 @@ def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str]) -> float:
     for c in np.logspace(-3, 2, 11):
         total = 0.0
         for train, test in folds:
-            w, b = _logistic(x[train], y[train], float(c))
+            w, b = _logistic(x[train], y[train], float(c), weight[train])
             z = x[test] @ w + b
-            total += float(np.sum(np.logaddexp(0.0, z) - y[test] * z))
+            total += float(np.sum(weight[test] * (np.logaddexp(0.0, z) - y[test] * z)))
         if best is None or total < best[0]:
             best = (total, float(c))
     assert best is not None

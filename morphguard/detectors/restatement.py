@@ -1,0 +1,81 @@
+"""Restatement: the judge looks only where alignment found a copied sentence changed.
+
+`alignment` finds answer sentences that copy a context sentence closely but differ from it in a negation,
+a number, a name or a qualifier. Most such differences in faithful answers are rewording ("is not
+allowed" for "is prohibited"); in wrong ones they are the error. A small judge cannot find a reversed
+claim in a long context, but it can tell whether two short sentences say the same thing. So each changed
+copy (the closest first, at most `max_calls`) goes to the judge with its source sentence alone; the
+sentence's score is the judge's probability of NO times the closeness of the copy, and the answer's is
+the highest. An answer with no changed copy costs no call and scores 0.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import Field
+
+from morphguard.config import Section
+from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
+from morphguard.detectors.alignment import Conflict, conflicts
+from morphguard.detectors.prompts import as_data, render
+from morphguard.detectors.registry import DetectorSpec, changed_options, register
+from morphguard.detectors.verdicts import verdict_probabilities
+from morphguard.llm.client import LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost, Verdict
+
+
+class RestatementSettings(Section):
+    """The `restatement` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    max_calls: int = Field(3, ge=1)  # changed copies judged per answer, the closest copies first
+
+
+class RestatementJudge:
+    name = "restatement"
+
+    def __init__(self, llm: LLMClient, settings: RestatementSettings, threshold: float = 0.5) -> None:
+        self.llm = llm
+        self.settings = settings
+        self.threshold = threshold
+
+    async def _judge(self, conflict: Conflict, answer: str, stage: StageCost) -> float:
+        messages = [
+            {"role": "system", "content": render("restatement_system")},
+            {"role": "user", "content": render("restatement_user", source=as_data(conflict.evidence.text),
+                                               restatement=as_data(answer[conflict.start:conflict.end]))},
+        ]
+        reply = await self.llm.complete(messages, model=self.settings.model, max_tokens=2, top_logprobs=5)
+        stage.count(reply)
+        stage.seconds += reply.seconds
+        probabilities = verdict_probabilities(reply.logprobs)
+        if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
+            return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
+        said = reply.text.strip().upper()
+        return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        changed = {c.start: c for c in reversed(conflicts(answer, rag.passages))}  # one per sentence
+        closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
+        stage = StageCost()
+        factoids = []
+        for conflict in closest:  # one after the other: the embedded judge decodes one request at a time
+            score = conflict.strength * await self._judge(conflict, answer, stage)
+            factoids.append(Factoid(text=answer[conflict.start:conflict.end], start=conflict.start, end=conflict.end,
+                                    score=score, label="contradicted", evidence=[conflict.evidence]))
+        score = max((f.score for f in factoids), default=0.0)
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=factoids, cost=Cost.of({"verify": stage} if closest else {}, time.perf_counter() - started),
+            stats=DetectionStats(factoids=len(factoids)),
+            settings={"changed_copies": len(changed), "judged": len(closest)},
+        )
+
+
+register(DetectorSpec(
+    name="restatement", settings=RestatementSettings, models=lambda settings: [settings.model],
+    prompts=lambda settings: ["restatement_system", "restatement_user"],
+    fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2, "alignment": ALIGNMENT_VERSION},
+    build=lambda settings, threshold, llm: RestatementJudge(llm, settings, threshold)))

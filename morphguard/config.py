@@ -70,9 +70,16 @@ class LocalModelSettings(Section):
 DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
 
 
+# The default thresholds suit the default detector, `combined`, whose score is a probability: chosen on the fit
+# halves (RAGTruth QA and the QA contrast set), 0.3 for the best F1 and 0.2 for a recall of at least 0.75 on
+# both. MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale.
+GENERAL_THRESHOLD = 0.3
+SENSITIVE_THRESHOLD = 0.2
+
+
 class DetectorSettings(Section):
     name: str = "combined"  # a registered detector
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
 
     @field_validator("name")
     @classmethod
@@ -156,7 +163,7 @@ class TopicPolicy(Section):
 
 
 class ProfileSettings(Section):
-    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
     latency_budget_s: float | None = Field(None, gt=0)  # a check that takes longer counts as failed
@@ -237,7 +244,8 @@ def _default_topics() -> dict[str, TopicRule]:
 
 
 def _default_profiles() -> dict[str, ProfileSettings]:
-    return {"general": ProfileSettings(topics={t: TopicPolicy(threshold=0.3) for t in SENSITIVE_TOPICS})}
+    return {"general": ProfileSettings(topics={t: TopicPolicy(threshold=SENSITIVE_THRESHOLD)
+                                               for t in SENSITIVE_TOPICS})}
 
 
 class PolicySettings(Section):

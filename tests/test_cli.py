@@ -28,6 +28,7 @@ def write_config(tmp_path, base_url: str, **judge_extra) -> str:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({
         "judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "sk-secret-123", **judge_extra},
+        "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
     }))
     return str(path)

@@ -41,6 +41,7 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
 # `direct` is always a part; `restatement` and the per-factoid judge only when the fit had their outcomes.
 PARTS = ("direct", "restatement", "metarag:factoids")
+SHIPPED_PARTS = ("direct", "restatement")  # what the shipped weights were fitted with; `eval --fit`'s default
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 

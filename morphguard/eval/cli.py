@@ -15,11 +15,11 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
-from morphguard.detectors.combined import PARTS
+from morphguard.detectors.combined import PARTS, SHIPPED_PARTS
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, runner, thresholds
 
-DEFAULT_DETECTORS = ("metarag", "direct", "length")
+DEFAULT_DETECTORS = ("combined", "grounding", "length")
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Evaluation:
 
 
 def run_eval(args: argparse.Namespace, config: Config) -> int:
-    names = [n.strip() for n in (args.detector or ",".join(PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
+    names = [n.strip() for n in (args.detector or ",".join(SHIPPED_PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
              if n.strip()]
     if args.fit and "direct" not in names:
         raise MorphguardError(f"--fit needs the combined check's parts among the detectors: direct, optionally "

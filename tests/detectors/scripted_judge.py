@@ -17,7 +17,8 @@ def _tag(text: str, tag: str) -> str:
 
 def stage_of(body: dict[str, Any]) -> str:
     system = body["messages"][0]["content"]
-    for marker, stage in (("strict fact checker", "direct"), ("atomic factoids", "decompose"),
+    for marker, stage in (("strict fact checker", "direct"), ("compare two sentences", "restatement"),
+                          ("atomic factoids", "decompose"),
                           ("paraphrases", "synonym"),
                           ("contradictions", "antonym"), ("reference passages", "verify")):
         if marker in system:

@@ -70,6 +70,7 @@ def proxy_factory(provider, tmp_path_factory):
         policy["audit"] = {"path": str(folder / "audit.db"), **policy.get("audit", {})}
         config = {
             "judge": {"model": judge_model, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+            "detector": {"name": "metarag"},
             "metarag": {"profile": "paper" if judge_model != "local" else "embedded"},
             "proxy": {"upstream": upstream, **proxy},
             "policy": policy,

@@ -22,11 +22,15 @@ RECORDS = [
 
 
 def judge(body):
-    """Says NO where the answer's city is not the context's, YES elsewhere; factoids are the sentences."""
+    """Says NO where the answer's city is not the context's (or the source sentence's), YES elsewhere; factoids
+    are the sentences."""
     stage = stage_of(body)
     user = body["messages"][-1]["content"]
     if stage == "decompose":
         return json.dumps({"factoids": [s.strip() + "." for s in _tag(user, "answer").split(".") if s.strip()]})
+    if stage == "restatement":  # the changed copy against its source sentence alone
+        moved = any(c in _tag(user, "restatement") and c not in _tag(user, "source") for c in CITIES)
+        return completion("NO" if moved else "YES")
     context = user.split("<passages>")[1].split("</passages>")[0] if "<passages>" in user else user
     claim = _tag(user, "answer") if stage == "direct" else _tag(user, "statement")
     wrong = any(c in claim and c not in context for c in CITIES)
@@ -53,7 +57,10 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         assert fitted.returncode == 0, fitted.stderr
         learned = Weights.model_validate_json(weights.read_text())
         assert learned.fitted_on["items"] == 24 and learned.fitted_on["hallucinated"] == 12
-        assert learned.coef[learned.features.index("direct")] > 0  # a judge's NO raises the probability
+        assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement"}  # the shipped parts by default
+        # a judge's NO raises the probability, in either part
+        coef = dict(zip(learned.features, learned.coef, strict=True))
+        assert coef["direct"] > 0 and coef["restatement"] > 0
         checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
                       config={"combined": {"weights": str(weights)}})
     assert checked.returncode == 0, checked.stderr

@@ -70,6 +70,7 @@ def llm():
 def make_config(llm, tmp_path, **telemetry) -> Config:
     config = Config.model_validate({
         "judge": {"model": "openai/judge", "api_base": llm.base_url, "api_key": "sk-judge-secret"},
+        "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
         "proxy": {"upstream": {"base_url": llm.base_url}, **telemetry.pop("proxy", {})},
         "policy": {"audit": {"path": str(tmp_path / "audit.db")}},

@@ -43,22 +43,21 @@ class Conflict:
 
 
 @dataclass(frozen=True)
-class _Sentence:
-    text: str
-    at: Evidence | None  # where a context sentence stands; None for the answer's
-    keys: frozenset[str]  # content keys, for alignment
-    tokens: tuple[str, ...]  # every word, lower-cased, for the diff
+class _Words:
+    """A sentence as the diff sees it: every word lower-cased, and which of them are names."""
+
+    tokens: tuple[str, ...]
     names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
 
     @classmethod
-    def of(cls, text: str, at: Evidence | None = None) -> _Sentence:
+    def of(cls, text: str) -> _Words:
         found = list(TOKEN.finditer(text))
         names = frozenset(i for i, m in enumerate(found)
                           if m.group()[0].isupper() and i > 0 and not _OPENING.search(text, 0, m.start()))
-        return cls(text, at, frozenset(content_keys(text)), tuple(words(text)), names)
+        return cls(tuple(words(text)), names)
 
 
-def _differences(source: _Sentence, claim: _Sentence) -> set[str]:
+def _differences(source: _Words, claim: _Words) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation or a
     qualifier counts where one edit adds or drops it, a name where one edit replaces it, a number where the words
     the copy dropped and the words it put in both hold one, and differ (a delete and an insert are often one
@@ -90,25 +89,43 @@ def _differences(source: _Sentence, claim: _Sentence) -> set[str]:
 def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
     """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
     (at least `min_copy` of its weighted content)."""
-    context = [_Sentence.of(p[a:b], Evidence(passage=n, start=a, end=b, text=p[a:b]))
-               for n, p in enumerate(passages, 1) for a, b in sentences(p)]
-    if not context:
+    where: dict[str, Evidence] = {}  # each distinct context sentence, where it first stands
+    repeats: Counter[str] = Counter()  # and how often it stands there: rarity counts every occurrence
+    for n, passage in enumerate(passages, 1):
+        for a, b in sentences(passage):
+            where.setdefault(passage[a:b], Evidence(passage=n, start=a, end=b, text=passage[a:b]))
+            repeats[passage[a:b]] += 1
+    texts = list(where)
+    context = [frozenset(content_keys(text)) for text in texts]
+    if not any(context):
         return []
-    frequency = Counter(k for sentence in context for k in sentence.keys)
+    evidence = list(where.values())
+    total_sentences = sum(repeats.values())
+    frequency: Counter[str] = Counter()
+    for text, keys in zip(texts, context, strict=True):
+        for k in keys:
+            frequency[k] += repeats[text]
+    holding: dict[str, list[int]] = {}
+    for i, keys in enumerate(context):
+        for k in keys:
+            holding.setdefault(k, []).append(i)
     found: list[Conflict] = []
     for start, end in sentences(answer):
         marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
-        claim = _Sentence.of(answer[marker.end() if marker else start:end])
-        if not claim.keys:
+        text = answer[marker.end() if marker else start:end]
+        claim = frozenset(content_keys(text))
+        known = [k for k in claim if k in frequency]
+        if not known:
             continue
-        weight = {k: math.log(1 + len(context) / frequency[k]) if k in frequency else math.log(1 + len(context))
-                  for k in claim.keys}
-        total = sum(weight.values())
-        source, copy = max(((c, sum(weight[k] for k in claim.keys & c.keys) / total) for c in context),
-                           key=lambda pair: pair[1])
+        weight = {k: math.log(1 + total_sentences / frequency[k]) if k in frequency
+                  else math.log(1 + total_sentences) for k in claim}
+        total = math.fsum(weight.values())  # fsum: exact, so no run's set order changes a tie or the cut
+        candidates = {i for k in known for i in holding[k]}  # a sentence sharing no word copies nothing
+        best, copy = max(((i, math.fsum(weight[k] for k in claim & context[i]) / total) for i in candidates),
+                         key=lambda pair: (pair[1], -pair[0]))
         if copy >= min_copy:
-            found += [Conflict(kind, start, end, copy, source.at) for kind in KINDS  # type: ignore[arg-type]
-                      if kind in _differences(source, claim)]
+            changed = _differences(_Words.of(texts[best]), _Words.of(text))
+            found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
     return found
 
 

@@ -13,6 +13,7 @@ number words equal their digits, and a hyphenated word is grounded when each of 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -101,6 +102,11 @@ class Grounding:
         return 1.0 - math.exp(-weight / self.settings.scale)
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
+        # Milliseconds for a usual context, seconds of pure Python for a hostile multi-megabyte one: off the
+        # event loop, so that one such request cannot stall the proxy's others.
+        return await asyncio.to_thread(self.measure, rag, answer)
+
+    def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         reports = ungrounded(answer, rag.passages)
         changed = conflicts(answer, rag.passages)

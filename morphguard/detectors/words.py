@@ -8,6 +8,7 @@ case is ignored, simple inflections are stripped (`trimesters` ≈ `trimester`, 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:[-'’][^\W\d_]+)*", re.UNICODE)
 
@@ -54,15 +55,16 @@ def number(token: str) -> str:
     return plain
 
 
-def keys(token: str) -> list[str]:
+@lru_cache(maxsize=1 << 16)
+def keys(token: str) -> tuple[str, ...]:
     """What a token must find in the context: its number, or the stem of each part of a hyphenated word."""
     lowered = token.lower().replace("’", "'")
     if lowered[0].isdigit():
-        return [number(lowered)]
+        return (number(lowered),)
     if lowered in NUMBER_WORDS:
-        return [NUMBER_WORDS[lowered]]
+        return (NUMBER_WORDS[lowered],)
     lowered = lowered.removesuffix("'s")
-    return [_stem(part) for part in re.split(r"[-']", lowered) if part]
+    return tuple(_stem(part) for part in re.split(r"[-']", lowered) if part)
 
 
 def vocabulary(passages: list[str]) -> set[str]:

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from morphguard.config import Section
+from morphguard.detectors.focus import focus, statements
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
@@ -59,6 +60,7 @@ class DirectSettings(Section):
 
     model: str | None = None  # None: the judge's default model
     soft_verdicts: bool = True
+    context_budget: int = Field(0, ge=0)  # characters of context sent, the most relevant first; 0: all of it
 
 
 class DirectJudge:
@@ -71,15 +73,16 @@ class DirectJudge:
     name = "direct"
 
     def __init__(self, llm: LLMClient, threshold: float = 0.5, model: str | None = None,
-                 soft_verdicts: bool = True) -> None:
+                 soft_verdicts: bool = True, context_budget: int = 0) -> None:
         self.llm = llm
         self.threshold = threshold
         self.model = model
         self.soft_verdicts = soft_verdicts
+        self.context_budget = context_budget
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        passages = numbered(rag.passages)
+        passages = numbered(focus(statements(answer), rag.passages, self.context_budget))
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),
@@ -126,4 +129,5 @@ register(DetectorSpec(
     # Scored from log-probabilities (reader version 2; see metarag._fingerprint).
     fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2},
     build=lambda settings, threshold, llm: DirectJudge(
-        llm, threshold, model=settings.model, soft_verdicts=settings.soft_verdicts)))
+        llm, threshold, model=settings.model, soft_verdicts=settings.soft_verdicts,
+        context_budget=settings.context_budget)))

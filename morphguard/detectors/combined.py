@@ -42,6 +42,10 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 # `direct` is always a part; `restatement` and the per-factoid judge only when the fit had their outcomes.
 PARTS = ("direct", "restatement", "metarag:factoids")
 SHIPPED_PARTS = ("direct", "restatement")  # what the shipped weights were fitted with; `eval --fit`'s default
+# Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
+# tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
+# benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
+DIRECT_CONTEXT_BUDGET = 16_000
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 
@@ -112,7 +116,7 @@ class Combined:
         self.weights = load_weights(settings.weights)
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
-        self.direct = DirectJudge(llm, model=settings.model)
+        self.direct = DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
                             if "restatement" in self.weights.features else None)
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,

@@ -7,6 +7,8 @@ import math
 import pytest
 
 from morphguard.detectors import build_detector
+from morphguard.detectors.baselines import DirectJudge
+from morphguard.llm import build_client
 from morphguard.models import RagInput
 from tests.detectors.scripted_judge import stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -75,3 +77,15 @@ def test_profiles_are_chosen_by_name(scripted_config):
         build_detector(config, name="nope")
     with pytest.raises(ValueError, match="unknown profile"):
         build_detector(config, name="direct:paper")
+
+
+def test_direct_reads_at_most_its_context_budget_the_sentences_about_the_answer_first(scripted_config):
+    passages = ["Filler about the weather. " * 40 + "Ibuprofen is contraindicated in the third trimester.",
+                "More filler on gardens. " * 40]
+    with ScriptedLLM(lambda body: json.dumps({"verdict": "YES", "unsupported": []})) as server:
+        judge = DirectJudge(build_client(scripted_config(server.base_url)), context_budget=200)
+        asyncio.run(judge.detect(RagInput(question="Ibuprofen?", passages=passages),
+                                 "Ibuprofen is contraindicated in the third trimester."))
+    sent = server.requests[0]["messages"][-1]["content"].split("<passages>")[1].split("</passages>")[0]
+    assert "Ibuprofen is contraindicated in the third trimester." in sent
+    assert len(sent) < 300 and "gardens" not in sent

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                                "faithbench or jsonl:PATH")
     evaluate.add_argument("--detector", default=None,
                           help="comma-separated detector names, e.g. combined,grounding,length or metarag:paper "
-                               "(default: metarag,direct,length; with --fit: the combined check's parts)")
+                               "(default: combined,grounding,length; with --fit: the combined check's parts)")
     evaluate.add_argument("--half", choices=["fit", "report"], default=None,
                           help="only the items of one half (split by source; tune on fit, report on report)")
     evaluate.add_argument("--limit", default=None,
@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="propose per-topic thresholds whose flags are right this often")
     evaluate.add_argument("--fit", type=Path, default=None, metavar="WEIGHTS.json",
                           help="fit the combined check's weights on the datasets' items and write them here")
+    evaluate.add_argument("--rescore", action="store_true",
+                          help="score the combined check anew with the current weights from the run's stored "
+                               "judge scores, without calling the judge (e.g. after --fit)")
     evaluate.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data of the project")
     evaluate.add_argument("--out", type=Path, default=None, help="run folder (default: runs/eval/<dataset>-...)")
     _config_option(evaluate)

@@ -58,11 +58,6 @@ def features(direct: float, restatement: float | None, factoid_scores: Sequence[
         judged["restatement"] = restatement
     if factoid_scores is not None:
         judged["factoid_max"] = max(factoid_scores, default=0.0)
-        judged["factoid_mean"] = sum(factoid_scores) / len(factoid_scores) if factoid_scores else 0.0
-    # Chosen by grouped cross-validation on the fit halves of RAGTruth QA and the QA contrast set: the answer's
-    # length, shares and the other kinds of changed copy added noise there. Those changed copies still count,
-    # through `restatement`, which judges each; a negated copy also counts as such, since the judge says
-    # YES to negations more often than to anything else.
     return {
         **judged,
         "unsupported": math.log1p(grounding.get("unsupported", 0.0)),
@@ -72,25 +67,84 @@ def features(direct: float, restatement: float | None, factoid_scores: Sequence[
     }
 
 
-class Weights(BaseModel):
-    """A fitted logistic regression over standardised features, and what it was fitted on."""
+# Two kinds of error, two channels, each a logistic regression of its own: invented content (words, numbers
+# and names the context lacks; the judge's NO) and contradicted content (a changed copy the judge says differs
+# from its source, a negated copy; the judge's NO). One regression over both let data of one kind switch off
+# the other kind's signal (the contrast set, where vocabulary is noise by construction, zeroed the unsupported
+# counts); apart, either channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b).
+# Chosen by grouped cross-validation on the fit halves of RAGTruth QA and the QA contrast set; the answer's
+# length, the unsupported shares and the other kinds of changed copy added noise there (those copies still
+# count through `restatement`, which judges each one).
+CHANNELS = {
+    "invented": ("unsupported", "unsupported_numbers", "unsupported_names", "direct", "factoid_max"),
+    "contradicted": ("restatement", "negation_conflict", "direct", "factoid_max"),
+}
+
+
+class Channel(BaseModel):
+    """A fitted logistic regression over standardised features."""
 
     features: list[str]
     mean: list[float]
     scale: list[float]
     coef: list[float]
     intercept: float
-    fitted_on: dict[str, Any] = {}
+
+    def _terms(self, values: Mapping[str, float]) -> dict[str, float]:
+        return {f: c * (values[f] - m) / s
+                for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True)}
 
     def probability(self, values: Mapping[str, float]) -> float:
-        z = self.intercept + sum(c * (values[f] - m) / s
-                                 for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True))
-        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+        return _sigmoid(self.intercept + sum(self._terms(values).values()))
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+
+def log_odds(p: float) -> float:
+    p = min(max(p, 1e-9), 1.0 - 1e-9)
+    return math.log(p / (1.0 - p))
+
+
+class Weights(BaseModel):
+    """The fitted channels, their joint calibration, and what they were fitted on."""
+
+    channels: dict[str, Channel]
+    # Each channel alone learns the overall error rate, so their noisy-OR counts it twice; a last logistic over
+    # the noisy-OR's log-odds (slope, intercept; fitted on the same data) makes the result a probability again.
+    # It is monotone, so it changes no ranking.
+    calibration: tuple[float, float] = (1.0, 0.0)
+    fitted_on: dict[str, Any] = {}
+
+    @property
+    def features(self) -> set[str]:
+        return {f for channel in self.channels.values() for f in channel.features}
+
+    def either(self, values: Mapping[str, float]) -> float:
+        """Noisy-OR of the channels: the answer is faithful only if no channel finds an error."""
+        return 1.0 - math.prod(1.0 - channel.probability(values) for channel in self.channels.values())
+
+    def probability(self, values: Mapping[str, float]) -> float:
+        slope, intercept = self.calibration
+        return _sigmoid(slope * log_odds(self.either(values)) + intercept)
 
     def contributions(self, values: Mapping[str, float]) -> dict[str, float]:
-        """How much each feature moved the log-odds, for explaining a verdict."""
-        return {f: round(c * (values[f] - m) / s, 3)
-                for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True)}
+        """Each channel's probability, and how much each feature moved that channel's log-odds
+        (`channel.feature`), for explaining a verdict."""
+        out: dict[str, float] = {}
+        for name, channel in self.channels.items():
+            out[name] = round(channel.probability(values), 3)
+            out |= {f"{name}.{f}": round(v, 3) for f, v in channel._terms(values).items()}
+        return out
+
+
+def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float]) -> float:
+    """What the weights make of the features, raised for an answer that tells its checker what to conclude:
+    such an answer is suspect whatever the parts say (noisy-OR keeps those answers in the order the evidence
+    puts them)."""
+    score = weights.probability(values)
+    return 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR) if grounding.get("instruction") else score
 
 
 def load_weights(path: str | None) -> Weights:
@@ -132,11 +186,7 @@ class Combined:
         factoids = await self.factoids.detect(rag, answer) if self.factoids else None
         values = features(direct.score, restated.score if restated else None,
                           [f.score for f in factoids.factoids] if factoids else None, grounded.features)
-        score = self.weights.probability(values)
-        if grounded.features.get("instruction"):
-            # An answer that tells its checker what to conclude is suspect whatever the parts say; noisy-OR
-            # keeps such answers in the order the evidence puts them.
-            score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
+        score = answer_probability(self.weights, values, grounded.features)
         stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
         judged = direct.factoids  # the parts the direct judge named as unsupported
         if restated is not None:

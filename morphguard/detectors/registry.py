@@ -109,9 +109,10 @@ def build_detector(config: Config, llm: LLMClient | None = None, name: str | Non
 
 
 def fingerprint(config: Config, name: str) -> str:
-    """A short hash of everything that decides a detector's output: judge, threshold, settings, prompts."""
+    """A short hash of everything that decides a detector's score: judge, settings, prompts. Not the threshold:
+    reports read stored scores at the threshold in force."""
     spec, settings = resolve(config, name)
-    parts: dict[str, Any] = {"detector": spec.name, "threshold": config.detector.threshold}
+    parts: dict[str, Any] = {"detector": spec.name}
     if spec.models(settings):
         parts["judge"] = [config.judge.model, config.judge.api_base]
         if config.judge.model == "local":

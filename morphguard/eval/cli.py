@@ -17,7 +17,7 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
 from morphguard.detectors.combined import PARTS, SHIPPED_PARTS
 from morphguard.errors import MorphguardError
-from morphguard.eval import datasets, fit, report, runner, thresholds
+from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
 
 DEFAULT_DETECTORS = ("combined", "grounding", "length")
 
@@ -45,7 +45,7 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
     for dataset, limit in zip(chosen, limits, strict=True):  # each in its own run folder, with its own report
         run = evaluate(config, dataset, names, half=args.half, limit=limit, seed=args.seed,
                        repeats=args.repeats, workers=args.workers, calibrate=args.calibrate,
-                       data_dir=args.data_dir, out=args.out)
+                       data_dir=args.data_dir, out=args.out, rescore=args.rescore)
         print(report.markdown(run.summary))
         print("\n".join(f"wrote {path}" for path in run.written), file=sys.stderr)
         runs.append(run)
@@ -83,6 +83,15 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
           f"use it with combined.weights in the config", file=sys.stderr)
 
 
+def _rescore(config: Config, folder: Path, items: list[datasets.Item], current: str) -> None:
+    from morphguard.detectors.combined import CombinedSettings, load_weights
+
+    weights = load_weights(config.section("combined", CombinedSettings).weights)
+    fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold)
+    runner.append_outcomes(folder, fresh)
+    print(f"rescored {len(fresh)} combined outcomes from their stored judge scores", file=sys.stderr)
+
+
 def _limits(given: str | None, count: int) -> list[int | None]:
     """`--limit`: one number for every dataset, or one per dataset (comma-separated; `all` for no limit)."""
     parts = [p.strip() for p in (given or "all").split(",")]
@@ -98,7 +107,7 @@ def _limits(given: str | None, count: int) -> list[int | None]:
 def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | None = None,
              limit: int | None = None, seed: int = 0,
              repeats: int = 1, workers: int = 1, calibrate: bool = False, data_dir: Path | None = None,
-             out: Path | None = None) -> Evaluation:
+             out: Path | None = None, rescore: bool = False) -> Evaluation:
     """Run (or resume) an evaluation and write its report; returns the summary, the run folder and the files."""
     if not names:
         raise MorphguardError("--detector names no detector")
@@ -121,8 +130,10 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
     # Repeats must reach the judge: without this every repeat would be served from the response cache.
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
-    detectors = {name: build_detector(config, name=name) for name in names}
     fingerprints = {name: fingerprint(config, name) for name in names}
+    if rescore and "combined" in names:
+        _rescore(config, folder, items, fingerprints["combined"])
+    detectors = {name: build_detector(config, name=name) for name in names}
 
     total = len(items) * len(names) * repeats
     with tqdm(total=total, desc="checks", unit="check", file=sys.stderr, mininterval=2, dynamic_ncols=True) as bar:
@@ -130,6 +141,7 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
                         and o.fingerprint == fingerprints.get(o.detector)}))
         outcomes = asyncio.run(runner.run(items, detectors, folder, repeats=repeats, workers=workers,
                                           fingerprints=fingerprints, on_done=lambda o: bar.update(1)))
-    summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed)
+    summary = report.summarize(items, outcomes, list(names), calibrate=calibrate, seed=seed,
+                               threshold=config.detector.threshold)
     summary.update(dataset=dataset, half=half or "all", limit=limit, seed=seed)
     return Evaluation(summary, folder, report.write(folder, items, outcomes, summary), items, outcomes)

@@ -1,8 +1,8 @@
 """`morphguard eval --fit`: the combined check's weights, learned from labelled outcomes of its parts.
 
-A logistic regression over the features of `detectors.combined.features`, standardised, with weights
-bounded at zero, its strength of regularisation chosen by cross-validation in folds of whole groups (never
-two answers to one source on both sides of a fold). Fit on a fit half only: the report half is for reporting.
+One logistic regression per channel of `detectors.combined.CHANNELS`, over standardised features, with
+weights bounded at zero, its strength of regularisation chosen by cross-validation in folds of whole groups
+(never two answers to one source on both sides of a fold). Fit on a fit half only: the report half is for reporting.
 """
 
 from __future__ import annotations
@@ -10,16 +10,17 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from morphguard.detectors.combined import PARTS, Weights, features
+from morphguard.detectors.combined import CHANNELS, PARTS, Channel, Weights, features, log_odds
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval.datasets import Item
 from morphguard.eval.runner import Outcome
 from morphguard.models import RagInput
+
+if TYPE_CHECKING:  # numpy, SciPy and scikit-learn come with the `eval` extra; only fitting needs them
+    import numpy as np
 
 
 def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS
@@ -53,18 +54,33 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     if min(labels.count(True), labels.count(False)) < 5 or len(set(groups)) < 2:
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
                               f"scored by every part ({', '.join(PARTS)})")
-    names = list(values[0])
+    import numpy as np
+
+    weight = _balanced(sources or [""] * len(labels))
+    channels, strengths = {}, {}
+    for name, wanted in CHANNELS.items():
+        channels[name], strengths[name] = _channel([f for f in wanted if f in values[0]], values, labels, groups,
+                                                   weight)
+    joint = Weights(channels=channels)
+    either = np.array([[log_odds(joint.either(row))] for row in values])
+    slope, intercept = _logistic(either, np.array(labels, dtype=float), 1e6, weight)  # one feature: no shrinking
+    return Weights(channels=channels, calibration=(float(slope[0]), intercept),
+                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True), "C": strengths})
+
+
+def _channel(names: list[str], values: list[dict[str, float]], labels: list[bool], groups: list[str],
+             weight: np.ndarray) -> tuple[Channel, float]:
+    import numpy as np
+
     matrix = np.array([[row[n] for n in names] for row in values], dtype=float)
     mean = matrix.mean(axis=0)
     scale = matrix.std(axis=0)
     scale[scale == 0] = 1.0
     x, y = (matrix - mean) / scale, np.array(labels, dtype=float)
-    weight = _balanced(sources or [""] * len(labels))
     c = _choose_c(x, y, groups, weight)
     coef, intercept = _logistic(x, y, c, weight)
-    return Weights(features=names, mean=[float(v) for v in mean], scale=[float(v) for v in scale],
-                   coef=[float(v) for v in coef], intercept=intercept,
-                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True), "C": c})
+    return Channel(features=names, mean=[float(v) for v in mean], scale=[float(v) for v in scale],
+                   coef=[float(v) for v in coef], intercept=intercept), c
 
 
 def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None = None) -> tuple[np.ndarray, float]:
@@ -74,6 +90,7 @@ def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None 
     negative weight would make an answer look safer for showing a warning sign, which is a fit to noise
     or to features that move together. Bounding the weights at zero keeps each signal or switches it
     off, and keeps the others as they are; the intercept is free."""
+    import numpy as np
     from scipy.optimize import minimize
 
     def loss(params: np.ndarray) -> tuple[float, np.ndarray]:
@@ -92,12 +109,15 @@ def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None 
 
 
 def _balanced(sources: list[str]) -> np.ndarray:
+    import numpy as np
+
     counts = {source: sources.count(source) for source in set(sources)}
     return np.array([len(sources) / (len(counts) * counts[source]) for source in sources])
 
 
 def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str], weight: np.ndarray) -> float:
     """The regularisation strength with the lowest log-loss over folds of whole groups."""
+    import numpy as np
     from sklearn.model_selection import GroupKFold
 
     folds = list(GroupKFold(n_splits=min(5, len(set(groups)))).split(x, y, groups))

@@ -23,7 +23,9 @@ CAVEAT = ("RAGTruth here is a partial third-party test subset (see ../shared/dat
 
 
 def summarize(items: Sequence[Item], outcomes: Sequence[Outcome], detectors: Sequence[str], *,
-              calibrate: bool = False, seed: int = 0) -> dict[str, Any]:
+              calibrate: bool = False, seed: int = 0, threshold: float | None = None) -> dict[str, Any]:
+    """`threshold`: where every detector's score is read as flagged (the config's `detector.threshold`, which a
+    score does not depend on); None: each outcome's own. With `calibrate`, each detector's F1-best one instead."""
     by_id = {i.id: i for i in items}
     # Paired comparison: only the items every detector has a result for (a run still going, or failures).
     scored = [{o.item_id for o in outcomes if o.detector == name and o.error is None} for name in detectors]
@@ -39,13 +41,12 @@ def summarize(items: Sequence[Item], outcomes: Sequence[Outcome], detectors: Seq
     for name in detectors:
         mine = [o for o in outcomes if o.detector == name]
         good = [o for o in mine if o.error is None]
-        threshold = None
+        tau = threshold
         if calibrate:
             tune = [(o.hallucinated, o.score) for o in good if o.item_id in dev_ids and o.score is not None]
-            threshold = (metrics.best_threshold([label for label, _ in tune], [score for _, score in tune])
-                         if tune else None)
+            tau = metrics.best_threshold([label for label, _ in tune], [score for _, score in tune]) if tune else None
         summary["detectors"][name] = _detector_summary(
-            [o for o in good if o.item_id in test_ids], by_id, threshold,
+            [o for o in good if o.item_id in test_ids], by_id, tau, calibrated=calibrate and tau is not None,
             errors=sum(1 for o in mine if o.error is not None))
     return summary
 
@@ -75,14 +76,14 @@ def _quality(group: list[Outcome], by_id: dict[str, Item], threshold: float | No
     return figures
 
 
-def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: float | None,
+def _detector_summary(good: list[Outcome], by_id: dict[str, Item], threshold: float | None, *, calibrated: bool,
                       errors: int) -> dict[str, Any]:
     repeats = sorted({o.repeat for o in good})
     per_repeat = [_quality([o for o in good if o.repeat == r], by_id, threshold) for r in repeats]
     keys = ("precision", "recall", "f1", "accuracy", "auroc", "pr_auc", "ece")
     result: dict[str, Any] = {
         "threshold": threshold if threshold is not None else (good[0].threshold if good else None),
-        "calibrated_threshold": threshold is not None,
+        "calibrated_threshold": calibrated,
         "outcomes": len(good), "errors": errors, "repeats": len(repeats),
         **{k: metrics.spread(q[k] for q in per_repeat) for k in keys},
         "auroc_ci": per_repeat[0]["auroc_ci"] if per_repeat else None,  # of the first repeat

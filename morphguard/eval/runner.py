@@ -72,6 +72,12 @@ def load_outcomes(folder: Path) -> list[Outcome]:
     return outcomes
 
 
+def append_outcomes(folder: Path, outcomes: Sequence[Outcome]) -> None:
+    with (folder / RESULTS).open("a", encoding="utf-8") as sink:
+        for outcome in outcomes:
+            sink.write(outcome.model_dump_json() + "\n")
+
+
 def prepare_folder(folder: Path, run: Mapping[str, object]) -> None:
     """Create the run folder, or check that an existing one holds the same dataset sample."""
     folder.mkdir(parents=True, exist_ok=True)

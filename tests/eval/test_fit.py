@@ -1,12 +1,13 @@
 """`morphguard eval --fit` and the combined check, end to end: a real subprocess, a scripted judge on loopback."""
 
 import json
+import math
 import subprocess
 import sys
 
 import yaml
 
-from morphguard.detectors.combined import Weights
+from morphguard.detectors.combined import Channel, Weights
 from morphguard.eval import metrics
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -59,8 +60,9 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         assert learned.fitted_on["items"] == 24 and learned.fitted_on["hallucinated"] == 12
         assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement"}  # the shipped parts by default
         # a judge's NO raises the probability, in either part
-        coef = dict(zip(learned.features, learned.coef, strict=True))
-        assert coef["direct"] > 0 and coef["restatement"] > 0
+        invented, contradicted = learned.channels["invented"], learned.channels["contradicted"]
+        assert invented.coef[invented.features.index("direct")] > 0
+        assert contradicted.coef[contradicted.features.index("restatement")] > 0
         checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
                       config={"combined": {"weights": str(weights)}})
     assert checked.returncode == 0, checked.stderr
@@ -78,10 +80,14 @@ def test_a_fit_without_the_parts_is_refused_with_a_reason(tmp_path):
 
 
 def test_weights_give_probabilities_and_explain_them():
-    weights = Weights(features=["a", "b"], mean=[0.0, 1.0], scale=[1.0, 2.0], coef=[2.0, -1.0], intercept=0.0)
-    assert weights.probability({"a": 0.0, "b": 1.0}) == 0.5
-    assert weights.probability({"a": 3.0, "b": 1.0}) > 0.99
-    assert weights.contributions({"a": 1.0, "b": 5.0}) == {"a": 2.0, "b": -2.0}
+    a = Channel(features=["a"], mean=[0.0], scale=[1.0], coef=[2.0], intercept=0.0)
+    b = Channel(features=["b"], mean=[1.0], scale=[2.0], coef=[1.0], intercept=0.0)
+    weights = Weights(channels={"a": a, "b": b})
+    assert weights.probability({"a": 0.0, "b": 1.0}) == 0.75  # either channel at 0.5: 1 - 0.5 * 0.5
+    assert weights.probability({"a": 3.0, "b": 1.0}) > 0.99  # one channel sure is enough
+    assert weights.contributions({"a": 1.0, "b": 5.0}) == {"a": 0.881, "a.a": 2.0, "b": 0.881, "b.b": 2.0}
+    calibrated = weights.model_copy(update={"calibration": (1.0, -math.log(3))})
+    assert abs(calibrated.probability({"a": 0.0, "b": 1.0}) - 0.5) < 1e-9  # log-odds of 0.75, less log 3
 
 
 def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overconfident_ones():

@@ -1,0 +1,32 @@
+from morphguard.detectors.combined import Channel, Weights
+from morphguard.eval.datasets import Item
+from morphguard.eval.rescore import rescore
+from morphguard.eval.runner import Outcome, ScoredSpan
+
+ITEM = Item(id="a", task="QA", question="q", passages=["The clinic opens at nine."],
+            answer="The clinic opens at ten.", hallucinated=True)
+# A channel that reads only the direct judge's score: probability 0.5 at 0, rising with it.
+WEIGHTS = Weights(channels={"invented": Channel(features=["direct"], mean=[0.0], scale=[1.0], coef=[4.0],
+                                                intercept=0.0)})
+
+
+def stored(**update) -> Outcome:
+    outcome = Outcome(detector="combined", repeat=0, item_id="a", task="QA", hallucinated=True, score=0.2,
+                      threshold=0.5, flagged=False, fingerprint="old", llm_calls=2, seconds=7.0,
+                      features={"direct": 1.0, "restatement": 0.0},
+                      factoid_spans=[ScoredSpan(start=0, end=10, score=0.1)], factoid_scores=[0.1])
+    return outcome.model_copy(update=update)
+
+
+def test_a_stored_outcome_is_scored_with_the_new_weights_and_keeps_its_cost():
+    [fresh] = rescore([ITEM], [stored()], WEIGHTS, "new", threshold=0.3)
+    assert fresh.fingerprint == "new" and abs(fresh.score - 1 / (1 + 2.718281828 ** -4)) < 1e-6
+    assert fresh.flagged and fresh.threshold == 0.3
+    assert (fresh.llm_calls, fresh.seconds) == (2, 7.0)  # the same parts ran
+    assert abs(fresh.factoid_spans[0].score - 0.1 * fresh.score / 0.2) < 1e-9  # spans follow the answer's score
+
+
+def test_outcomes_already_current_or_lacking_a_judge_score_are_left_alone():
+    assert rescore([ITEM], [stored(), stored(fingerprint="new")], WEIGHTS, "new", threshold=0.3) == []
+    assert rescore([ITEM], [stored(features={"restatement": 0.0})], WEIGHTS, "new", threshold=0.3) == []
+    assert rescore([ITEM], [stored(detector="direct")], WEIGHTS, "new", threshold=0.3) == []

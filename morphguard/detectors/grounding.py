@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -93,7 +94,7 @@ class Grounding:
         self.settings = settings
         self.threshold = threshold
 
-    def _weight(self, words: list[Word], changed: list[Conflict] = ()) -> float:  # type: ignore[assignment]
+    def _weight(self, words: list[Word], changed: Sequence[Conflict] = ()) -> float:
         weights = {"number": self.settings.number_weight, "name": self.settings.name_weight, "word": 1.0}
         return (sum(weights[w.kind] for w in words)
                 + self.settings.conflict_weight * sum(c.strength for c in _per_sentence(changed)))
@@ -147,7 +148,7 @@ class Grounding:
         )
 
 
-def _per_sentence(changed: list[Conflict]) -> list[Conflict]:
+def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     """One conflict per answer sentence (the first found): a sentence changed twice is one wrong claim."""
     return list({c.start: c for c in reversed(changed)}.values())
 

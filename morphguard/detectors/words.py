@@ -91,7 +91,3 @@ def words(text: str) -> list[str]:
 def content_keys(text: str) -> set[str]:
     """The keys of the words of `text` that can carry a claim."""
     return {k for w in words(text) if w not in IGNORED for k in keys(w)}
-
-
-def numbers(text: str) -> set[str]:
-    return {number(w) for w in words(text) if w[0].isdigit()}

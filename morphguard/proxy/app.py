@@ -64,14 +64,12 @@ _OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the even
 
 
 class Proxy:
-    def __init__(self, config: Config, detector: Detector | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(self, config: Config, detector: Detector | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self.extractor = ContextExtractor(self.settings.context)
         self.engine = PolicyEngine(config.policy)
         self._detector = detector
-        self._transport = transport
         self.upstream: Upstream
         self.anthropic: Upstream | None = None  # /v1/messages, when not the main upstream
         self.guard: Guard
@@ -82,9 +80,9 @@ class Proxy:
         telemetry_setup.configure(self.config.telemetry)
         detector = self._detector if self._detector is not None else await asyncio.to_thread(
             build_detector, self.config)  # may start the judge
-        self.upstream = Upstream(self.settings, self._transport)
-        self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic}),
-                                  self._transport) if self.settings.anthropic is not None else None
+        self.upstream = Upstream(self.settings)
+        self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic})) \
+            if self.settings.anthropic is not None else None
         adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         self.backend = ChatBackend(self.upstream, adapter, self.config.telemetry.upstream_provider)
         self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
@@ -142,8 +140,7 @@ class Proxy:
         return Response(body, media_type=content_type)
 
     async def readyz(self, request: Request) -> Response:
-        checks: dict[str, Any] = {"upstream": await self._reachable(self.upstream.client,
-                                                                    str(self.upstream.url_for("models")))}
+        checks: dict[str, Any] = {"upstream": await self.upstream.reachable()}
         llm = getattr(self.guard.detector, "llm", None)
         local = getattr(llm, "routes", {}).get("local")
         if local is not None and local.api_base:
@@ -355,20 +352,20 @@ class Proxy:
         if unchecked:
             await self.guard.account(self._bare_review(request), "unchecked_route")
         opened = AsyncExitStack()
-        response = await opened.enter_async_context(
-            self.upstream.open(request.method, path, headers, body or None, params=request.query_params))
+        response = await opened.enter_async_context(self.upstream.open(
+            request.method, path, headers, body or None, params=request.query_params.multi_items(), decoded=False))
 
         async def relay() -> AsyncIterator[bytes]:
             try:
-                async for part in response.aiter_raw():
+                async for part in response.raw():
                     yield part
-            except httpx.HTTPError as exc:  # headers are sent: all we can do is end the body early
-                log.warning("pass-through body from upstream broke: %s", type(exc).__name__)
+            except ProxyError as exc:  # headers are sent: all we can do is end the body early
+                log.warning("pass-through body from upstream broke: %s", exc.message)
             finally:
                 await opened.aclose()
 
         return StreamingResponse(relay(), status_code=response.status_code,
-                                 headers=response_headers(response.headers, rewritten_body=False))
+                                 headers=response_headers(response.headers, body="as_sent"))
 
     def _bare_review(self, request: Request) -> CheckRequest:
         """The request as policy sees it when there is no chat body to read."""

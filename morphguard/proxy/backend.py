@@ -1,4 +1,4 @@
-"""The provider behind the proxy: one chat interface over the OpenAI-compatible upstream (httpx) and the
+"""The provider behind the proxy: one chat interface over the OpenAI-compatible upstream (aiohttp) and the
 litellm routes (other providers, chosen by model prefix), owning each call's GenAI client span.
 
 The span stays open after the provider has answered, so that the check's evaluation event lands on it,
@@ -24,7 +24,7 @@ from morphguard.policy.actions import answer_of
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.body import chat_completion, loads_upstream
 from morphguard.proxy.streaming import StreamedAnswer, events
-from morphguard.proxy.upstream import Upstream, read_body, response_headers
+from morphguard.proxy.upstream import Upstream, response_headers
 
 
 @dataclass
@@ -110,13 +110,13 @@ class ChatBackend:
             completion = chat_completion(await self.adapter.complete(route, body))
             return Reply(span, time.time_ns(), completion=completion)
         async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
-            data = await read_body(response)
+            data = await response.read()
         answered = time.time_ns()
         if response.status_code >= 400:
             return Reply(span, answered, refused=Response(data, response.status_code, headers=response_headers(
-                response.headers, rewritten_body=False)))
+                response.headers, body="decoded")))
         return Reply(span, answered, completion=chat_completion(loads_upstream(data)),
-                     kept=response_headers(response.headers, rewritten_body=True))
+                     kept=response_headers(response.headers, body="ours"))
 
     @asynccontextmanager
     async def stream(self, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[Relay]:
@@ -133,12 +133,12 @@ class ChatBackend:
                         response = await opened.enter_async_context(self.upstream.open(
                             "POST", "chat/completions", headers, json.dumps(body).encode()))
                         if response.status_code >= 400:
-                            relay.refused = Response(await read_body(response), response.status_code,
-                                                     headers=response_headers(response.headers, rewritten_body=False))
+                            relay.refused = Response(await response.read(), response.status_code,
+                                                     headers=response_headers(response.headers, body="decoded"))
                             relay.failed(f"HTTP {response.status_code}")
                         else:
-                            relay.kept = response_headers(response.headers, rewritten_body=True)
-                            relay.chunks = events(response.aiter_lines())
+                            relay.kept = response_headers(response.headers, body="ours")
+                            relay.chunks = events(response.lines())
                 yield relay
             finally:
                 if span.is_recording():  # a stream that ended in an error or a client that left

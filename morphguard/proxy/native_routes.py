@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from opentelemetry import trace
 from opentelemetry.trace import Span
 from starlette.requests import Request
@@ -24,7 +23,7 @@ from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import JSON, ProxyError, upstream_malformed
 from morphguard.proxy.native import VERDICT_EVENT, Dialect, Event, Messages, as_completion, read_events, sse_event
-from morphguard.proxy.upstream import Upstream, read_body, response_headers
+from morphguard.proxy.upstream import Upstream, response_headers
 from morphguard.telemetry import names
 
 if TYPE_CHECKING:
@@ -73,7 +72,7 @@ class NativeRoutes:
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=True):
                 async with upstream.open("POST", dialect.path, headers, forwarded) as response:
-                    data = await read_body(response)
+                    data = await response.read()
         except BaseException:
             span.end()
             raise
@@ -85,7 +84,7 @@ class NativeRoutes:
             span.end(end_time=answered)
             await self.proxy.guard.account(review, f"upstream_http_{response.status_code}")
             return Response(data, response.status_code,
-                            headers=response_headers(response.headers, rewritten_body=False))
+                            headers=response_headers(response.headers, body="decoded"))
         native = loads_upstream(data)
         try:
             text = dialect.answer(native)
@@ -94,7 +93,7 @@ class NativeRoutes:
                                                  later=self.proxy.settings.mode == "async")
         finally:
             span.end(end_time=answered)
-        return JSON(native, headers=response_headers(response.headers, rewritten_body=True) | record.headers())
+        return JSON(native, headers=response_headers(response.headers, body="ours") | record.headers())
 
     async def _checked(self, dialect: Dialect, review: CheckRequest, native: dict[str, Any], text: str, span: Span,
                        *, can_change: bool, later: bool) -> tuple[dict[str, Any], DecisionRecord]:
@@ -124,14 +123,14 @@ class NativeRoutes:
             span.end()
             raise
         if response.status_code >= 400:
-            data = await read_body(response)
+            data = await response.read()
             await opened.aclose()
             span.end()
             await self.proxy.guard.account(review, f"upstream_http_{response.status_code}")
             return Response(data, response.status_code,
-                            headers=response_headers(response.headers, rewritten_body=False))
-        kept = response_headers(response.headers, rewritten_body=True)
-        events = read_events(response.aiter_lines())
+                            headers=response_headers(response.headers, body="decoded"))
+        kept = response_headers(response.headers, body="ours")
+        events = read_events(response.lines())
         if self.proxy.settings.stream_mode == "buffer":
             return await self._buffered(dialect, provider, review, span, events, opened, started, kept)
         return StreamingResponse(self._relayed(dialect, provider, review, span, events, opened, started),
@@ -143,9 +142,9 @@ class NativeRoutes:
         """The whole stream collected and checked first: what policy changes reaches the client."""
         try:
             collected = [e async for e in events]
-        except httpx.HTTPError as exc:
+        except ProxyError:  # it broke off or stalled
             span.end()
-            raise upstream_malformed(f"the stream broke ({type(exc).__name__})") from None
+            raise
         finally:
             await opened.aclose()
         native = dialect.collected(collected)
@@ -183,12 +182,11 @@ class NativeRoutes:
                         continue
                     parts.append(dialect.delta(event))
                     yield event.encode()
-            except httpx.HTTPError as exc:
-                await guard.account(review, "upstream_stream_broken", "".join(parts))
+            except ProxyError as exc:  # the status line is sent: say it in the stream
+                await guard.account(review, exc.code or "upstream_stream_broken", "".join(parts))
                 recorded = True
                 span.end()
-                yield sse_event("error", {"type": "error", "error": {
-                    "type": "api_error", "message": f"the upstream stream broke ({type(exc).__name__})"}})
+                yield sse_event("error", {"type": "error", "error": {"type": "api_error", "message": exc.message}})
                 return
             finally:
                 await opened.aclose()

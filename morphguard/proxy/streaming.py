@@ -8,10 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from morphguard.proxy.body import reject_constant
-from morphguard.proxy.errors import upstream_malformed, upstream_stream_broken, upstream_timeout
+from morphguard.proxy.errors import upstream_malformed, upstream_stream_broken
 
 DONE = b"data: [DONE]\n\n"
 
@@ -92,22 +90,17 @@ def _string(value: Any) -> str | None:
 async def chunk_payloads(source: AsyncIterator[str], answer: StreamedAnswer) -> AsyncIterator[str]:
     """The chunk payloads up to [DONE], each also added to `answer`. A stream that breaks, stalls, carries
     something other than chunk objects or ends before its finish reason raises ProxyError."""
-    try:
-        async for payload in source:
-            if payload.strip() == "[DONE]":
-                break
-            try:
-                chunk = json.loads(payload, parse_constant=reject_constant)
-            except (ValueError, RecursionError):
-                raise upstream_malformed("a stream chunk is not valid JSON") from None
-            if isinstance(chunk, dict) and chunk.get("error") is not None:
-                raise upstream_stream_broken("the provider reported an error mid-stream")
-            if not answer.add(chunk):
-                raise upstream_malformed("a stream chunk is not a chat completion chunk")
-            yield payload
-    except httpx.TimeoutException:
-        raise upstream_timeout() from None
-    except httpx.HTTPError as exc:
-        raise upstream_stream_broken(f"the connection broke off ({type(exc).__name__})") from None
+    async for payload in source:  # a break or a stall in `source` is already a ProxyError
+        if payload.strip() == "[DONE]":
+            break
+        try:
+            chunk = json.loads(payload, parse_constant=reject_constant)
+        except (ValueError, RecursionError):
+            raise upstream_malformed("a stream chunk is not valid JSON") from None
+        if isinstance(chunk, dict) and chunk.get("error") is not None:
+            raise upstream_stream_broken("the provider reported an error mid-stream")
+        if not answer.add(chunk):
+            raise upstream_malformed("a stream chunk is not a chat completion chunk")
+        yield payload
     if answer.finish_reason is None:
         raise upstream_stream_broken("the stream ended before the answer was finished")

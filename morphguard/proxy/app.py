@@ -110,11 +110,11 @@ class Proxy:
                                                       list(self.config.policy.topics)).app())]
         return Gate(ServerSpans(Starlette(
             routes=[
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),  # first: the router tries routes in order
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 *console,
-                Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
                 Route("/v1/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),

@@ -17,9 +17,11 @@ backoff (honouring a short Retry-After); read timeouts and resets only when `ups
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import hmac
 import logging
+import random
 import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -27,13 +29,6 @@ from typing import Literal
 from urllib.parse import quote
 
 import aiohttp
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 from yarl import URL
 
 from morphguard import telemetry
@@ -56,16 +51,9 @@ _DROPPED_WITH_BODY = {"as_sent": frozenset(), "decoded": frozenset({"content-enc
                       "ours": frozenset({"content-encoding", "content-type"})}
 _COME_BACK_LATER = (429, 503)
 _MAX_RETRY_AFTER_S = 5.0
+_MAX_BACKOFF_S = 4.0
 _SEGMENT_SAFE = "-._~:@!$&'()*+,;="
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-class _Busy(Exception):
-    """The provider said 429/503: nothing was processed, another attempt is safe."""
-
-    def __init__(self, retry_after: str | None) -> None:
-        super().__init__("busy")
-        self.retry_after = retry_after
 
 
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
@@ -215,40 +203,44 @@ class Upstream:
             return False
 
     def _retryable(self, exc: BaseException) -> bool:
-        if isinstance(exc, (_Busy, aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+        if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
             return True
         return self.settings.retry_reads and isinstance(exc, (aiohttp.SocketTimeoutError, aiohttp.ClientOSError,
                                                               aiohttp.ServerDisconnectedError))
 
     @staticmethod
-    def _wait(state: RetryCallState) -> float:
-        failure = state.outcome.exception() if state.outcome else None
-        if isinstance(failure, _Busy) and failure.retry_after:
+    def _backoff(attempt: int, retry_after: str | None) -> float:
+        """Seconds before the next attempt: a short Retry-After as given, else full-jitter exponential backoff."""
+        if retry_after:
             try:
-                return min(_MAX_RETRY_AFTER_S, max(0.0, float(failure.retry_after)))
+                return min(_MAX_RETRY_AFTER_S, max(0.0, float(retry_after)))
             except ValueError:
                 pass  # an HTTP date: fall back to our own backoff
-        return float(wait_random_exponential(multiplier=0.2, max=4.0)(state))
+        return random.uniform(0.0, min(_MAX_BACKOFF_S, 0.2 * 2 ** (attempt - 1)))
 
     async def _send(self, method: str, url: URL, headers: dict[str, str], content: bytes | None,
                     params: list[tuple[str, str]] | None, decoded: bool) -> aiohttp.ClientResponse:
+        # A plain loop rather than tenacity: this runs once per proxied request, and tenacity's per-call
+        # set-up cost as much CPU as the rest of the send.
         attempts = self.settings.max_attempts
         client = self._client()
-        try:
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(attempts), wait=self._wait,
-                                               retry=retry_if_exception(self._retryable), reraise=True):
-                with attempt:
-                    response = await client.request(method, url, headers=headers, data=content, params=params,
-                                                    allow_redirects=False, auto_decompress=decoded)
-                    last = attempt.retry_state.attempt_number >= attempts
-                    if response.status in _COME_BACK_LATER and not last:
-                        response.release()
-                        log.warning("upstream answered %d (attempt %d/%d)", response.status,
-                                    attempt.retry_state.attempt_number, attempts)
-                        raise _Busy(response.headers.get("retry-after"))
+        for attempt in range(1, attempts + 1):
+            last = attempt == attempts
+            try:
+                response = await client.request(method, url, headers=headers, data=content, params=params,
+                                                allow_redirects=False, auto_decompress=decoded)
+            except TimeoutError as exc:
+                if last or not self._retryable(exc):
+                    raise upstream_timeout() from None
+            except aiohttp.ClientError as exc:
+                if last or not self._retryable(exc):
+                    raise upstream_unavailable(type(exc).__name__) from None
+            else:
+                if response.status not in _COME_BACK_LATER or last:
                     return response
-        except TimeoutError:
-            raise upstream_timeout() from None
-        except aiohttp.ClientError as exc:
-            raise upstream_unavailable(type(exc).__name__) from None
+                response.release()
+                log.warning("upstream answered %d (attempt %d/%d)", response.status, attempt, attempts)
+                await asyncio.sleep(self._backoff(attempt, response.headers.get("retry-after")))
+                continue
+            await asyncio.sleep(self._backoff(attempt, None))
         raise AssertionError("unreachable")  # pragma: no cover

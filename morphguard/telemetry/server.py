@@ -1,11 +1,15 @@
-"""A server span per HTTP request, continuing the caller's trace (`traceparent`), as plain ASGI middleware."""
+"""A server span per HTTP request, continuing the caller's trace (`traceparent`), as plain ASGI middleware.
+
+With no tracer provider installed and no `traceparent` sent, there is no trace to continue or record:
+the request goes straight through (the span would be a no-op, and its bookkeeping is not free).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from morphguard.telemetry import names, setup, tracer
@@ -21,7 +25,8 @@ class ServerSpans:
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope["type"] != "http" or setup.options.excluded.url_disabled(scope["path"]):
+        if scope["type"] != "http" or not (_tracing() or _continues_a_trace(scope)) \
+                or setup.options.excluded.url_disabled(scope["path"]):
             await self.app(scope, receive, send)
             return
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
@@ -47,3 +52,11 @@ class ServerSpans:
                 await send(message)
 
             await self.app(scope, receive, send_with_status)
+
+
+def _tracing() -> bool:
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def _continues_a_trace(scope: Scope) -> bool:
+    return any(name == b"traceparent" for name, _ in scope.get("headers", ()))

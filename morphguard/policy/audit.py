@@ -99,10 +99,10 @@ class AuditStore:
         self.shared = not self.url.startswith("sqlite")  # other processes write here too
         self.engine = database.connect(self.url, store.pool_size)
         database.migrate(self.engine, MIGRATIONS)
-        # One row per request is the hot path: the statement is compiled once and run as the driver's SQL,
-        # which costs a fifth of a Core insert here (~0.2 ms against ~0.9 ms on SQLite).
+        # One row per request is the hot path: the statement is compiled once and run as the driver's SQL.
         self._insert = (sa.insert(decisions).values({c: sa.bindparam(c) for c in DecisionRecord.model_fields})
                         .returning(decisions.c.id).compile(dialect=self.engine.dialect))
+        self._sql = str(self._insert)
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -118,6 +118,26 @@ class AuditStore:
 
     def record(self, record: DecisionRecord) -> int:
         """Write one decision; text fields are stored as configured. Returns the row id."""
+        return self.record_many([record])[0]
+
+    def record_many(self, records: Sequence[DecisionRecord]) -> list[int]:
+        """Write decisions in one transaction (one commit for a burst); the row ids in order."""
+        rows = [self._args(r) for r in records]
+        # The driver's own connection and cursor: SQLAlchemy's execution layer cost ten times the insert.
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            ids = []
+            for args in rows:
+                cursor.execute(self._sql, args)
+                ids.append(int(cursor.fetchone()[0]))
+            cursor.close()
+            connection.commit()
+            return ids
+        finally:
+            connection.close()  # back to the pool, rolled back if it did not commit
+
+    def _args(self, record: DecisionRecord) -> Any:
         row = record.model_dump()
         if self._keeps_text(record):
             until = datetime.now(UTC) + timedelta(days=self.settings.keep_text_days)
@@ -129,9 +149,7 @@ class AuditStore:
         row = {name: _json_text(value) if name in _JSON_FIELDS and value is not None else _sql(value)
                for name, value in row.items()}
         order = self._insert.positiontup
-        args = tuple(row[name] for name in order) if order else row
-        with self.engine.begin() as db:
-            return int(db.exec_driver_sql(str(self._insert), args).scalar_one())
+        return tuple(row[name] for name in order) if order else row
 
     def reachable(self) -> bool:
         return database.reachable(self.engine)

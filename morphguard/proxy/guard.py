@@ -25,6 +25,7 @@ from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
 from morphguard.models import Detection, utf8
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore
+from morphguard.policy.audit_writer import AuditWriter
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.check import CheckOutcome, CheckRequest
@@ -53,6 +54,7 @@ class Guard:
         self.config = config
         self.settings = config.proxy
         self.audit = audit
+        self._rows = AuditWriter(audit) if audit is not None else None
         self.escalator = escalator
         self.queue = queue
         self.cache = cache
@@ -215,10 +217,10 @@ class Guard:
 
     async def _write(self, record: DecisionRecord) -> None:
         """One audit row; if it cannot be written, a row without the texts, and the failure counted."""
-        if self.audit is None:
+        if self._rows is None:
             return
         try:
-            await asyncio.to_thread(self.audit.record, record)
+            await self._rows.write(record)
             return
         except Exception:
             log.exception("request %s: audit record failed; recording it without its texts", record.request_id)
@@ -227,7 +229,7 @@ class Guard:
         bare = record.model_copy(update={"question": None, "answer": None, "context": None, "factoids": [],
                                          "reason": f"{record.reason or ''} audit_failed".strip()})
         try:
-            await asyncio.to_thread(self.audit.record, bare)
+            await self._rows.write(bare)
         except Exception:
             log.exception("request %s: audit trail unavailable", record.request_id)
 
@@ -346,6 +348,8 @@ class Guard:
         await self.queue.close()
         if self.cache is not None:
             await self.cache.close()
+        if self._rows is not None:
+            await asyncio.to_thread(self._rows.close)
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)
 

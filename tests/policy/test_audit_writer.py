@@ -1,0 +1,73 @@
+"""The audit writer on a real SQLite file: group commits, a refused row failing alone, nothing lost."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from morphguard.config import AuditSettings
+from morphguard.policy.audit import AuditStore
+from morphguard.policy.audit_writer import AuditWriter
+from morphguard.policy.record import DecisionRecord
+
+
+def row(n: int, model: str = "m") -> DecisionRecord:
+    return DecisionRecord(request_id=f"r{n}", profile="general", topic="general", reason="no_context", model=model)
+
+
+@pytest.fixture
+def store(tmp_path) -> AuditStore:
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+    yield store
+    store.close()
+
+
+def rows(store: AuditStore) -> list[tuple[str, str]]:
+    with sqlite3.connect(store.engine.url.database) as db:
+        return db.execute("SELECT request_id, model FROM decisions ORDER BY id").fetchall()
+
+
+def test_concurrent_rows_are_all_committed_with_their_own_ids(store):
+    writer = AuditWriter(store)
+
+    async def burst() -> list[int]:
+        return await asyncio.gather(*(writer.write(row(n)) for n in range(200)))
+
+    ids = asyncio.run(burst())
+    writer.close()
+    assert len(set(ids)) == 200
+    assert sorted(r[0] for r in rows(store)) == sorted(f"r{n}" for n in range(200))
+
+
+def test_a_row_the_database_refuses_fails_alone(store):
+    with sqlite3.connect(store.engine.url.database) as db:  # a real refusal, from the database itself
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON decisions WHEN NEW.model = 'refused' "
+                   "BEGIN SELECT RAISE(ABORT, 'refused by trigger'); END")
+    writer = AuditWriter(store)
+
+    async def burst() -> list[object]:
+        writes = [writer.write(row(n, "refused" if n == 7 else "m")) for n in range(20)]
+        return await asyncio.gather(*writes, return_exceptions=True)
+
+    outcomes = asyncio.run(burst())
+    writer.close()
+    assert [n for n, o in enumerate(outcomes) if isinstance(o, Exception)] == [7]
+    assert "refused by trigger" in str(outcomes[7])
+    assert len(rows(store)) == 19
+
+
+def test_a_cancelled_caller_still_leaves_its_row_and_close_writes_what_is_pending(store):
+    writer = AuditWriter(store)
+
+    async def leave_early() -> None:
+        task = asyncio.create_task(writer.write(row(1)))
+        await asyncio.sleep(0)  # the row is handed over
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave_early())
+    writer.close()
+    assert rows(store) == [("r1", "m")]

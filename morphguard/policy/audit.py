@@ -130,7 +130,9 @@ class AuditStore:
             ids = []
             for args in rows:
                 cursor.execute(self._sql, args)
-                ids.append(int(cursor.fetchone()[0]))
+                returned = cursor.fetchone()
+                assert returned is not None  # INSERT … RETURNING id gives one row
+                ids.append(int(returned[0]))
             cursor.close()
             connection.commit()
             return ids

@@ -8,7 +8,6 @@ measures the provider, not our check.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,6 +22,7 @@ from morphguard import telemetry
 from morphguard.policy.actions import answer_of
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.body import chat_completion, loads_upstream
+from morphguard.proxy.errors import json_bytes
 from morphguard.proxy.streaming import StreamedAnswer, events
 from morphguard.proxy.upstream import Upstream, response_headers
 
@@ -109,7 +109,7 @@ class ChatBackend:
         if route is not None:
             completion = chat_completion(await self.adapter.complete(route, body))
             return Reply(span, time.time_ns(), completion=completion)
-        async with self.upstream.open("POST", "chat/completions", headers, json.dumps(body).encode()) as response:
+        async with self.upstream.open("POST", "chat/completions", headers, json_bytes(body)) as response:
             data = await response.read()
         answered = time.time_ns()
         if response.status_code >= 400:
@@ -131,7 +131,7 @@ class ChatBackend:
                         relay.chunks = self.adapter.stream(route, body)
                     else:
                         response = await opened.enter_async_context(self.upstream.open(
-                            "POST", "chat/completions", headers, json.dumps(body).encode()))
+                            "POST", "chat/completions", headers, json_bytes(body)))
                         if response.status_code >= 400:
                             relay.refused = Response(await response.read(), response.status_code,
                                                      headers=response_headers(response.headers, body="decoded"))

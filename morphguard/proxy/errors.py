@@ -20,6 +20,7 @@ import json
 import logging
 from typing import Any
 
+import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,13 +44,21 @@ class ProxyError(Exception):
 
 
 def json_bytes(content: Any) -> bytes:
-    """Compact JSON as UTF-8. A lone surrogate (which JSON escapes can carry) cannot be UTF-8: such a
-    document is written with ASCII escapes instead, so it still round-trips exactly."""
-    text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """Compact JSON as UTF-8; every body the proxy writes goes through here.
+
+    orjson writes it (several times faster than the standard library; this runs on every response). What
+    orjson refuses goes to the standard library: a lone surrogate, which JSON escapes can carry but UTF-8
+    cannot, is then written as an ASCII escape, and an integer beyond 64 bits stays exact.
+    """
+    try:
+        return orjson.dumps(content)
+    except orjson.JSONEncodeError:
+        pass
+    text = json.dumps(content, ensure_ascii=False, separators=(",", ":"))
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
 class JSON(Response):

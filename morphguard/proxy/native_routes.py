@@ -4,7 +4,6 @@ moment a request is accepted, every way out leaves one audit row."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -21,7 +20,7 @@ from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.body import loads_upstream, parse_object
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD
-from morphguard.proxy.errors import JSON, ProxyError, upstream_malformed
+from morphguard.proxy.errors import JSON, ProxyError, json_bytes, upstream_malformed
 from morphguard.proxy.native import VERDICT_EVENT, Dialect, Event, Messages, as_completion, read_events, sse_event
 from morphguard.proxy.upstream import Upstream, response_headers
 from morphguard.telemetry import names
@@ -52,7 +51,7 @@ class NativeRoutes:
         view = dialect.chat_view(body)
         extraction = proxy.extractor.extract(view)
         review = proxy._review(request, extraction)
-        forwarded = json.dumps({k: v for k, v in body.items() if k != OUR_FIELD}).encode()
+        forwarded = json_bytes({k: v for k, v in body.items() if k != OUR_FIELD})
         # Accepted: from here on, every way out leaves one audit row.
         try:
             span = telemetry.start_chat_span(review.model, provider, "upstream", view["messages"])

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from morphguard.proxy.body import reject_constant
-from morphguard.proxy.errors import upstream_malformed, upstream_stream_broken
+from morphguard.proxy.errors import json_bytes, upstream_malformed, upstream_stream_broken
 
 DONE = b"data: [DONE]\n\n"
 
 
 def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json_bytes(payload) + b"\n\n"
 
 
 async def events(lines: AsyncIterator[str]) -> AsyncIterator[str]:

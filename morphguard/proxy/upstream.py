@@ -184,7 +184,8 @@ class Upstream:
         """Send and yield the response with its body unread (`decoded`: gzip undone, else the bytes as sent).
         5xx other than a final 503 becomes a 502."""
         sent = {k: _wire_value(v) for k, v in headers.items()}
-        sent.update(telemetry.carrier())  # a provider that traces continues our trace (httpx's instrumentation did)
+        if telemetry.tracing():  # a provider that traces continues our trace (else the client's traceparent went)
+            sent.update(telemetry.carrier())
         response = await self._send(method, self.url_for(path), sent, content, params, decoded)
         try:
             if response.status >= 500:

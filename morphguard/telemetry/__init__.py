@@ -26,8 +26,14 @@ DECISION_TYPE = {"pass": "allow", "annotate": "warn", "highlight": "modify", "ci
                  "regenerate": "modify", "block": "deny"}
 
 
+@cache  # a proxy tracer until a provider is installed, then that provider's: asking once is enough
 def tracer() -> trace.Tracer:
     return trace.get_tracer(names.TRACER_NAME)
+
+
+def tracing() -> bool:
+    """Whether a tracer provider is installed (else every span is a no-op)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 _SECONDS = [0.01 * 2 ** i for i in range(14)]  # 10 ms to 82 s

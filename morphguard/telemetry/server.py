@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from morphguard.telemetry import names, setup, tracer
+from morphguard.telemetry import names, setup, tracer, tracing
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -25,7 +25,7 @@ class ServerSpans:
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope["type"] != "http" or not (_tracing() or _continues_a_trace(scope)) \
+        if scope["type"] != "http" or not (tracing() or _continues_a_trace(scope)) \
                 or setup.options.excluded.url_disabled(scope["path"]):
             await self.app(scope, receive, send)
             return
@@ -52,10 +52,6 @@ class ServerSpans:
                 await send(message)
 
             await self.app(scope, receive, send_with_status)
-
-
-def _tracing() -> bool:
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _continues_a_trace(scope: Scope) -> bool:

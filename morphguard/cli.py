@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible proxy")
     serve.add_argument("--host", default=None, help="default: proxy.host of the config")
     serve.add_argument("--port", type=int, default=None, help="default: proxy.port of the config")
+    serve.add_argument("--workers", type=int, default=1, metavar="N",
+                       help="proxy processes accepting on the port (default 1); not proxy.workers, the async "
+                            "checks each process runs at once")
     _config_option(serve)
     serve.set_defaults(run=_serve)
 
@@ -132,10 +135,15 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    return load_config(_config_path(args))
+
+
+def _config_path(args: argparse.Namespace) -> Path | None:
+    """--config, else ./config.yaml where there is one, else None (the built-in defaults)."""
     if args.config is not None:
-        return load_config(args.config)
+        return Path(args.config)
     local = Path("config.yaml")
-    return load_config(local if local.is_file() else None)
+    return local.resolve() if local.is_file() else None
 
 
 def _read(path: Path) -> str:
@@ -186,12 +194,15 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from morphguard.proxy.app import create_app
     from morphguard.proxy.server import serve
 
-    config = _load(args)
-    serve(create_app(config), args.host or config.proxy.host, args.port or config.proxy.port,
-          log_level="info" if args.verbose else "warning", grace_s=int(config.proxy.shutdown_grace_s) + 5)
+    if args.workers < 1:
+        raise MorphguardError("--workers must be at least 1")
+    path = _config_path(args)
+    config = load_config(path)
+    serve(config, path.resolve() if path else None, args.host or config.proxy.host, args.port or config.proxy.port,
+          log_level="info" if args.verbose else "warning", grace_s=int(config.proxy.shutdown_grace_s) + 5,
+          processes=args.workers)
     return EXIT_OK
 
 

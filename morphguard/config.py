@@ -62,6 +62,8 @@ class LocalModelSettings(Section):
     parallel: int = Field(1, ge=1)
     startup_timeout_s: float = Field(180.0, gt=0)
     restart_max_s: float = Field(30.0, gt=0)  # longest wait between restarts of a judge that keeps dying
+    # A judge server already running (`serve --workers` starts one for all its processes): used, not started.
+    base_url: str | None = None
 
 
 # Every detector declares its name and settings model in its own module (`detectors/registry.py`); its

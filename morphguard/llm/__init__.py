@@ -8,7 +8,12 @@ from morphguard.config import Config
 from morphguard.llm.client import Completion, Endpoint, LLMClient, TokenChoice, Usage
 from morphguard.llm.local import LOCAL_MODEL, shared_judge
 
-__all__ = ["Completion", "Endpoint", "LLMClient", "TokenChoice", "Usage", "build_client"]
+__all__ = ["Completion", "Endpoint", "LLMClient", "TokenChoice", "Usage", "build_client", "uses_embedded_judge"]
+
+
+def uses_embedded_judge(config: Config, models: Iterable[str | None] = ()) -> bool:
+    """Whether a client for `models` (None: the judge's model) needs the embedded judge."""
+    return LOCAL_MODEL in {m or config.judge.model for m in (*models, config.judge.model)}
 
 
 def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient:
@@ -16,7 +21,7 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
     judge = config.judge
     routes: dict[str, Endpoint] = {}
     concurrency = judge.concurrency
-    if LOCAL_MODEL in {m or judge.model for m in (*models, judge.model)}:
+    if uses_embedded_judge(config, models):
         # llama.cpp decodes `parallel` requests at a time and queues the rest; queue here instead, so a call's
         # timeout measures its own decoding, not the wait behind a dozen others.
         concurrency = min(concurrency, config.local.parallel)

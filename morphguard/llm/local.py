@@ -51,6 +51,9 @@ class LocalJudge:
     def start(self) -> str:
         if self.base_url:
             return self.base_url
+        if self.settings.base_url:  # another process runs it and keeps it alive
+            self.base_url = self.settings.base_url
+            return self.base_url
         port = free_port()
         self._launch(port)
         self.base_url = f"http://127.0.0.1:{port}/v1"

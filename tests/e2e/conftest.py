@@ -47,13 +47,13 @@ def provider(tmp_path_factory) -> Iterator[str]:
 
 
 def serve(config: dict, folder: Path, port: int | None = None,
-          env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+          env: dict[str, str] | None = None, processes: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
     """`morphguard serve` with `config` written to `folder` (and `env` added); its base URL and process."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     port = port or free_port()
     process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
-                     "--port", str(port)], f"http://127.0.0.1:{port}/healthz", folder / "proxy.log", timeout=300,
-                    env=env)
+                     "--port", str(port), "--workers", str(processes)], f"http://127.0.0.1:{port}/healthz",
+                    folder / "proxy.log", timeout=300, env=env)
     return f"http://127.0.0.1:{port}", process
 
 
@@ -63,7 +63,7 @@ def proxy_factory(provider, tmp_path_factory):
     started: list[subprocess.Popen[bytes]] = []
 
     def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
-             **proxy: object) -> str:
+             processes: int = 1, **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})
@@ -76,7 +76,7 @@ def proxy_factory(provider, tmp_path_factory):
             "policy": policy,
             "telemetry": telemetry or {},
         }
-        base, process = serve(config, folder)
+        base, process = serve(config, folder, processes=processes)
         started.append(process)
         make.folders[base] = folder
         return base

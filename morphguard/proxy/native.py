@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from morphguard.proxy.body import reject_constant
+from morphguard.proxy.body import loads
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import bad_request, upstream_malformed
 
@@ -32,7 +32,7 @@ class Event:
 
     def json(self) -> Any:
         try:
-            return json.loads(self.data, parse_constant=reject_constant)
+            return loads(self.data)
         except ValueError:
             return None
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from morphguard.proxy.body import reject_constant
+from morphguard.proxy.body import loads
 from morphguard.proxy.errors import json_bytes, upstream_malformed, upstream_stream_broken
 
 DONE = b"data: [DONE]\n\n"
@@ -94,7 +93,7 @@ async def chunk_payloads(source: AsyncIterator[str], answer: StreamedAnswer) -> 
         if payload.strip() == "[DONE]":
             break
         try:
-            chunk = json.loads(payload, parse_constant=reject_constant)
+            chunk = loads(payload)
         except (ValueError, RecursionError):
             raise upstream_malformed("a stream chunk is not valid JSON") from None
         if isinstance(chunk, dict) and chunk.get("error") is not None:

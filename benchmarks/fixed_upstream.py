@@ -1,7 +1,9 @@
 """An OpenAI-compatible chat server that answers every request after a fixed delay (a stand-in provider).
 
 Its answer is a JSON object that also reads as a valid reply to every judge prompt (factoids, statements,
-verdict), so it can serve as the judge of background checks too. `python benchmarks/fixed_upstream.py PORT MS`
+verdict), so it can serve as the judge of background checks too. Asked to stream, it sends the same answer
+as `STREAM_CHUNKS` chunks, the first after the delay and the rest at once.
+`python benchmarks/fixed_upstream.py PORT MS`
 """
 
 from __future__ import annotations
@@ -14,17 +16,32 @@ import time
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 CONTENT = json.dumps({"factoids": ["The Eiffel Tower is in Paris."], "statements": ["The tower stands in Paris."],
                       "verdict": "YES", "unsupported": []})
+STREAM_CHUNKS = 20
+
+
+def chunks(model: str) -> list[bytes]:
+    step = -(-len(CONTENT) // STREAM_CHUNKS)
+    parts = [CONTENT[i:i + step] for i in range(0, len(CONTENT), step)]
+    out = []
+    for n, part in enumerate(parts):
+        last = n == len(parts) - 1
+        out.append(json.dumps({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()),
+                               "model": model, "choices": [{"index": 0, "delta": {"content": part},
+                                                            "finish_reason": "stop" if last else None}]}))
+    return [b"data: " + c.encode() + b"\n\n" for c in out] + [b"data: [DONE]\n\n"]
 
 
 def app(latency_s: float) -> Starlette:
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
         await asyncio.sleep(latency_s)
+        if body.get("stream"):
+            return StreamingResponse(iter(chunks(body.get("model", "bench"))), media_type="text/event-stream")
         return JSONResponse({
             "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "bench"),

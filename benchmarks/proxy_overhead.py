@@ -1,12 +1,21 @@
 """What morphguard adds to a request, against calling the upstream directly and against the LiteLLM proxy.
 
-One fixed-latency OpenAI-compatible upstream runs on loopback; in the same run, the same RAG chat request is
-sent at concurrency 1, 16 and 64 to: the upstream directly, morphguard with checks off (no context source
-enabled), morphguard in async mode (checks on a background queue, the fixed upstream serving as judge too),
-and the LiteLLM proxy as a plain pass-through (skipped when `litellm[proxy]` is not installed:
-`pip install -e '.[bench]'`). Prints a table and writes benchmarks/results/proxy_overhead.json.
+One fixed-latency OpenAI-compatible upstream runs on loopback (benchmarks/fixed_upstream.py). In the same
+run, the same RAG chat request goes at concurrency 1, 16 and 64 to: the upstream directly; morphguard with
+checks off (no context source enabled: the request is forwarded and audited, nothing is checked);
+morphguard in async mode (the check queued and run in the background, the fixed upstream serving as judge);
+morphguard with checks off as 2 processes (`serve --workers 2`); and the LiteLLM proxy as a plain
+pass-through (skipped without `litellm[proxy]`: `pip install -e '.[bench]'`).
 
-    python benchmarks/proxy_overhead.py [--latency-ms 50] [--requests 400] [--concurrency 1,16,64]
+Where the machine has two cores or more, the load generator and the upstream run on the first and every
+single-process proxy on the second, so a proxy's throughput is its own; the 2-process proxy gets every core
+(shared with the load generator). CPU per request is the proxy's own (its processes' user + system time
+over the requests sent). Then streaming: the same request with `stream: true`, sent one at a time,
+direct and through morphguard (checks off, passthrough) in turn: time to the first body byte, and the time
+the rest of the stream takes, per chunk. Prints tables, writes benchmarks/results/proxy_overhead.json and
+a plot, benchmarks/results/proxy_overhead.png.
+
+    python benchmarks/proxy_overhead.py [--latency-ms 0] [--requests 2000] [--concurrency 1,16,64]
 """
 
 from __future__ import annotations
@@ -27,17 +36,24 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import aiohttp
 import httpx
 import yaml
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no remote cost-map fetch, here or in children
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from fixed_upstream import STREAM_CHUNKS  # noqa: E402
+
 BODY = {
     "model": "bench",
     "messages": [{"role": "user", "content": "<context>The Eiffel Tower is in Paris, France.</context>\n"
                                              "Where is the Eiffel Tower?"}],
 }
+HEADERS = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
+PAYLOAD = json.dumps(BODY).encode()
+STREAM_PAYLOAD = json.dumps({**BODY, "stream": True}).encode()
 
 
 def free_port() -> int:
@@ -48,7 +64,7 @@ def free_port() -> int:
 
 @contextmanager
 def process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-            timeout: float = 120) -> Iterator[None]:
+            timeout: float = 120) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
@@ -64,7 +80,7 @@ def process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | Non
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{cmd[:3]} not ready after {timeout} s:\n{log.read_text()[-2000:]}")
             time.sleep(0.2)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -73,16 +89,45 @@ def process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | Non
             proc.kill()
 
 
-def morphguard(folder: Path, upstream: str, name: str, **proxy: object) -> tuple[list[str], str, Path]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` and every live process below it."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        child = int(stat.parent.name)
+        parents[child] = int(fields[1])
+        times[child] = (int(fields[11]) + int(fields[12])) / tick
+    total, frontier = 0.0, [pid]
+    while frontier:
+        current = frontier.pop()
+        total += times.get(current, 0.0)
+        frontier += [c for c, p in parents.items() if p == current]
+    return total
+
+
+def pinned(cores: list[int] | None, cmd: list[str]) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, cores)), *cmd] if cores else cmd
+
+
+def morphguard(folder: Path, upstream: str, name: str, processes: int = 1,
+               **proxy: object) -> tuple[list[str], str, Path]:
     port = free_port()
     config = {
         "judge": {"model": "openai/bench", "api_base": upstream, "api_key": "sk-bench"},
+        "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
         "proxy": {"upstream": {"base_url": upstream}, **proxy},  # the client's key is forwarded
+        "policy": {"audit": {"path": str(folder / f"{name}.db")}},
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    cmd = [sys.executable, "-m", "morphguard.cli", "serve", "--config", str(path), "--port", str(port)]
+    cmd = [sys.executable, "-m", "morphguard.cli", "serve", "--config", str(path), "--port", str(port),
+           "--workers", str(processes)]
     return cmd, f"http://127.0.0.1:{port}", folder / f"{name}.log"
 
 
@@ -103,87 +148,162 @@ def litellm_proxy(folder: Path, upstream: str) -> tuple[list[str], str, Path] | 
     return cmd, f"http://127.0.0.1:{port}", folder / "litellm.log"
 
 
-async def load(base_url: str, concurrency: int, requests: int) -> dict[str, float]:
-    """Send `requests` chat completions, `concurrency` at a time; latency percentiles in ms and requests/s."""
+async def load(base_url: str, concurrency: int, requests: int, pid: int) -> dict[str, float]:
+    """`requests` chat completions, `concurrency` at a time: latency percentiles (ms), requests/s, and the
+    CPU ms the target's processes spent per request."""
     latencies: list[float] = []
     failures = 0
     queue = iter(range(requests))
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60,
-                                 headers={"Authorization": "Bearer sk-bench"}) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url, connector=connector, headers=HEADERS) as client:
         async def worker() -> None:
             nonlocal failures
             for _ in queue:
                 started = time.perf_counter()
-                response = await client.post("/v1/chat/completions", json=BODY)
-                if response.status_code != 200:
-                    failures += 1
+                async with client.post("/v1/chat/completions", data=PAYLOAD) as response:
+                    await response.read()
+                    failures += response.status != 200
                 latencies.append((time.perf_counter() - started) * 1000)
 
-        for _ in range(min(20, requests)):  # warm-up: connections, imports, caches
-            await client.post("/v1/chat/completions", json=BODY)
-        started = time.perf_counter()
+        for _ in range(50):  # warm-up: connections, imports, caches
+            async with client.post("/v1/chat/completions", data=PAYLOAD) as response:
+                await response.read()
+        cpu, started = cpu_seconds(pid), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
+        cpu = cpu_seconds(pid) - cpu
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return {"p50": statistics.median(latencies), "p95": q[94], "p99": q[98], "rps": len(latencies) / wall,
-            "failures": failures, "requests": len(latencies)}
+            "cpu_ms": cpu * 1000 / len(latencies), "failures": failures, "requests": len(latencies)}
+
+
+async def streams(bases: dict[str, str], requests: int) -> dict[str, dict[str, float]]:
+    """Streamed requests to each base in turn: median time to the first body byte and the rest per chunk."""
+    first: dict[str, list[float]] = {name: [] for name in bases}
+    rest: dict[str, list[float]] = {name: [] for name in bases}
+    async with aiohttp.ClientSession(headers=HEADERS) as client:
+        for n in range(requests + 20):
+            for name, base in bases.items():
+                started = time.perf_counter()
+                async with client.post(base + "/v1/chat/completions", data=STREAM_PAYLOAD) as response:
+                    parts = response.content.iter_any()
+                    await parts.__anext__()
+                    got_first = time.perf_counter()
+                    async for _ in parts:
+                        pass
+                ended = time.perf_counter()
+                if n >= 20:  # the first 20: warm-up
+                    first[name].append((got_first - started) * 1000)
+                    rest[name].append((ended - got_first) * 1000)
+    return {name: {"ttfb_p50": statistics.median(first[name]), "rest_p50": statistics.median(rest[name]),
+                   "requests": requests} for name in bases}
+
+
+def plot(rows: list[dict[str, object]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed", file=sys.stderr)
+        return
+    targets = list(dict.fromkeys(str(r["target"]) for r in rows if r["target"] != "direct"))
+    levels = sorted({int(r["concurrency"]) for r in rows if int(r["concurrency"]) > 1})  # type: ignore[call-overload]
+    figure, (added, throughput) = plt.subplots(1, 2, figsize=(12, 4.2))
+    at_one = {r["target"]: r for r in rows if r["concurrency"] == 1}
+    added.barh(targets, [float(at_one[t]["added_p50_ms"]) for t in targets], color="#4c72b0")  # type: ignore[arg-type]
+    added.set_xlabel("added median latency at concurrency 1 (ms)")
+    added.invert_yaxis()
+    width = 0.8 / max(1, len(levels))
+    for i, level in enumerate(levels):
+        by_target = {r["target"]: r for r in rows if r["concurrency"] == level}
+        throughput.barh([y + i * width for y in range(len(targets))],
+                        [float(by_target[t]["rps"]) for t in targets], height=width,  # type: ignore[arg-type]
+                        label=f"concurrency {level}")
+    throughput.set_yticks([y + width * (len(levels) - 1) / 2 for y in range(len(targets))], targets)
+    throughput.invert_yaxis()
+    throughput.set_xlabel("requests per second")
+    throughput.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--latency-ms", type=float, default=50.0, help="the upstream's fixed delay")
-    parser.add_argument("--requests", type=int, default=400, help="requests per target and concurrency")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="the upstream's fixed delay")
+    parser.add_argument("--requests", type=int, default=2000, help="requests per target and concurrency")
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--stream-requests", type=int, default=300)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "proxy_overhead.json")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    cores = sorted(os.sched_getaffinity(0))
+    near, far = ([cores[0]], cores[1:2]) if len(cores) > 1 else (None, None)
+    if near:
+        os.sched_setaffinity(0, near)  # the load generator beside the upstream, away from the proxies
 
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         folder = Path(tmp)
         port = free_port()
         upstream = f"http://127.0.0.1:{port}/v1"
-        stack.enter_context(process([sys.executable, str(HERE / "fixed_upstream.py"), str(port), str(args.latency_ms)],
-                                    f"{upstream}/models", folder / "upstream.log"))
-        targets: dict[str, tuple[list[str], str, Path] | None] = {
-            "morphguard, checks off": morphguard(folder, upstream, "off", context={"sources": []}),
-            "morphguard, async checks": morphguard(folder, upstream, "async", mode="async"),
-            "litellm proxy": litellm_proxy(folder, upstream),
+        started = stack.enter_context(process(
+            pinned(near, [sys.executable, str(HERE / "fixed_upstream.py"), str(port), str(args.latency_ms)]),
+            f"{upstream}/models", folder / "upstream.log"))
+        targets: dict[str, tuple[tuple[list[str], str, Path] | None, list[int] | None]] = {
+            "morphguard, checks off": (morphguard(folder, upstream, "off", context={"sources": []}), far),
+            "morphguard, async checks": (morphguard(folder, upstream, "async", mode="async"), far),
+            "morphguard, checks off, 2 processes": (morphguard(folder, upstream, "off2", processes=2,
+                                                                 context={"sources": []}), None),
+            "litellm proxy": (litellm_proxy(folder, upstream), far),
         }
-        bases = {"direct": upstream.removesuffix("/v1")}
-        for name, spec in targets.items():
+        bases = {"direct": (upstream.removesuffix("/v1"), started.pid)}
+        for name, (spec, where) in targets.items():
             if spec is None:
                 print(f"skipped {name}: litellm[proxy] is not installed (pip install -e '.[bench]')", file=sys.stderr)
                 continue
             cmd, base, log = spec
-            env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"} if name.startswith("litellm") else None
-            stack.enter_context(process(cmd, f"{base}/v1/models" if name.startswith("litellm") else f"{base}/healthz",
-                                        log, env=env, timeout=180))
-            bases[name] = base
+            ready = f"{base}/v1/models" if name.startswith("litellm") else f"{base}/healthz"
+            proc = stack.enter_context(process(pinned(where, cmd), ready, log, timeout=180))
+            bases[name] = (base, proc.pid)
         for concurrency in levels:
-            requests = max(args.requests, 4 * concurrency) if concurrency > 1 else min(args.requests, 100)
-            for name, base in bases.items():
+            requests = args.requests if concurrency > 1 else max(200, args.requests // 4)
+            for name, (base, pid) in bases.items():
                 print(f"… {name} at concurrency {concurrency}", file=sys.stderr)
-                measured = asyncio.run(load(base, concurrency, requests))
+                measured = asyncio.run(load(base, concurrency, requests, pid))
                 rows.append({"target": name, "concurrency": concurrency, **measured})
+        print("… streaming", file=sys.stderr)
+        streamed = asyncio.run(streams({"direct": bases["direct"][0],
+                                        "morphguard, checks off": bases["morphguard, checks off"][0]},
+                                       args.stream_requests))
 
     direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
-    header = (f"{'target':<26} {'conc':>4} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>8} "
-              f"{'+p50 ms':>8} {'p50 ×':>6} {'fail':>4}")
-    lines = [f"proxy overhead: upstream fixed at {args.latency_ms:.0f} ms, {platform.node()} "
-             f"({os.cpu_count()} cores), Python {platform.python_version()}", header, "-" * len(header)]
+    layout = f", load generator and upstream on core {near[0]}, proxies on core {far[0]}" if near and far else ""
+    header = (f"{'target':<36} {'conc':>4} {'p50 ms':>7} {'p99 ms':>7} {'req/s':>7} {'+p50 ms':>8} "
+              f"{'CPU ms/req':>10} {'fail':>4}")
+    lines = [f"proxy overhead: upstream fixed at {args.latency_ms:.0f} ms, {platform.node()} ({len(cores)} cores"
+             f"{layout}), "
+             f"Python {platform.python_version()}", header, "-" * len(header)]
     for r in rows:
-        base = direct[r["concurrency"]]
-        r["added_p50_ms"] = r["p50"] - base["p50"]
-        r["p50_ratio"] = r["p50"] / base["p50"]
-        lines.append(f"{r['target']:<26} {r['concurrency']:>4} {r['p50']:>8.1f} {r['p95']:>8.1f} {r['p99']:>8.1f} "
-                     f"{r['rps']:>8.1f} {r['added_p50_ms']:>8.1f} {r['p50_ratio']:>6.2f} {r['failures']:>4}")
+        r["added_p50_ms"] = r["p50"] - direct[r["concurrency"]]["p50"]  # type: ignore[operator]
+        lines.append(f"{r['target']:<36} {r['concurrency']:>4} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['rps']:>7.0f} "
+                     f"{r['added_p50_ms']:>8.2f} {r['cpu_ms']:>10.2f} {r['failures']:>4}")
+    base = streamed["direct"]
+    ours = streamed["morphguard, checks off"]
+    lines += ["", f"streaming ({args.stream_requests} requests each, one at a time, "
+                  f"{STREAM_CHUNKS} chunks + [DONE], passthrough, checks off)",
+              f"{'target':<36} {'TTFB p50 ms':>12} {'rest p50 ms':>12}"]
+    for name, s in streamed.items():
+        lines.append(f"{name:<36} {s['ttfb_p50']:>12.3f} {s['rest_p50']:>12.3f}")
+    lines.append(f"added: TTFB {ours['ttfb_p50'] - base['ttfb_p50']:.3f} ms, "
+                 f"{(ours['rest_p50'] - base['rest_p50']) * 1000 / STREAM_CHUNKS:.1f} µs per chunk")
     print("\n".join(lines))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"latency_ms": args.latency_ms, "cores": os.cpu_count(), "rows": rows}, indent=2))
-    print(f"wrote {args.out}", file=sys.stderr)
-
+    args.out.write_text(json.dumps({"latency_ms": args.latency_ms, "cores": len(cores), "pinned": bool(near and far),
+                                    "rows": rows, "streaming": streamed, "stream_chunks": STREAM_CHUNKS}, indent=2))
+    plot(rows, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

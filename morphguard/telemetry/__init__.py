@@ -32,8 +32,15 @@ def tracer() -> trace.Tracer:
 
 
 def tracing() -> bool:
-    """Whether a tracer provider is installed (else every span is a no-op)."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """Whether a tracer provider is installed (else every span is a no-op). Asked on every request: the
+    API's getter reads the environment on each call until a provider is set, so its global is read first."""
+    provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is _UNKNOWN:  # an API version without that global
+        return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return provider is not None
+
+
+_UNKNOWN = object()
 
 
 _SECONDS = [0.01 * 2 ** i for i in range(14)]  # 10 ms to 82 s

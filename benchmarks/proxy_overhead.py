@@ -2,10 +2,11 @@
 
 One fixed-latency OpenAI-compatible upstream runs on loopback (benchmarks/fixed_upstream.py). In the same
 run, the same RAG chat request goes at concurrency 1, 16 and 64 to: the upstream directly; morphguard with
-checks off (no context source enabled: the request is forwarded and audited, nothing is checked);
-morphguard in async mode (the check queued and run in the background, the fixed upstream serving as judge);
-morphguard with checks off as 2 processes (`serve --workers 2`); and the LiteLLM proxy as a plain
-pass-through (skipped without `litellm[proxy]`: `pip install -e '.[bench]'`).
+checks off (no context source enabled: the request is forwarded and audited, nothing is checked); the same
+without the audit trail (what the audit row costs); morphguard in async mode (the check queued and run in
+the background, the fixed upstream serving as judge); morphguard with checks off as 2 processes
+(`serve --workers 2`); and the LiteLLM proxy as a plain pass-through (skipped without `litellm[proxy]`:
+`pip install -e '.[bench]'`).
 
 Where the machine has two cores or more, the load generator and the upstream run on the first and every
 single-process proxy on the second, so a proxy's throughput is its own; the 2-process proxy gets every core
@@ -114,7 +115,7 @@ def pinned(cores: list[int] | None, cmd: list[str]) -> list[str]:
     return ["taskset", "-c", ",".join(map(str, cores)), *cmd] if cores else cmd
 
 
-def morphguard(folder: Path, upstream: str, name: str, processes: int = 1,
+def morphguard(folder: Path, upstream: str, name: str, processes: int = 1, audit: bool = True,
                **proxy: object) -> tuple[list[str], str, Path]:
     port = free_port()
     config = {
@@ -122,7 +123,7 @@ def morphguard(folder: Path, upstream: str, name: str, processes: int = 1,
         "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
         "proxy": {"upstream": {"base_url": upstream}, **proxy},  # the client's key is forwarded
-        "policy": {"audit": {"path": str(folder / f"{name}.db")}},
+        "policy": {"audit": {"path": str(folder / f"{name}.db"), "enabled": audit}},
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -255,6 +256,8 @@ def main() -> None:
             f"{upstream}/models", folder / "upstream.log"))
         targets: dict[str, tuple[tuple[list[str], str, Path] | None, list[int] | None]] = {
             "morphguard, checks off": (morphguard(folder, upstream, "off", context={"sources": []}), far),
+            "morphguard, checks off, no audit": (morphguard(folder, upstream, "bare", audit=False,
+                                                              context={"sources": []}), far),
             "morphguard, async checks": (morphguard(folder, upstream, "async", mode="async"), far),
             "morphguard, checks off, 2 processes": (morphguard(folder, upstream, "off2", processes=2,
                                                                  context={"sources": []}), None),

@@ -9,6 +9,7 @@ Paths reach the routes in canonical form (`gate.Gate`), so there is one spelling
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -87,6 +88,9 @@ class Proxy:
         self.backend = ChatBackend(self.upstream, adapter, self.config.telemetry.upstream_provider)
         self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
         await self.guard.start()
+        # What is loaded by now (litellm, pydantic models, ~370k objects) lives as long as the process: out of
+        # the collector's sight, a full collection no longer stalls every request in flight (~150-200 ms here).
+        gc.freeze()
         try:
             yield
         finally:

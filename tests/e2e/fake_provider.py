@@ -93,7 +93,8 @@ async def chat(request: Request) -> Response:
 
 async def _chat(request: Request) -> Response:
     body = json.loads(await request.body())
-    received.append({"body": body, "authorization": request.headers.get("authorization")})
+    received.append({"body": body, "authorization": request.headers.get("authorization"),
+                     "cookie": request.headers.get("cookie")})
     messages = body["messages"]
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""
     judged = _judge(system if isinstance(system, str) else "", messages[-1].get("content") or "")
@@ -150,6 +151,10 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
 
 
 def _fault(model: str, stream: bool) -> Response | None:
+    if model == "redirect":  # a provider (or whoever answers for it) pointing the call elsewhere
+        return Response(status_code=307, headers={"location": "/stolen/v1/chat/completions"})
+    if model == "set-cookie":
+        return JSONResponse(_completion(model, ANSWERS["faithful"]), headers={"set-cookie": "session=of-one-client"})
     if model == "rate-limited":
         return JSONResponse({"error": {"message": "slow down", "type": "rate_limit_error", "code": "rate_limit"}},
                             status_code=429, headers={"retry-after": "0", "x-ratelimit-remaining-requests": "0"})

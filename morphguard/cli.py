@@ -143,7 +143,7 @@ def _config_path(args: argparse.Namespace) -> Path | None:
     if args.config is not None:
         return Path(args.config)
     local = Path("config.yaml")
-    return local.resolve() if local.is_file() else None
+    return local if local.is_file() else None
 
 
 def _read(path: Path) -> str:

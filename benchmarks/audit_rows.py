@@ -1,0 +1,75 @@
+"""What one audit row costs the proxy's process: the insert itself, and handed over from the event loop.
+
+CPU time in this process per row, on a throwaway SQLite file (WAL, as the proxy runs it): `AuditStore.record`
+called directly; handed to a worker thread per row (`asyncio.to_thread`, as the guard did before the audit
+writer); through `AuditWriter` one row at a time (concurrency 1); and through `AuditWriter` with every row
+in flight at once (a burst, committed in groups). Prints a table and writes benchmarks/results/audit_rows.json.
+
+    python benchmarks/audit_rows.py [--rows 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import uvloop
+
+from morphguard.config import AuditSettings
+from morphguard.policy.audit import AuditStore
+from morphguard.policy.audit_writer import AuditWriter
+from morphguard.policy.record import DecisionRecord
+
+HERE = Path(__file__).resolve().parent
+ROW = DecisionRecord(request_id="r", profile="general", topic="general", reason="no_context", model="bench",
+                     answer="The Eiffel Tower is in Paris.")
+
+
+def per_row(run: Callable[[], None], rows: int) -> float:
+    started = time.process_time()
+    run()
+    return (time.process_time() - started) * 1000 / rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "audit_rows.json")
+    args = parser.parse_args()
+    n = args.rows
+    with tempfile.TemporaryDirectory() as folder:
+        store = AuditStore(AuditSettings(path=str(Path(folder) / "audit.db")))
+        writer = AuditWriter(store)
+
+        async def threaded() -> None:
+            for _ in range(n):
+                await asyncio.to_thread(store.record, ROW)
+
+        async def one_at_a_time() -> None:
+            for _ in range(n):
+                await writer.write(ROW)
+
+        async def burst() -> None:
+            await asyncio.gather(*(writer.write(ROW) for _ in range(n)))
+
+        results = {
+            "direct insert": per_row(lambda: [store.record(ROW) for _ in range(n)], n),
+            "to_thread per row": per_row(lambda: uvloop.run(threaded()), n),
+            "writer, one at a time": per_row(lambda: uvloop.run(one_at_a_time()), n),
+            "writer, all at once": per_row(lambda: uvloop.run(burst()), n),
+        }
+        writer.close()
+        store.close()
+    print(f"{'audit row, ' + str(n) + ' rows':<26} {'CPU ms/row':>10}")
+    for name, ms in results.items():
+        print(f"{name:<26} {ms:>10.3f}")
+    args.out.write_text(json.dumps({"rows": n, "cpu_ms_per_row": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

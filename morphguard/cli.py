@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="propose per-topic thresholds whose flags are right this often")
     evaluate.add_argument("--fit", type=Path, default=None, metavar="WEIGHTS.json",
                           help="fit the combined check's weights on the datasets' items and write them here")
+    evaluate.add_argument("--fit-without-judge", default=None, metavar="DATASETS",
+                          help="with --fit: more datasets (comma-separated, the same --half) that teach only the "
+                               "channel that needs no judge; no judge runs on them")
     evaluate.add_argument("--rescore", action="store_true",
                           help="score the combined check anew with the current weights from the run's stored "
                                "judge scores, without calling the judge (e.g. after --fit)")

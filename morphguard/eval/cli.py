@@ -34,6 +34,8 @@ class Evaluation:
 def run_eval(args: argparse.Namespace, config: Config) -> int:
     names = [n.strip() for n in (args.detector or ",".join(SHIPPED_PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
              if n.strip()]
+    if args.fit_without_judge and not args.fit:
+        raise MorphguardError("--fit-without-judge adds datasets to --fit: give --fit too")
     if args.fit and "direct" not in names:
         raise MorphguardError(f"--fit needs the combined check's parts among the detectors: direct, optionally "
                               f"{', '.join(PARTS[1:])}")
@@ -74,13 +76,22 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     for run, dataset in zip(runs, datasets_used, strict=True):
         v, y, g = fit.rows(run.items, run.outcomes, parts)
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
-    about = {"datasets": datasets_used, "half": args.half or "all", "grounding": fingerprint(config, "grounding"),
-             "fingerprints": {n: fingerprint(config, n) for n in parts}}
+    unjudged = [d.strip() for d in (args.fit_without_judge or "").split(",") if d.strip()]
+    for dataset in unjudged:
+        items = [i for i in datasets.load(dataset, args.data_dir, config)
+                 if args.half is None or datasets.half_of(i) == args.half]
+        v, y, g = fit.rows(items, [], parts=())
+        values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
+    about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
+             "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
     weights = fit.fit(values, labels, groups, about, sources)
     args.fit.parent.mkdir(parents=True, exist_ok=True)
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.fit}: weights fitted on {len(labels)} items ({labels.count(True)} hallucinated); "
-          f"use it with combined.weights in the config", file=sys.stderr)
+    fitted = weights.fitted_on
+    print(f"wrote {args.fit}: weights fitted on {fitted['items']} items ({fitted['hallucinated']} hallucinated)"
+          + (f" and, for the channel without a judge, {fitted['items_without_judge']} more "
+             f"({fitted['hallucinated_without_judge']} hallucinated)" if unjudged else "")
+          + "; use it with combined.weights in the config", file=sys.stderr)
 
 
 def _rescore(config: Config, folder: Path, items: list[datasets.Item], current: str) -> None:

@@ -3,16 +3,19 @@
 One logistic regression per channel of `detectors.combined.CHANNELS`, over standardised features, with
 weights bounded at zero, its strength of regularisation chosen by cross-validation in folds of whole groups
 (never two answers to one source on both sides of a fold). Fit on a fit half only: the report half is for reporting.
+
+A channel learns from every answer that has its features: the judge's parts must have run for the channels
+that read them, while the channel that needs no judge also learns from answers no judge has read
+(`--fit-without-judge`). The contrast sets teach that channel nothing (`_teaches`).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from morphguard.detectors.combined import CHANNELS, PARTS, Channel, Weights, features, log_odds
+from morphguard.detectors.combined import CHANNELS, PARTS, Channel, Weights, features, log_odds, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval.datasets import Item
@@ -25,7 +28,8 @@ if TYPE_CHECKING:  # numpy, SciPy and scikit-learn come with the `eval` extra; o
 
 def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS
          ) -> tuple[list[dict[str, float]], list[bool], list[str]]:
-    """Features, labels and groups of every item all `parts` have scored (first repeat)."""
+    """Features, labels and groups of every item all `parts` have scored (first repeat); with no parts, of
+    every item, with the features that need no judge only."""
     by_item: dict[str, dict[str, Outcome]] = defaultdict(dict)
     for o in outcomes:
         if o.repeat == 0 and o.error is None and o.detector in parts:
@@ -36,36 +40,55 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         scored = by_item.get(item.id, {})
         if len(scored) < len(parts):
             continue
-        grounded = asyncio.run(grounding.detect(RagInput(question=item.question, passages=item.passages),
-                                                item.answer))
-        restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
-        factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
-        values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded.features))
+        grounded = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer).features
+        if not parts:
+            values.append(vocabulary_features(grounded))
+        else:
+            restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
+            factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
+            values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups
 
 
+def _teaches(channel: str, source: str) -> bool:
+    """Whether answers from dataset `source` may teach `channel`. A contrast set's edits reuse the context's own
+    words, so vocabulary is at chance there by construction: it could teach the invented channel only noise."""
+    return channel != "invented" or not source.startswith("contrast")
+
+
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
         sources: list[str] | None = None) -> Weights:
-    """Weights for `values` (one row of features per item). `sources` names each row's dataset: every
-    dataset then weighs the same in the fit, so that a small one is not drowned by a larger one; within a
-    dataset the classes keep their own rates, so the probability stays calibrated to the mix."""
-    if min(labels.count(True), labels.count(False)) < 5 or len(set(groups)) < 2:
+    """Weights for `values` (one row of features per item; rows that lack the judge's features teach only the
+    channel that needs none). `sources` names each row's dataset: every dataset then weighs the same in each
+    fit, so that a small one is not drowned by a larger one; within a dataset the classes keep their own
+    rates, so the probability stays calibrated to the mix."""
+    sources = sources or [""] * len(labels)
+    judged = [i for i, row in enumerate(values) if "direct" in row]
+    judged_labels = [labels[i] for i in judged]
+    if (min(judged_labels.count(True), judged_labels.count(False)) < 5
+            or len({groups[i] for i in judged}) < 2):
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
                               f"scored by every part ({', '.join(PARTS)})")
     import numpy as np
 
-    weight = _balanced(sources or [""] * len(labels))
     channels, strengths = {}, {}
     for name, wanted in CHANNELS.items():
-        channels[name], strengths[name] = _channel([f for f in wanted if f in values[0]], values, labels, groups,
-                                                   weight)
+        names = [f for f in wanted if f in values[judged[0]]]
+        taught = [i for i, row in enumerate(values) if all(f in row for f in names) and _teaches(name, sources[i])]
+        channels[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
+                                                   [groups[i] for i in taught], _balanced([sources[i] for i in taught]))
+    # The noisy-OR is calibrated on the answers every part has read.
     joint = Weights(channels=channels)
-    either = np.array([[log_odds(joint.either(row))] for row in values])
-    slope, intercept = _logistic(either, np.array(labels, dtype=float), 1e6, weight)  # one feature: no shrinking
+    either = np.array([[log_odds(joint.either(values[i]))] for i in judged])
+    slope, intercept = _logistic(either, np.array(judged_labels, dtype=float), 1e6,  # one feature: no shrinking
+                                 _balanced([sources[i] for i in judged]))
     return Weights(channels=channels, calibration=(float(slope[0]), intercept),
-                   fitted_on={**about, "items": len(labels), "hallucinated": labels.count(True), "C": strengths})
+                   fitted_on={**about, "items": len(judged), "hallucinated": judged_labels.count(True),
+                              "items_without_judge": len(values) - len(judged),
+                              "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),
+                              "C": strengths})
 
 
 def _channel(names: list[str], values: list[dict[str, float]], labels: list[bool], groups: list[str],

@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from morphguard.detectors.combined import Channel, Weights
-from morphguard.eval import metrics
+from morphguard.eval import fit, metrics
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
 
@@ -54,14 +54,18 @@ def run(tmp_path, base_url, *args, config=None):
 def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
-        fitted = run(tmp_path, server.base_url, "--fit", str(weights))
+        fitted = run(tmp_path, server.base_url, "--fit", str(weights),
+                     "--fit-without-judge", f"jsonl:{tmp_path / 'landmarks.jsonl'}")
         assert fitted.returncode == 0, fitted.stderr
+        calls = len(server.requests)
         learned = Weights.model_validate_json(weights.read_text())
         assert learned.fitted_on["items"] == 24 and learned.fitted_on["hallucinated"] == 12
+        # the same answers again, for the invented channel only: read, not judged
+        assert learned.fitted_on["items_without_judge"] == 24 and calls == 24 + sum(r["hallucinated"] for r in RECORDS)
         assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement"}  # the shipped parts by default
-        # a judge's NO raises the probability, in either part
+        # the swapped city is a name the context lacks, and the judge's NO: each raises its channel's probability
         invented, contradicted = learned.channels["invented"], learned.channels["contradicted"]
-        assert invented.coef[invented.features.index("direct")] > 0
+        assert invented.coef[invented.features.index("unsupported_names")] > 0
         assert contradicted.coef[contradicted.features.index("restatement")] > 0
         checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
                       config={"combined": {"weights": str(weights)}})
@@ -77,6 +81,36 @@ def test_a_fit_without_the_parts_is_refused_with_a_reason(tmp_path):
                               "--fit", str(tmp_path / "w.json"), "--detector", "grounding"],
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert refused.returncode == 2 and "--fit needs the combined check's parts" in refused.stderr
+
+
+def test_answers_no_judge_read_teach_only_the_channel_that_needs_none_and_contrast_sets_never_teach_it():
+    def row(names: float, direct: float | None) -> dict[str, float]:
+        judged = {} if direct is None else {"direct": direct, "restatement": direct}
+        return {**judged, "unsupported": names, "unsupported_numbers": 0.0, "unsupported_names": names,
+                "negation_conflict": 0.0}
+
+    # Judged rows: the judge separates the answers and vocabulary does not; unjudged rows: vocabulary separates them.
+    judged = [row(0.5, float(n % 2)) for n in range(40)]
+    unjudged = [row(float(n % 2), None) for n in range(40)]
+    labels = [bool(n % 2) for n in range(40)] * 2
+    groups = [f"g{n % 8}" for n in range(80)]
+    weights = fit.fit(judged + unjudged, labels, groups, {}, ["ragtruth-qa"] * 40 + ["ragtruth-summary"] * 40)
+    invented = weights.channels["invented"]
+    assert invented.coef[invented.features.index("unsupported_names")] > 0.5  # learned from the unjudged rows
+    assert weights.fitted_on["items"] == 40 and weights.fitted_on["items_without_judge"] == 40
+
+    # The same unjudged rows named as a contrast set teach the invented channel nothing: its words do not move it.
+    contrast = fit.fit(judged + unjudged, labels, groups, {}, ["ragtruth-qa"] * 40 + ["contrast-summary"] * 40)
+    assert contrast.channels["invented"].coef == [0.0, 0.0, 0.0]
+
+
+def test_datasets_without_a_judge_need_a_fit_to_join(tmp_path):
+    data = tmp_path / "f.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    refused = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
+                              "--detector", "grounding", "--fit-without-judge", f"jsonl:{data}"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 2 and "give --fit too" in refused.stderr
 
 
 def test_weights_give_probabilities_and_explain_them():

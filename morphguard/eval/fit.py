@@ -12,7 +12,7 @@ that read them, while the channel that needs no judge also learns from answers n
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from morphguard.detectors.combined import CHANNELS, PARTS, Channel, Weights, features, log_odds, vocabulary_features
@@ -59,11 +59,13 @@ def _teaches(channel: str, source: str) -> bool:
 
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
-        sources: list[str] | None = None) -> Weights:
+        sources: list[str] | None = None, channels: Mapping[str, Sequence[str]] = CHANNELS,
+        teaches: Callable[[str, str], bool] | None = None) -> Weights:
     """Weights for `values` (one row of features per item; rows that lack the judge's features teach only the
     channel that needs none). `sources` names each row's dataset: every dataset then weighs the same in each
     fit, so that a small one is not drowned by a larger one; within a dataset the classes keep their own
-    rates, so the probability stays calibrated to the mix."""
+    rates, so the probability stays calibrated to the mix. `channels` and `teaches` default to the shipped
+    design; benchmarks/combined_designs.py compares others."""
     sources = sources or [""] * len(labels)
     judged = [i for i, row in enumerate(values) if "direct" in row]
     judged_labels = [labels[i] for i in judged]
@@ -73,18 +75,19 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
                               f"scored by every part ({', '.join(PARTS)})")
     import numpy as np
 
-    channels, strengths = {}, {}
-    for name, wanted in CHANNELS.items():
+    teaches = teaches or _teaches
+    fitted, strengths = {}, {}
+    for name, wanted in channels.items():
         names = [f for f in wanted if f in values[judged[0]]]
-        taught = [i for i, row in enumerate(values) if all(f in row for f in names) and _teaches(name, sources[i])]
-        channels[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
-                                                   [groups[i] for i in taught], _balanced([sources[i] for i in taught]))
+        taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])]
+        fitted[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
+                                                 [groups[i] for i in taught], _balanced([sources[i] for i in taught]))
     # The noisy-OR is calibrated on the answers every part has read.
-    joint = Weights(channels=channels)
+    joint = Weights(channels=fitted)
     either = np.array([[log_odds(joint.either(values[i]))] for i in judged])
     slope, intercept = _logistic(either, np.array(judged_labels, dtype=float), 1e6,  # one feature: no shrinking
                                  _balanced([sources[i] for i in judged]))
-    return Weights(channels=channels, calibration=(float(slope[0]), intercept),
+    return Weights(channels=fitted, calibration=(float(slope[0]), intercept),
                    fitted_on={**about, "items": len(judged), "hallucinated": judged_labels.count(True),
                               "items_without_judge": len(values) - len(judged),
                               "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),

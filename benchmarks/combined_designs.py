@@ -1,0 +1,94 @@
+"""Which design of the combined check ranks best, by grouped cross-validation on the fit halves only.
+
+Reads the judge parts' stored outcomes of two finished runs (nothing calls the judge):
+
+    morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement
+    python benchmarks/combined_designs.py [--shuffles 3]
+
+Each design is fitted with `eval/fit.fit` on four fifths of the sources and scores the fifth it has not seen
+(folds of whole RAGTruth sources, so both answers of a contrast pair and all six models' answers to one
+source stay together), over several shuffles of the folds; the table gives the mean AUROC per dataset and
+its spread over the shuffles. The answers of RAGTruth's Summary and Data2txt fit halves (no judge needed)
+join the training folds of the designs whose invented channel reads vocabulary only. Writes
+benchmarks/results/combined_designs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+
+from morphguard.detectors.combined import CHANNELS
+from morphguard.eval import datasets, fit, metrics, runner
+
+HERE = Path(__file__).resolve().parent
+JUDGED = ("ragtruth-qa", "contrast-qa")
+UNJUDGED = ("ragtruth-summary", "ragtruth-data2txt")
+SESSION_7 = {"invented": ("unsupported", "unsupported_numbers", "unsupported_names", "direct"),
+             "contradicted": ("restatement", "negation_conflict", "direct")}
+
+
+def _everyone(channel: str, source: str) -> bool:
+    return True
+
+
+DESIGNS = {  # name: (channels, which datasets teach which channel, whether unjudged answers join)
+    "session 7: the judge's NO in both channels, every dataset teaches both": (SESSION_7, _everyone, False),
+    "the same, contrast sets do not teach the invented channel": (SESSION_7, fit._teaches, False),
+    "shipped: invented reads vocabulary only, learns from every RAGTruth fit answer": (CHANNELS, fit._teaches, True),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shuffles", type=int, default=3)
+    parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
+    args = parser.parse_args()
+    rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
+    for dataset in JUDGED:
+        items = [i for i in datasets.load(dataset) if datasets.half_of(i) == "fit"]
+        folder = next(args.runs.glob(f"{dataset}-fit-n*"), None)
+        if folder is None:
+            raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the eval in the docstring first")
+        values, labels, groups = fit.rows(items, runner.load_outcomes(folder), ("direct", "restatement"))
+        rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
+    extra = []
+    for dataset in UNJUDGED:
+        items = [i for i in datasets.load(dataset) if datasets.half_of(i) == "fit"]
+        values, labels, groups = fit.rows(items, [], parts=())
+        extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
+
+    sources = sorted({g for _, _, g, _ in rows} | {g for _, _, g, _ in extra})
+    results: dict[str, dict[str, list[float]]] = {name: {d: [] for d in JUDGED} for name in DESIGNS}
+    for shuffle in range(args.shuffles):
+        order = sources[:]
+        random.Random(shuffle).shuffle(order)
+        fold = {g: n % 5 for n, g in enumerate(order)}
+        for name, (channels, teaches, with_extra) in DESIGNS.items():
+            scores: dict[int, float] = {}
+            for k in range(5):
+                train = [r for r in rows + (extra if with_extra else []) if fold[r[2]] != k]
+                weights = fit.fit([r[0] for r in train], [r[1] for r in train], [r[2] for r in train], {},
+                                  [r[3] for r in train], channels=channels, teaches=teaches)
+                scores |= {n: weights.probability(r[0]) for n, r in enumerate(rows) if fold[r[2]] == k}
+            for dataset in JUDGED:
+                mine = [n for n, r in enumerate(rows) if r[3] == dataset]
+                results[name][dataset].append(metrics.auroc([rows[n][1] for n in mine], [scores[n] for n in mine]))
+
+    table = {name: {d: {"mean": statistics.fmean(v), "sd": statistics.pstdev(v)} for d, v in by.items()}
+             for name, by in results.items()}
+    counts = {d: [sum(1 for r in rows if r[3] == d), sum(1 for r in rows if r[3] == d and r[1])] for d in JUDGED}
+    print(f"grouped 5-fold CV on the fit halves, {args.shuffles} shuffles; AUROC mean ± sd")
+    print(f"{'design':80s} " + "  ".join(f"{d} (n {n}, {h} halluc.)" for d, (n, h) in counts.items()))
+    for name, by in table.items():
+        print(f"{name:80s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(30) for d in JUDGED))
+    out = HERE / "results" / "combined_designs.json"
+    out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -27,8 +27,9 @@ from morphguard.eval import datasets, fit, metrics, runner
 HERE = Path(__file__).resolve().parent
 JUDGED = ("ragtruth-qa", "contrast-qa")
 UNJUDGED = ("ragtruth-summary", "ragtruth-data2txt")
-SESSION_7 = {"invented": ("unsupported", "unsupported_numbers", "unsupported_names", "direct"),
-             "contradicted": ("restatement", "negation_conflict", "direct")}
+VOCABULARY = ("unsupported", "unsupported_numbers", "unsupported_names")
+SESSION_7 = {"invented": (*VOCABULARY, "direct"), "contradicted": ("restatement", "negation_conflict", "direct")}
+TWO_CHANNELS = {"invented": VOCABULARY, "contradicted": ("restatement", "negation_conflict", "direct")}
 
 
 def _everyone(channel: str, source: str) -> bool:
@@ -38,7 +39,8 @@ def _everyone(channel: str, source: str) -> bool:
 DESIGNS = {  # name: (channels, which datasets teach which channel, whether unjudged answers join)
     "session 7: the judge's NO in both channels, every dataset teaches both": (SESSION_7, _everyone, False),
     "the same, contrast sets do not teach the invented channel": (SESSION_7, fit._teaches, False),
-    "shipped: invented reads vocabulary only, learns from every RAGTruth fit answer": (CHANNELS, fit._teaches, True),
+    "invented reads vocabulary only, learns from every RAGTruth fit answer": (TWO_CHANNELS, fit._teaches, True),
+    "shipped: the same, and the judge's NO a channel of its own": (CHANNELS, fit._teaches, True),
 }
 
 

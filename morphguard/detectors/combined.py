@@ -71,20 +71,22 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-# Two kinds of error, two channels, each a logistic regression of its own: invented content (words, numbers
-# and names the context lacks) and contradicted content (a changed copy the judge says differs from its source,
-# a negated copy; the judge's NO). One regression over both let data of one kind switch off the other kind's
-# signal (the contrast set, where vocabulary is noise by construction, zeroed the unsupported counts); apart,
-# either channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b).
+# Three witnesses, three channels, each a logistic regression of its own: invented content (words, numbers and
+# names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
+# negated copy) and the judge's NO on the whole answer, which can mean either kind. Any channel can raise
+# the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)(1 - P_c). One regression over all of them let
+# data of one kind switch off the other kind's signal (the contrast set, where vocabulary is noise by
+# construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a restatement
+# that found nothing.
 # The invented channel asks no judge, so `eval --fit` can teach it from many more answers than the judge has
 # read (RAGTruth's Summary and Data2txt fit halves besides QA: 190 invented errors instead of 12), and never from a
-# contrast set (eval/fit.py). The judge's NO sits in the contradicted channel, where it earned its weight.
-# Chosen by grouped cross-validation on the fit halves of RAGTruth QA and the QA contrast set (README, Evaluation);
-# the answer's length, the unsupported shares and the other kinds of changed copy added noise there (those
-# copies still count through `restatement`, which judges each one).
+# contrast set (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
+# (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the other kinds of changed
+# copy added noise there (those copies still count through `restatement`, which judges each one).
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
-    "contradicted": ("restatement", "negation_conflict", "direct", "factoid_max"),
+    "contradicted": ("restatement", "negation_conflict"),
+    "judged": ("direct", "factoid_max"),
 }
 
 

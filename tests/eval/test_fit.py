@@ -63,10 +63,11 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         # the same answers again, for the invented channel only: read, not judged
         assert learned.fitted_on["items_without_judge"] == 24 and calls == 24 + sum(r["hallucinated"] for r in RECORDS)
         assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement"}  # the shipped parts by default
-        # the swapped city is a name the context lacks, and the judge's NO: each raises its channel's probability
-        invented, contradicted = learned.channels["invented"], learned.channels["contradicted"]
+        # the swapped city is a name the context lacks, a changed copy and the judge's NO: each raises its channel
+        invented, contradicted, judged = (learned.channels[c] for c in ("invented", "contradicted", "judged"))
         assert invented.coef[invented.features.index("unsupported_names")] > 0
         assert contradicted.coef[contradicted.features.index("restatement")] > 0
+        assert judged.coef[judged.features.index("direct")] > 0
         checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
                       config={"combined": {"weights": str(weights)}})
     assert checked.returncode == 0, checked.stderr

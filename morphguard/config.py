@@ -73,11 +73,11 @@ DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
 
 
 # The policy's default thresholds suit the default detector, `combined`, whose score is a probability: chosen
-# on the fit halves (RAGTruth QA and the QA contrast set), 0.3 for the best F1 and 0.2 for a recall of at least
-# 0.75 on both. MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale. The detector's own threshold
-# (the library's and `morphguard check`'s flag) is the general one.
-GENERAL_THRESHOLD = 0.3
-SENSITIVE_THRESHOLD = 0.2
+# on the fit halves (RAGTruth QA and the QA contrast set, 252 answers), 0.2 for the best F1 over both pooled and
+# 0.175 for a recall of at least 0.75 on each. MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale.
+# The detector's own threshold (the library's and `morphguard check`'s flag) is the general one.
+GENERAL_THRESHOLD = 0.2
+SENSITIVE_THRESHOLD = 0.175
 
 
 class DetectorSettings(Section):

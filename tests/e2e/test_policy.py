@@ -35,10 +35,11 @@ def policy_proxy(proxy_factory, provider) -> str:
             "general": {"threshold": 0.5, "action": "annotate",
                         "topics": {"pregnancy": {"threshold": 0.3}, "migration": {"threshold": 0.3}}},
             **{a: profile(a) for a in ("pass", "highlight", "cite", "regenerate", "block")},
-            "maternity": profile("annotate", topics={"pregnancy": {"threshold": 0.3, "action": "block",
-                                                                   "safe_message": MIDWIFE}}),
-            "asylum": profile("annotate", topics={"migration": {"threshold": 0.3, "action": "block",
-                                                                "escalate": True}}),
+            # their own threshold as well, so that the topic named here is the strictest the request matches
+            "maternity": profile("annotate", threshold=0.3,
+                                 topics={"pregnancy": {"threshold": 0.3, "action": "block", "safe_message": MIDWIFE}}),
+            "asylum": profile("annotate", threshold=0.3,
+                              topics={"migration": {"threshold": 0.3, "action": "block", "escalate": True}}),
         },
         "routes": [
             *({"profile": a, "path_prefix": f"/{a}"} for a in ("pass", "highlight", "cite", "regenerate", "block")),

@@ -96,9 +96,9 @@ def test_the_combined_check_ranks_the_contradiction_above_the_faithful_answer_an
     # Scores are probabilities from the fitted weights; where to flag is the policy's threshold.
     assert 0.0 < right.score < wrong.score < 1.0, wrong.model_dump_json(indent=1)
     contributions = wrong.settings["contributions"]
-    assert contributions["invented.direct"] > 0  # the judge's NO is what raised it
+    assert contributions["judged.direct"] > 0  # the judge's NO is what raised it
     assert {key.split(".")[-1] for key in contributions if "." in key} <= set(wrong.features)
-    assert 0 < contributions["invented"] < 1 and 0 < contributions["contradicted"] < 1  # each channel's probability
+    assert all(0 < contributions[c] < 1 for c in ("invented", "contradicted", "judged"))  # each channel's probability
     worst = max(wrong.factoids, key=lambda f: f.score)
     assert "safe" in worst.text and worst.score <= wrong.score
 

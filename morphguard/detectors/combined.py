@@ -8,7 +8,7 @@ per-factoid check (`metarag:factoids`, one call per factoid). They fail on diffe
 words of a negated or swapped claim are all in the context, while the small judge waves through
 invented detail it finds plausible. Their signals become features, and a logistic regression fitted
 on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
-that the answer is hallucinated, so a threshold of 0.3 means the same here as in any other topic. The
+that the answer is hallucinated, so a threshold means the same here as in any other topic. The
 coefficients ship as data (`combined.json`) together with what they were fitted on. An answer that
 addresses its checker is raised to at least `INSTRUCTION_FLOOR`.
 """

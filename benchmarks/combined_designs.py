@@ -9,8 +9,9 @@ Each design is fitted with `eval/fit.fit` on four fifths of the sources and scor
 (folds of whole RAGTruth sources, so both answers of a contrast pair and all six models' answers to one
 source stay together), over several shuffles of the folds; the table gives the mean AUROC per dataset and
 its spread over the shuffles. The answers of RAGTruth's Summary and Data2txt fit halves (no judge needed)
-join the training folds of the designs whose invented channel reads vocabulary only. Writes
-benchmarks/results/combined_designs.json.
+join the training folds of the designs whose invented channel reads vocabulary only. Then, for the policy
+thresholds, the shipped weights' precision and recall at each τ on the same fit-half answers (pooled, and
+recall per dataset). Writes benchmarks/results/combined_designs.json.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import random
 import statistics
 from pathlib import Path
 
-from morphguard.detectors.combined import CHANNELS
+from morphguard.detectors.combined import CHANNELS, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
@@ -51,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     for dataset in JUDGED:
-        items = [i for i in datasets.load(dataset) if datasets.half_of(i) == "fit"]
+        items = datasets.load_half(dataset, "fit")
         folder = next(args.runs.glob(f"{dataset}-fit-n*"), None)
         if folder is None:
             raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the eval in the docstring first")
@@ -59,8 +60,7 @@ def main() -> None:
         rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
     extra = []
     for dataset in UNJUDGED:
-        items = [i for i in datasets.load(dataset) if datasets.half_of(i) == "fit"]
-        values, labels, groups = fit.rows(items, [], parts=())
+        values, labels, groups = fit.rows(datasets.load_half(dataset, "fit"), [], parts=())
         extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
 
     sources = sorted({g for _, _, g, _ in rows} | {g for _, _, g, _ in extra})
@@ -87,9 +87,28 @@ def main() -> None:
     print(f"{'design':80s} " + "  ".join(f"{d} (n {n}, {h} halluc.)" for d, (n, h) in counts.items()))
     for name, by in table.items():
         print(f"{name:80s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(30) for d in JUDGED))
+    thresholds = _thresholds(rows)
+    print("\nshipped weights on the fit halves (in sample), by threshold:")
+    for tau, at in thresholds.items():
+        print(f"  τ {tau:<5} pooled P {at['precision']:.3f} R {at['recall']:.3f} F1 {at['f1']:.3f}   recall "
+              + "  ".join(f"{d} {at['recall_' + d]:.2f}" for d in JUDGED))
     out = HERE / "results" / "combined_designs.json"
-    out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table}, indent=2) + "\n")
+    out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table,
+                               "thresholds": thresholds}, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]]) -> dict[float, dict[str, float]]:
+    weights = load_weights(None)
+    scored = [(weights.probability(r[0]), r[1], r[3]) for r in rows]
+    out = {}
+    for tau in (0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6):
+        at = metrics.at_threshold([y for _, y, _ in scored], [p for p, _, _ in scored], tau).as_dict()
+        for dataset in JUDGED:
+            caught = [p >= tau for p, y, d in scored if y and d == dataset]
+            at["recall_" + dataset] = sum(caught) / len(caught)
+        out[tau] = at
+    return out
 
 
 if __name__ == "__main__":

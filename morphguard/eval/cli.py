@@ -78,9 +78,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     unjudged = [d.strip() for d in (args.fit_without_judge or "").split(",") if d.strip()]
     for dataset in unjudged:
-        items = [i for i in datasets.load(dataset, args.data_dir, config)
-                 if args.half is None or datasets.half_of(i) == args.half]
-        v, y, g = fit.rows(items, [], parts=())
+        v, y, g = fit.rows(datasets.load_half(dataset, args.half, args.data_dir, config), [], parts=())
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
@@ -131,7 +129,7 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
         raise MorphguardError("--limit, --repeats and --workers must be at least 1")
     if half is not None and half not in datasets.HALVES:
         raise MorphguardError(f"--half must be one of {', '.join(datasets.HALVES)}")
-    items = [i for i in datasets.load(dataset, data_dir, config) if half is None or datasets.half_of(i) == half]
+    items = datasets.load_half(dataset, half, data_dir, config)
     items = datasets.sample(items, limit, seed)
     if not items:
         raise MorphguardError(f"dataset {dataset} has no items")

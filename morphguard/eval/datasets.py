@@ -200,6 +200,11 @@ def half_of(item: Item) -> str:
     return HALVES[digest[0] & 1]
 
 
+def load_half(name: str, half: str | None, data_dir: Path | None = None, config: Config | None = None) -> list[Item]:
+    """The items of dataset `name` on one half (`None`: all of them)."""
+    return [i for i in load(name, data_dir, config) if half is None or half_of(i) == half]
+
+
 def sample(items: Iterable[Item], limit: int | None, seed: int = 0) -> list[Item]:
     """A deterministic sample with the strata (task × label) as equal as their sizes allow.
 

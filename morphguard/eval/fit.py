@@ -80,6 +80,11 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     for name, wanted in channels.items():
         names = [f for f in wanted if f in values[judged[0]]]
         taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])]
+        if not all(any(labels[i] == kind for i in taught) for kind in (True, False)) or \
+                len({groups[i] for i in taught}) < 2:
+            raise MorphguardError(f"--fit: the {name} channel has no hallucinated or no faithful answers, from two "
+                                  "sources or more, to learn from (contrast sets do not teach the invented channel); "
+                                  "add a dataset such as ragtruth-qa, or more with --fit-without-judge")
         fitted[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
                                                  [groups[i] for i in taught], _balanced([sources[i] for i in taught]))
     # The noisy-OR is calibrated on the answers every part has read.

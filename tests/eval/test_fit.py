@@ -5,9 +5,11 @@ import math
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from morphguard.detectors.combined import Channel, Weights
+from morphguard.errors import MorphguardError
 from morphguard.eval import fit, metrics
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -103,6 +105,13 @@ def test_answers_no_judge_read_teach_only_the_channel_that_needs_none_and_contra
     # The same unjudged rows named as a contrast set teach the invented channel nothing: its words do not move it.
     contrast = fit.fit(judged + unjudged, labels, groups, {}, ["ragtruth-qa"] * 40 + ["contrast-summary"] * 40)
     assert contrast.channels["invented"].coef == [0.0, 0.0, 0.0]
+
+
+def test_a_fit_on_contrast_sets_alone_is_refused_with_a_reason_not_a_traceback():
+    rows = [{"direct": float(n % 2), "restatement": float(n % 2), "unsupported": 0.0, "unsupported_numbers": 0.0,
+             "unsupported_names": 0.0, "negation_conflict": 0.0} for n in range(40)]
+    with pytest.raises(MorphguardError, match="the invented channel has no hallucinated or no faithful answers"):
+        fit.fit(rows, [bool(n % 2) for n in range(40)], [f"g{n % 8}" for n in range(40)], {}, ["contrast-qa"] * 40)
 
 
 def test_datasets_without_a_judge_need_a_fit_to_join(tmp_path):

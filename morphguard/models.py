@@ -13,6 +13,8 @@ from morphguard.config import Action
 def utf8(text: str) -> str:
     """`text` with any lone surrogate (JSON escapes can carry one; UTF-8 cannot) replaced by U+FFFD, so
     a judge call never fails on it: a failed check must not be something a client can cause."""
+    if text.isascii():
+        return text
     try:
         text.encode("utf-8")
         return text

@@ -97,11 +97,11 @@ class ContextExtractor:
         forwarded = {k: v for k, v in body.items() if k != OUR_FIELD}
         options = {k: v for k, v in ours.items() if k != "context"} if isinstance(ours, dict) else {}
         messages = [m for m in body.get("messages", []) if isinstance(m, dict)]
-        question = self._question(messages)
         for source in self.sources:
             passages = getattr(self, f"_{source}")(ours, messages)
             if passages:
-                return Extraction(forwarded, RagInput(question=question, passages=passages), source, options)
+                return Extraction(forwarded, RagInput(question=self._question(messages), passages=passages),
+                                  source, options)
         return Extraction(forwarded, None, None, options)
 
     def _explicit(self, ours: Any, messages: list[dict[str, Any]]) -> list[str]:

@@ -26,22 +26,25 @@ from morphguard.detectors.combined import CHANNELS, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
-JUDGED = ("ragtruth-qa", "contrast-qa")
-UNJUDGED = ("ragtruth-summary", "ragtruth-data2txt")
-VOCABULARY = ("unsupported", "unsupported_numbers", "unsupported_names")
-SESSION_7 = {"invented": (*VOCABULARY, "direct"), "contradicted": ("restatement", "negation_conflict", "direct")}
-TWO_CHANNELS = {"invented": VOCABULARY, "contradicted": ("restatement", "negation_conflict", "direct")}
+JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary", "ragtruth-data2txt")  # those with a fit-half judge run
+QA_ONLY = ("ragtruth-qa", "contrast-qa")
+NEEDS_JUDGE = ("contradicted", "judged")
+SESSION_10 = {name: CHANNELS[name] for name in ("invented", "contradicted", "judged")}
+UNJUDGED_ONLY = {"invented": CHANNELS["invented"], "contradicted": ("negation_conflict",), "misread": CHANNELS["misread"]}
+NO_WHOLE_ANSWER_VERDICT = {name: CHANNELS[name] for name in ("invented", "contradicted", "misread")}
 
 
-def _everyone(channel: str, source: str) -> bool:
-    return True
+def _judge_from_qa(channel: str, source: str) -> bool:
+    """The judge's channels learn from the QA sets only (as shipped up to session 10)."""
+    return fit._teaches(channel, source) and (channel not in NEEDS_JUDGE or source in QA_ONLY)
 
 
-DESIGNS = {  # name: (channels, which datasets teach which channel, whether unjudged answers join)
-    "session 7: the judge's NO in both channels, every dataset teaches both": (SESSION_7, _everyone, False),
-    "the same, contrast sets do not teach the invented channel": (SESSION_7, fit._teaches, False),
-    "invented reads vocabulary only, learns from every RAGTruth fit answer": (TWO_CHANNELS, fit._teaches, True),
-    "shipped: the same, and the judge's NO a channel of its own": (CHANNELS, fit._teaches, True),
+DESIGNS = {  # name: (channels, which datasets teach which channel)
+    "session 10: three channels, the judge's channels learn from QA sets only": (SESSION_10, _judge_from_qa),
+    "+ misread channel (record fields stated against their value)": (CHANNELS, _judge_from_qa),
+    "+ misread, every judged fit answer teaches the judge's channels": (CHANNELS, fit._teaches),
+    "+ misread, no whole-answer verdict (no judged channel)": (NO_WHOLE_ANSWER_VERDICT, fit._teaches),
+    "no judge at all: vocabulary, negated copies, record fields": (UNJUDGED_ONLY, fit._teaches),
 }
 
 
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
     args = parser.parse_args()
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
+    extra = []  # answers no judge has read: they teach the channels that need none
     for dataset in JUDGED:
         items = datasets.load_half(dataset, "fit")
         folder = next(args.runs.glob(f"{dataset}-fit-n*"), None)
@@ -58,10 +62,11 @@ def main() -> None:
             raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the eval in the docstring first")
         values, labels, groups = fit.rows(items, runner.load_outcomes(folder), ("direct", "restatement"))
         rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
-    extra = []
-    for dataset in UNJUDGED:
-        values, labels, groups = fit.rows(datasets.load_half(dataset, "fit"), [], parts=())
-        extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
+        if not dataset.startswith("contrast"):
+            judged = set(groups)
+            unread = [item for item in items if (item.group or item.id) not in judged]
+            values, labels, groups = fit.rows(unread, [], parts=())
+            extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
 
     sources = sorted({g for _, _, g, _ in rows} | {g for _, _, g, _ in extra})
     results: dict[str, dict[str, list[float]]] = {name: {d: [] for d in JUDGED} for name in DESIGNS}
@@ -69,10 +74,10 @@ def main() -> None:
         order = sources[:]
         random.Random(shuffle).shuffle(order)
         fold = {g: n % 5 for n, g in enumerate(order)}
-        for name, (channels, teaches, with_extra) in DESIGNS.items():
+        for name, (channels, teaches) in DESIGNS.items():
             scores: dict[int, float] = {}
             for k in range(5):
-                train = [r for r in rows + (extra if with_extra else []) if fold[r[2]] != k]
+                train = [r for r in rows + extra if fold[r[2]] != k]
                 weights = fit.fit([r[0] for r in train], [r[1] for r in train], [r[2] for r in train], {},
                                   [r[3] for r in train], channels=channels, teaches=teaches)
                 scores |= {n: weights.probability(r[0]) for n, r in enumerate(rows) if fold[r[2]] == k}
@@ -84,9 +89,9 @@ def main() -> None:
              for name, by in results.items()}
     counts = {d: [sum(1 for r in rows if r[3] == d), sum(1 for r in rows if r[3] == d and r[1])] for d in JUDGED}
     print(f"grouped 5-fold CV on the fit halves, {args.shuffles} shuffles; AUROC mean ± sd")
-    print(f"{'design':80s} " + "  ".join(f"{d} (n {n}, {h} halluc.)" for d, (n, h) in counts.items()))
+    print(f"{'design':76s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
     for name, by in table.items():
-        print(f"{name:80s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(30) for d in JUDGED))
+        print(f"{name:76s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in JUDGED))
     thresholds = _thresholds(rows)
     print("\nshipped weights on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():

@@ -68,6 +68,7 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
         "unsupported_numbers": math.log1p(grounding.get("unsupported_numbers", 0.0)),
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
         "negation_conflict": grounding.get("negation_conflict", 0.0),
+        "record_conflicts": math.log1p(grounding.get("record_conflicts", 0.0)),
     }
 
 
@@ -87,7 +88,9 @@ CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
     "contradicted": ("restatement", "negation_conflict"),
     "judged": ("direct", "factoid_max"),
+    "misread": ("record_conflicts",),
 }
+UNJUDGED_CHANNELS = ("invented", "misread")  # read no judge's output, so learn from answers no judge has read
 
 
 class Channel(BaseModel):

@@ -8,7 +8,9 @@ grows with how many there are, numbers and names weighing more. Its counts are a
 
 Matching is deliberately forgiving, so that rewording is not mistaken for invention: case is ignored,
 simple inflections are stripped (`trimesters` ≈ `trimester`, `advised` ≈ `advise`), `1,000` = `1000`,
-number words equal their digits, and a hyphenated word is grounded when each of its parts is.
+number words equal their digits, a hyphenated word is grounded when each of its parts is, and a
+camel-cased field name of a structured context (`OutdoorSeating`) offers its words. A structured context
+also lets it see one kind of contradiction: a yes/no field stated against its value (detectors/records.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, strongest
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.records import record_conflicts
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED, NUMBER_WORDS, TOKEN, keys, vocabulary
@@ -77,7 +80,8 @@ def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
 class GroundingSettings(Section):
     """The `grounding` config section. The answer's weight of evidence is a sum, and its score
     1 - exp(-weight / scale): unsupported words count 1 each (numbers and names more), a sentence that
-    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, and
+    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, so
+    does each yes/no field of a JSON record the answer states against its value (detectors/records.py), and
     an instruction to the checker counts `instruction_weight`."""
 
     scale: float = Field(4.0, gt=0)
@@ -111,10 +115,12 @@ class Grounding:
         started = time.perf_counter()
         reports = ungrounded(answer, rag.passages)
         changed = conflicts(answer, rag.passages)
+        misread = record_conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
-        score = self._score(self._weight(missing, changed) + self.settings.instruction_weight * bool(planted))
+        score = self._score(self._weight(missing, changed) + self.settings.conflict_weight * len(misread)
+                            + self.settings.instruction_weight * bool(planted))
         factoids = []
         for r in reports:
             own = [c for c in changed if c.start == r.start]
@@ -126,6 +132,9 @@ class Grounding:
                 start, end = r.unsupported[0].start, r.unsupported[-1].end
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self._weight(r.unsupported))))
+        factoids += [Factoid(text=answer[m.start:m.end], start=m.start, end=m.end, label="contradicted",
+                             score=self._score(self.settings.conflict_weight),
+                             evidence=[m.evidence] if m.evidence else []) for m in misread]
         factoids += [Factoid(text=answer[a:b], start=a, end=b, label="unsupported",
                              score=self._score(self.settings.instruction_weight)) for a, b in planted]
         features = {
@@ -137,6 +146,7 @@ class Grounding:
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
+            "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
         }
         return Detection(
@@ -153,7 +163,7 @@ def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     return list({c.start: c for c in reversed(changed)}.values())
 
 
-VERSION = 3  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 4  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

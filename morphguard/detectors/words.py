@@ -48,11 +48,12 @@ def _stem(word: str) -> str:
 
 
 def number(token: str) -> str:
-    """`1,000` and `1000` alike; `3.50` and `3.5` alike."""
+    """`1,000` and `1000` alike; `3.50` and `3.5` alike; `09` and `9` alike (the `00` of `17:00`)."""
     plain = token.replace(",", "")
     if "." in plain:
         plain = plain.rstrip("0").rstrip(".")
-    return plain
+    whole, dot, fraction = plain.partition(".")
+    return (whole.lstrip("0") or "0") + dot + fraction
 
 
 @lru_cache(maxsize=1 << 16)
@@ -67,15 +68,23 @@ def keys(token: str) -> tuple[str, ...]:
     return tuple(_stem(part) for part in re.split(r"[-']", lowered) if part)
 
 
+# The humps of a camel-cased identifier: structured contexts name their fields `OutdoorSeating`, and an
+# answer says "outdoor seating".
+_HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
 def vocabulary(passages: list[str]) -> set[str]:
-    """Every key the context offers (see `keys`)."""
+    """Every key the context offers (see `keys`), and the words of its camel-cased identifiers."""
     found: set[str] = set()
     for passage in passages:
         for match in TOKEN.finditer(passage):
-            offered = keys(match.group())
+            token = match.group()
+            offered = keys(token)
             found.update(offered)
             if len(offered) > 1:  # "third-trimester" also offers itself whole
                 found.add("".join(offered))
+            if not token.islower() and not token[1:].islower():
+                found.update(k for hump in _HUMP.findall(token) for k in keys(hump))
     return found
 
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from morphguard.detectors.combined import CHANNELS, PARTS, Channel, Weights, features, log_odds, vocabulary_features
+from morphguard.detectors.combined import CHANNELS, PARTS, UNJUDGED_CHANNELS, Channel, Weights, features, log_odds, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval.datasets import Item
@@ -54,8 +54,9 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
 
 def _teaches(channel: str, source: str) -> bool:
     """Whether answers from dataset `source` may teach `channel`. A contrast set's edits reuse the context's own
-    words, so vocabulary is at chance there by construction: it could teach the invented channel only noise."""
-    return channel != "invented" or not source.startswith("contrast")
+    words and it has no structured records, so what needs no judge is at chance there by construction: it
+    could teach those channels only noise."""
+    return channel not in UNJUDGED_CHANNELS or not source.startswith("contrast")
 
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],

@@ -30,3 +30,12 @@ def test_outcomes_already_current_or_lacking_a_judge_score_are_left_alone():
     assert rescore([ITEM], [stored(), stored(fingerprint="new")], WEIGHTS, "new", threshold=0.3) == []
     assert rescore([ITEM], [stored(features={"restatement": 0.0})], WEIGHTS, "new", threshold=0.3) == []
     assert rescore([ITEM], [stored(detector="direct")], WEIGHTS, "new", threshold=0.3) == []
+
+
+def test_grounding_spans_no_stored_span_covers_join_the_stored_ones():
+    [fresh] = rescore([ITEM], [stored()], WEIGHTS, "new", threshold=0.3)
+    assert [ITEM.answer[s.start:s.end] for s in fresh.factoid_spans] == ["The clinic", "ten"]
+    assert abs(fresh.factoid_spans[1].score - fresh.score) < 1e-9  # grounding's only span: its worst
+    covered = stored(factoid_spans=[ScoredSpan(start=17, end=24, score=0.1)])
+    [again] = rescore([ITEM], [covered], WEIGHTS, "new", threshold=0.3)
+    assert [(s.start, s.end) for s in again.factoid_spans] == [(17, 24)]

@@ -1,0 +1,210 @@
+"""Structured records: what an answer states against a yes/no field of a JSON context. No LLM call.
+
+An answer written from a record such as `{"OutdoorSeating": false, "Ambience": {"trendy": false}}` errs most
+often by stating the opposite of a field ("offers outdoor seating", "a trendy spot") or a field the record
+leaves empty (`null`). Every word of such a claim is in the context, so `grounding` cannot see it; the field's
+name and value can. A field is mentioned where an answer sentence uses all the words of its name (camel humps,
+without a prefix several fields share, such as `Restaurants` in `RestaurantsTakeOut`), and the mention is
+negative when a negation stands near it in the same clause. A mention is a conflict when its polarity
+disagrees with the value, or when the value is null. Opening hours get one more rule: "open every day" where
+the record lists fewer than seven days.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from morphguard.detectors.spans import sentences
+from morphguard.detectors.words import NEGATIONS, keys
+from morphguard.models import Evidence
+
+# A context larger than this is not read as a record: parsing is fast, but a hostile multi-megabyte JSON body
+# would still cost the proxy memory for no check it needs.
+MAX_RECORD_CHARS = 200_000
+MAX_DEPTH = 12
+HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+# Words and the punctuation that ends a clause, for finding a mention and the negation that governs it.
+PIECE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?|[,;:()]")  # "take-out": two words
+CLAUSE_ENDS = frozenset({",", ";", ":", "(", ")", "but", "however", "while", "although", "though", "whereas",
+                         "yet", "except"})
+LIST_JOINS = frozenset({"and", "or", "nor"})
+NEGATIVE = NEGATIONS | {"lack", "lacks", "lacking", "unavailable", "absent", "nor", "neither"}
+REACH_BACK = 6  # words between a negation and the mention it governs ("does not have any outdoor seating")
+REACH_AHEAD = 6  # "garage, street, and valet parking are not"
+BE = frozenset({"is", "are", "was", "were", "be", "been"})
+BE_NOT = frozenset({"isn't", "aren't", "wasn't", "weren't"})
+UNAVAILABLE = frozenset({"unavailable", "absent", "lacking"})
+DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+EVERY_DAY = re.compile(r"\b(?:seven|7) days|\bevery day\b|\bdaily\b|\ball week\b|\bmonday\s*(?:to|through|-|–)\s*sunday\b",
+                       re.IGNORECASE)
+FALSE_WORDS = frozenset({"no", "none", "false"})
+TRUE_WORDS = frozenset({"yes", "true", "free", "paid"})
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # its path in the record, e.g. attributes.Ambience.trendy
+    words: tuple[str, ...]  # the keys (words.keys) an answer must use to mention it
+    whole: str  # the same words run together, as one key ("takeout")
+    value: bool | None  # None: the record leaves it empty
+    capitalised: bool  # its name starts with a capital, so an answer may write it so mid-sentence
+
+
+@dataclass(frozen=True)
+class RecordConflict:
+    start: int  # where the answer mentions the field
+    end: int
+    field: str
+    value: bool | None  # what the record says (None: nothing)
+    stated: bool  # what the answer says
+    evidence: Evidence | None  # the field in the context
+
+
+def _records(passages: list[str]) -> Iterator[object]:
+    for passage in passages:
+        text = passage.strip()
+        if text[:1] in "{[" and len(text) <= MAX_RECORD_CHARS:
+            try:
+                yield json.loads(text)
+            except ValueError:
+                continue
+
+
+def _leaves(node: object, path: tuple[str, ...], depth: int = 0) -> Iterator[tuple[tuple[str, ...], object]]:
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, (*path, str(key)), depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _leaves(value, path, depth + 1)
+    else:
+        yield path, node
+
+
+def _truth(value: object) -> tuple[bool, bool | None]:
+    """(whether the value reads as yes/no/empty, and which)."""
+    if value is None or isinstance(value, bool):
+        return True, value
+    if isinstance(value, str):
+        plain = value.strip().strip("'\"").lower().removeprefix("u'").strip("'")
+        if plain in FALSE_WORDS:
+            return True, False
+        if plain in TRUE_WORDS:
+            return True, True
+    return False, None
+
+
+def fields(passages: list[str]) -> list[Field]:
+    """The yes/no fields of every JSON record in the context."""
+    leaves = [(path, value) for record in _records(passages) for path, value in _leaves(record, ())]
+    humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves if path}
+    # A first hump that begins several names is a namespace (`Restaurants`, `Business`), not part of what they say.
+    prefixes = Counter(h[0].lower() for h in humps.values() if len(h) > 1)
+    found: dict[str, Field] = {}
+    for path, value in leaves:
+        readable, truth = _truth(value)
+        if not path or not readable:
+            continue
+        parts = [h.lower() for h in humps[path[-1]]]
+        if len(parts) > 1 and prefixes[parts[0]] > 1:
+            parts = parts[1:]
+        wanted = tuple(k for part in parts for k in keys(part))
+        if wanted:
+            name = ".".join(path)
+            found[name] = Field(name, wanted, keys("".join(parts))[0], truth, path[-1][:1].isupper())
+    return list(found.values())
+
+
+def _mentions(stems: list[str | None], field: Field) -> Iterator[tuple[int, int]]:
+    """(first, last) word indexes where the answer uses all of the field's words, in any order, with at most
+    one other word among them and no clause end; or the name's words written as one ("takeout")."""
+    width = len(field.words) + 1
+    for i, stem in enumerate(stems):
+        if stem == field.whole:
+            yield i, i
+        elif stem in field.words:
+            window = stems[i:i + width]
+            if None in window:
+                window = window[:window.index(None)]
+            if set(field.words) <= set(window):
+                yield i, i + max(j for j, w in enumerate(window) if w in field.words)
+
+
+def _negated(pieces: list[str], first: int, last: int) -> bool:
+    """Whether a negation governs the mention: a few words before it in its clause ("does not offer outdoor
+    seating"), also across the commas of a list ("not casual, trendy, or hipster"), or just after it
+    ("outdoor seating is not available")."""
+    words = 0
+    since_comma = 0
+    # An item of a list ends where the list goes on or stops: "not trendy, hipster, or loud;" but not
+    # "does not offer WiFi, and valet parking is offered".
+    item = last + 1 == len(pieces) or pieces[last + 1] in CLAUSE_ENDS | LIST_JOINS
+    for i in range(first - 1, -1, -1):
+        piece = pieces[i]
+        if piece == ",":
+            if since_comma > 1 or not item:  # a clause, not one item of a list
+                break
+            since_comma = 0
+            continue
+        if piece in CLAUSE_ENDS:
+            break
+        if piece in NEGATIVE or piece.endswith("n't"):
+            return True
+        if piece not in LIST_JOINS:
+            words += 1
+            since_comma += 1
+        if words >= REACH_BACK:
+            break
+    # After it, a negated verb "to be" closes the list that the mention opens or belongs to: "valet and garage
+    # parking options are not available". Any other verb, as in "has valet parking and does not offer WiFi",
+    # starts a claim of its own.
+    ahead = pieces[last + 1:last + 1 + REACH_AHEAD]
+    for i, piece in enumerate(ahead):
+        if piece in CLAUSE_ENDS - {","}:
+            break
+        if piece in UNAVAILABLE or piece in BE_NOT or piece in BE and ahead[i + 1:i + 2] in (["not"], ["never"]):
+            return True
+    return False
+
+
+def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
+    """The answer's statements against the record: at most one per field and sentence."""
+    known = fields(passages)
+    days = {path[-1].lower() for record in _records(passages) for path, _ in _leaves(record, ())
+            if path and path[-1].lower() in DAYS}
+    found = []
+    for start, end in sentences(answer):
+        matches = list(PIECE.finditer(answer, start, end))
+        pieces = [m.group().lower().replace("’", "'") for m in matches]
+        stems: list[str | None] = [None if p in CLAUSE_ENDS else keys(p)[-1] for p in pieces]
+        # A capitalised word inside a sentence is a name ("State Street"), not the lower-case field `street`.
+        named = [None if i and m.group()[:1].isupper() else stem
+                 for i, (stem, m) in enumerate(zip(stems, matches, strict=True))]
+        for field in known:
+            for first, last in _mentions(stems if field.capitalised else named, field):
+                stated = not _negated(pieces, first, last)
+                if field.value is None or stated != field.value:
+                    found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name, field.value,
+                                                stated, _evidence(passages, field)))
+                    break
+        every_day = EVERY_DAY.search(answer, start, end)
+        if days and len(days) < len(DAYS) and every_day:
+            found.append(RecordConflict(every_day.start(), every_day.end(), "hours", False, True,
+                                        _evidence(passages, Field("hours", (), "", None, False))))
+    return found
+
+
+def _evidence(passages: list[str], field: Field) -> Evidence | None:
+    """Where the record gives the field's value (the first place its name appears as a key)."""
+    key = field.name.rsplit(".", 1)[-1]
+    pattern = re.compile(r'"%s"\s*:\s*(?:\{|[^,}\]]*)' % re.escape(key))
+    for number, passage in enumerate(passages, 1):
+        if (place := pattern.search(passage)) is not None:
+            return Evidence(passage=number, start=place.start(), end=place.end(), text=place.group())
+    return None

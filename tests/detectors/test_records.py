@@ -1,0 +1,80 @@
+import json
+
+from tests.detectors.test_grounding import check_with
+
+from morphguard.detectors.records import MAX_RECORD_CHARS, fields, record_conflicts
+
+RECORD = json.dumps({
+    "name": "Harbour Deli", "address": "12 State Street",
+    "hours": {"Monday": "9:0-17:0", "Tuesday": "9:0-17:0", "Saturday": "10:0-14:0"},
+    "attributes": {
+        "OutdoorSeating": False, "RestaurantsTakeOut": True, "RestaurantsReservations": False,
+        "RestaurantsGoodForGroups": None, "WiFi": "u'no'",
+        "BusinessParking": {"street": False, "valet": True},
+        "Ambience": {"trendy": False, "casual": True},
+    },
+})
+
+
+def stated(answer: str) -> list[tuple[str, str]]:
+    return [(c.field.rsplit(".", 1)[-1], answer[c.start:c.end]) for c in record_conflicts(answer, [RECORD])]
+
+
+def test_field_names_lose_the_prefix_several_share_and_keep_their_words():
+    by_name = {f.name: f for f in fields([RECORD])}
+    assert by_name["attributes.RestaurantsTakeOut"].words == ("tak", "out")
+    assert by_name["attributes.RestaurantsTakeOut"].whole == "takeout"
+    assert by_name["attributes.OutdoorSeating"].words == ("outdoor", "seat")
+    assert by_name["attributes.WiFi"].value is False  # the string "no" reads as no
+    assert by_name["attributes.RestaurantsGoodForGroups"].value is None
+    assert "name" not in {f.name for f in fields([RECORD])}  # a string that is not yes/no is no field
+
+
+def test_a_field_stated_against_its_value_is_a_conflict_at_the_mention():
+    assert stated("Harbour Deli offers outdoor seating and takeout.") == [("OutdoorSeating", "outdoor seating")]
+    assert stated("You can book a table, and they take reservations.") == [("RestaurantsReservations", "reservations")]
+    assert stated("The mood is trendy.") == [("trendy", "trendy")]
+    assert stated("It does not offer take-out.") == [("RestaurantsTakeOut", "take-out")]
+
+
+def test_what_agrees_with_the_record_is_no_conflict():
+    assert stated("There is no outdoor seating, but take-out is available.") == []
+    assert stated("Outdoor seating is not available and reservations are not accepted.") == []
+    assert stated("The ambience is not trendy, hipster, or loud; it is casual.") == []  # a negated list
+    assert stated("It does not offer WiFi, and valet parking is offered.") == []
+    assert stated("Parking: the street, and outdoor seating are not options.") == []  # a list closed by "are not"
+    assert stated("It has valet parking and does not offer WiFi.") == []
+    assert stated("It has outdoor seating and does not offer WiFi.") == [("OutdoorSeating", "outdoor seating")]
+
+
+def test_a_field_the_record_leaves_empty_is_unsupported_either_way():
+    assert stated("It is good for groups.") == [("RestaurantsGoodForGroups", "good for groups")]
+
+
+def test_a_capitalised_word_is_a_name_not_a_lower_case_field():
+    assert stated("The deli is at 12 State Street.") == []
+    assert stated("Parking is on the street.") == [("street", "street")]
+
+
+def test_open_every_day_where_the_record_lists_fewer_days():
+    assert stated("It is open seven days a week.") == [("hours", "seven days")]
+    every = json.dumps({"hours": {day: "9:0-17:0" for day in
+                                  ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")}})
+    assert record_conflicts("It is open seven days a week.", [every]) == []
+
+
+def test_prose_and_oversized_or_broken_json_are_no_record():
+    assert record_conflicts("It offers outdoor seating.", ["The deli has outdoor seating."]) == []
+    assert record_conflicts("It offers outdoor seating.", ['{"OutdoorSeating": false, ']) == []
+    huge = json.dumps({"OutdoorSeating": False, "pad": "x" * MAX_RECORD_CHARS})
+    assert record_conflicts("It offers outdoor seating.", [huge]) == []
+
+
+def test_grounding_scores_and_shows_a_record_conflict_with_the_field_as_evidence():
+    answer = "Harbour Deli offers outdoor seating."
+    result = check_with([RECORD], answer)
+    assert result.features["record_conflicts"] == 1 and result.flagged
+    [factoid] = [f for f in result.factoids if f.label == "contradicted"]
+    assert answer[factoid.start:factoid.end] == "outdoor seating"
+    assert factoid.evidence[0].text == '"OutdoorSeating": false'
+    assert check_with([RECORD], "Harbour Deli has no outdoor seating.").features["record_conflicts"] == 0

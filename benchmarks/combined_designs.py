@@ -1,17 +1,19 @@
 """Which design of the combined check ranks best, by grouped cross-validation on the fit halves only.
 
-Reads the judge parts' stored outcomes of two finished runs (nothing calls the judge):
+Reads the judge parts' stored outcomes of finished fit-half runs (nothing calls the judge):
 
     morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement
-    python benchmarks/combined_designs.py [--shuffles 3]
+    morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement
+    morphguard eval -d ragtruth-data2txt --half fit --limit 80 --detector direct,restatement
+    python benchmarks/combined_designs.py [--shuffles 3] [--judged ragtruth-qa,contrast-qa]
 
 Each design is fitted with `eval/fit.fit` on four fifths of the sources and scores the fifth it has not seen
 (folds of whole RAGTruth sources, so both answers of a contrast pair and all six models' answers to one
-source stay together), over several shuffles of the folds; the table gives the mean AUROC per dataset and
-its spread over the shuffles. The answers of RAGTruth's Summary and Data2txt fit halves (no judge needed)
-join the training folds of the designs whose invented channel reads vocabulary only. Then, for the policy
-thresholds, the shipped weights' precision and recall at each τ on the same fit-half answers (pooled, and
-recall per dataset). Writes benchmarks/results/combined_designs.json.
+source stay together), over several shuffles of the folds; the table gives the mean AUROC per judged set and
+its spread over the shuffles. The RAGTruth fit answers no judge has read join the training folds and teach
+the channels that need no judge. Then, for the policy thresholds, the shipped weights' precision and recall
+at each τ on the judged fit-half answers (pooled, and recall per set). Writes
+benchmarks/results/combined_designs.json.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary", "ragtruth-data2txt")
 QA_ONLY = ("ragtruth-qa", "contrast-qa")
 NEEDS_JUDGE = ("contradicted", "judged")
 SESSION_10 = {name: CHANNELS[name] for name in ("invented", "contradicted", "judged")}
-UNJUDGED_ONLY = {"invented": CHANNELS["invented"], "contradicted": ("negation_conflict",), "misread": CHANNELS["misread"]}
+UNJUDGED_ONLY = {"invented": CHANNELS["invented"], "contradicted": ("negation_conflict",),
+                 "misread": CHANNELS["misread"]}
 NO_WHOLE_ANSWER_VERDICT = {name: CHANNELS[name] for name in ("invented", "contradicted", "misread")}
 
 
@@ -52,24 +55,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shuffles", type=int, default=3)
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
+    parser.add_argument("--judged", default=",".join(JUDGED), help="the fit-half judge runs to read (comma-separated)")
     args = parser.parse_args()
+    judged_sets = args.judged.split(",")
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
     for dataset in JUDGED:
         items = datasets.load_half(dataset, "fit")
-        folder = next(args.runs.glob(f"{dataset}-fit-n*"), None)
-        if folder is None:
-            raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the eval in the docstring first")
-        values, labels, groups = fit.rows(items, runner.load_outcomes(folder), ("direct", "restatement"))
-        rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
-        if not dataset.startswith("contrast"):
+        judged: set[str] = set()
+        if dataset in judged_sets:
+            folder = max(args.runs.glob(f"{dataset}-fit-n*"), default=None,  # the largest sample
+                         key=lambda f: int(f.name.removeprefix(f"{dataset}-fit-n").split("-")[0]))
+            if folder is None:
+                raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
+            values, labels, groups = fit.rows(items, runner.load_outcomes(folder), ("direct", "restatement"))
+            rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
             judged = set(groups)
+        if not dataset.startswith("contrast"):
             unread = [item for item in items if (item.group or item.id) not in judged]
             values, labels, groups = fit.rows(unread, [], parts=())
             extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
 
     sources = sorted({g for _, _, g, _ in rows} | {g for _, _, g, _ in extra})
-    results: dict[str, dict[str, list[float]]] = {name: {d: [] for d in JUDGED} for name in DESIGNS}
+    results: dict[str, dict[str, list[float]]] = {name: {d: [] for d in judged_sets} for name in DESIGNS}
     for shuffle in range(args.shuffles):
         order = sources[:]
         random.Random(shuffle).shuffle(order)
@@ -81,35 +89,36 @@ def main() -> None:
                 weights = fit.fit([r[0] for r in train], [r[1] for r in train], [r[2] for r in train], {},
                                   [r[3] for r in train], channels=channels, teaches=teaches)
                 scores |= {n: weights.probability(r[0]) for n, r in enumerate(rows) if fold[r[2]] == k}
-            for dataset in JUDGED:
+            for dataset in judged_sets:
                 mine = [n for n, r in enumerate(rows) if r[3] == dataset]
                 results[name][dataset].append(metrics.auroc([rows[n][1] for n in mine], [scores[n] for n in mine]))
 
     table = {name: {d: {"mean": statistics.fmean(v), "sd": statistics.pstdev(v)} for d, v in by.items()}
              for name, by in results.items()}
-    counts = {d: [sum(1 for r in rows if r[3] == d), sum(1 for r in rows if r[3] == d and r[1])] for d in JUDGED}
+    counts = {d: [sum(1 for r in rows if r[3] == d), sum(1 for r in rows if r[3] == d and r[1])] for d in judged_sets}
     print(f"grouped 5-fold CV on the fit halves, {args.shuffles} shuffles; AUROC mean ± sd")
     print(f"{'design':76s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
     for name, by in table.items():
-        print(f"{name:76s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in JUDGED))
-    thresholds = _thresholds(rows)
+        print(f"{name:76s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in judged_sets))
+    thresholds = _thresholds(rows, judged_sets)
     print("\nshipped weights on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():
         print(f"  τ {tau:<5} pooled P {at['precision']:.3f} R {at['recall']:.3f} F1 {at['f1']:.3f}   recall "
-              + "  ".join(f"{d} {at['recall_' + d]:.2f}" for d in JUDGED))
+              + "  ".join(f"{d} {at['recall_' + d]:.2f}" for d in judged_sets))
     out = HERE / "results" / "combined_designs.json"
     out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table,
                                "thresholds": thresholds}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
-def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]]) -> dict[float, dict[str, float]]:
+def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets: list[str]
+                ) -> dict[float, dict[str, float]]:
     weights = load_weights(None)
     scored = [(weights.probability(r[0]), r[1], r[3]) for r in rows]
     out = {}
     for tau in (0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6):
         at = metrics.at_threshold([y for _, y, _ in scored], [p for p, _, _ in scored], tau).as_dict()
-        for dataset in JUDGED:
+        for dataset in judged_sets:
             caught = [p >= tau for p, y, d in scored if y and d == dataset]
             at["recall_" + dataset] = sum(caught) / len(caught)
         out[tau] = at

@@ -1,10 +1,11 @@
 """The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
 
 Up to four parts look at the answer: `grounding` (no call: content words the context never uses,
-copied sentences changed where a copy goes wrong, instructions to the checker), `direct` (one call: is
-the whole answer supported?) and, when the weights were fitted with them, `restatement` (one short call
-per changed copy, none for most answers: does the copy say what its source says?) and the judge's
-per-factoid check (`metarag:factoids`, one call per factoid). They fail on different answers: the
+copied sentences changed where a copy goes wrong, JSON record fields stated against their value,
+instructions to the checker), `direct` (one call: is the whole answer supported?) and, when the weights
+were fitted with them, `restatement` (one short call per changed copy, none for most answers: does the
+copy say what its source says?) and the judge's per-factoid check (`metarag:factoids`, one call per
+factoid). They fail on different answers: the
 words of a negated or swapped claim are all in the context, while the small judge waves through
 invented detail it finds plausible. Their signals become features, and a logistic regression fitted
 on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
@@ -72,16 +73,18 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-# Three witnesses, three channels, each a logistic regression of its own: invented content (words, numbers and
+# Four witnesses, four channels, each a logistic regression of its own: invented content (words, numbers and
 # names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
-# negated copy) and the judge's NO on the whole answer, which can mean either kind. Any channel can raise
-# the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)(1 - P_c). One regression over all of them let
-# data of one kind switch off the other kind's signal (the contrast set, where vocabulary is noise by
+# negated copy), the judge's NO on the whole answer, which can mean either kind, and misread records (a yes/no
+# field of a JSON context stated against its value: every word of such a claim is the context's own, so the
+# invented channel cannot see it, and on prose contexts the feature is always 0). Any channel can raise the
+# answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)(1 - P_c)(1 - P_d). One regression over all of them
+# let data of one kind switch off the other kind's signal (the contrast set, where vocabulary is noise by
 # construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a restatement
 # that found nothing.
-# The invented channel asks no judge, so `eval --fit` can teach it from many more answers than the judge has
-# read (RAGTruth's Summary and Data2txt fit halves besides QA: 190 invented errors instead of 12), and never from a
-# contrast set (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
+# The invented and misread channels ask no judge, so `eval --fit` can teach them from many more answers than the
+# judge has read (RAGTruth's Summary and Data2txt fit halves besides QA), and never from a contrast set
+# (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
 # (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the other kinds of changed
 # copy added noise there (those copies still count through `restatement`, which judges each one).
 CHANNELS = {

@@ -22,10 +22,13 @@ from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import NEGATIONS, keys
 from morphguard.models import Evidence
 
-# A context larger than this is not read as a record: parsing is fast, but a hostile multi-megabyte JSON body
-# would still cost the proxy memory for no check it needs.
+# Bounds on what a hostile context can make this cost (it runs on every checked answer): a context larger than
+# MAX_RECORD_CHARS is not read as a record, only the first MAX_FIELDS distinct fields are kept, and at most
+# MAX_CHECKS places where an answer uses a field's word are looked at; what was found by then stands.
 MAX_RECORD_CHARS = 200_000
 MAX_DEPTH = 12
+MAX_FIELDS = 1_000
+MAX_CHECKS = 20_000
 HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 # Words and the punctuation that ends a clause, for finding a mention and the negation that governs it.
 PIECE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?|[,;:()]")  # "take-out": two words
@@ -39,8 +42,8 @@ BE = frozenset({"is", "are", "was", "were", "be", "been"})
 BE_NOT = frozenset({"isn't", "aren't", "wasn't", "weren't"})
 UNAVAILABLE = frozenset({"unavailable", "absent", "lacking"})
 DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-EVERY_DAY = re.compile(r"\b(?:seven|7) days|\bevery day\b|\bdaily\b|\ball week\b|\bmonday\s*(?:to|through|-|–)\s*sunday\b",
-                       re.IGNORECASE)
+EVERY_DAY = re.compile(r"\b(?:seven|7) days|\bevery day\b|\bdaily\b|\ball week\b"
+                       r"|\bmonday\s*(?:to|through|-|–)\s*sunday\b", re.IGNORECASE)
 FALSE_WORDS = frozenset({"no", "none", "false"})
 TRUE_WORDS = frozenset({"yes", "true", "free", "paid"})
 
@@ -70,7 +73,7 @@ def _records(passages: list[str]) -> Iterator[object]:
         if text[:1] in "{[" and len(text) <= MAX_RECORD_CHARS:
             try:
                 yield json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: arrays nested deeper than the parser goes
                 continue
 
 
@@ -102,33 +105,44 @@ def _truth(value: object) -> tuple[bool, bool | None]:
 
 def fields(passages: list[str]) -> list[Field]:
     """The yes/no fields of every JSON record in the context."""
-    leaves = [(path, value) for record in _records(passages) for path, value in _leaves(record, ())]
-    humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves if path}
+    return _read(passages)[0]
+
+
+def _read(passages: list[str]) -> tuple[list[Field], set[str], str]:
+    """The records' yes/no fields, the weekdays they list opening hours for, and the key those hours sit under."""
+    leaves = [(path, value) for record in _records(passages) for path, value in _leaves(record, ()) if path]
+    humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves}
     # A first hump that begins several names is a namespace (`Restaurants`, `Business`), not part of what they say.
     prefixes = Counter(h[0].lower() for h in humps.values() if len(h) > 1)
-    found: dict[str, Field] = {}
+    found: dict[tuple[tuple[str, ...], bool | None, bool], Field] = {}
+    days: set[str] = set()
+    hours = ""
     for path, value in leaves:
+        if path[-1].lower() in DAYS:
+            days.add(path[-1].lower())
+            hours = hours or (path[-2] if len(path) > 1 else path[-1])
         readable, truth = _truth(value)
-        if not path or not readable:
+        if not readable:
             continue
         parts = [h.lower() for h in humps[path[-1]]]
         if len(parts) > 1 and prefixes[parts[0]] > 1:
             parts = parts[1:]
         wanted = tuple(k for part in parts for k in keys(part))
-        if wanted:
-            name = ".".join(path)
-            found[name] = Field(name, wanted, keys("".join(parts))[0], truth, path[-1][:1].isupper())
-    return list(found.values())
+        field = Field(".".join(path), wanted, keys("".join(parts))[0], truth, path[-1][:1].isupper())
+        if wanted and len(found) < MAX_FIELDS:  # the same words and value under two paths are one field
+            found.setdefault((wanted, truth, field.capitalised), field)
+    return list(found.values()), days, hours
 
 
-def _mentions(stems: list[str | None], field: Field) -> Iterator[tuple[int, int]]:
-    """(first, last) word indexes where the answer uses all of the field's words, in any order, with at most
-    one other word among them and no clause end; or the name's words written as one ("takeout")."""
+def _mentions(stems: list[str | None], places: list[int], field: Field) -> Iterator[tuple[int, int]]:
+    """(first, last) word indexes, from the `places` where one of the field's words stands, where the answer
+    uses all of them, in any order, with at most one other word among them and no clause end; or the name's
+    words written as one ("takeout")."""
     width = len(field.words) + 1
-    for i, stem in enumerate(stems):
-        if stem == field.whole:
+    for i in places:
+        if stems[i] == field.whole:
             yield i, i
-        elif stem in field.words:
+        elif stems[i] in field.words:
             window = stems[i:i + width]
             if None in window:
                 window = window[:window.index(None)]
@@ -175,10 +189,15 @@ def _negated(pieces: list[str], first: int, last: int) -> bool:
 
 def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
     """The answer's statements against the record: at most one per field and sentence."""
-    known = fields(passages)
-    days = {path[-1].lower() for record in _records(passages) for path, _ in _leaves(record, ())
-            if path and path[-1].lower() in DAYS}
-    found = []
+    known, days, hours = _read(passages)
+    # A sentence looks only at the fields whose rarest word (or whole name) it uses.
+    frequency = Counter(word for field in known for word in set(field.words))
+    by_word: dict[str, list[Field]] = {}
+    for field in known:
+        for word in {min(field.words, key=frequency.__getitem__), field.whole}:
+            by_word.setdefault(word, []).append(field)
+    checks = 0
+    found: list[RecordConflict] = []
     for start, end in sentences(answer):
         matches = list(PIECE.finditer(answer, start, end))
         pieces = [m.group().lower().replace("’", "'") for m in matches]
@@ -186,24 +205,33 @@ def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
         # A capitalised word inside a sentence is a name ("State Street"), not the lower-case field `street`.
         named = [None if i and m.group()[:1].isupper() else stem
                  for i, (stem, m) in enumerate(zip(stems, matches, strict=True))]
-        for field in known:
-            for first, last in _mentions(stems if field.capitalised else named, field):
+        where: dict[str, list[int]] = {}
+        for i, stem in enumerate(stems):
+            if stem is not None:
+                where.setdefault(stem, []).append(i)
+        candidates = {id(f): f for stem in where for f in by_word.get(stem, ())}
+        for field in candidates.values():
+            places = sorted({i for word in {*field.words, field.whole} for i in where.get(word, ())})
+            checks += len(places)
+            if checks > MAX_CHECKS:
+                return sorted(found, key=lambda c: (c.start, c.field))
+            for first, last in _mentions(stems if field.capitalised else named, places, field):
                 stated = not _negated(pieces, first, last)
                 if field.value is None or stated != field.value:
                     found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name, field.value,
-                                                stated, _evidence(passages, field)))
+                                                stated, _evidence(passages, field.name)))
                     break
         every_day = EVERY_DAY.search(answer, start, end)
         if days and len(days) < len(DAYS) and every_day:
-            found.append(RecordConflict(every_day.start(), every_day.end(), "hours", False, True,
-                                        _evidence(passages, Field("hours", (), "", None, False))))
-    return found
+            found.append(RecordConflict(every_day.start(), every_day.end(), hours, False, True,
+                                        _evidence(passages, hours)))
+    return sorted(found, key=lambda c: (c.start, c.field))
 
 
-def _evidence(passages: list[str], field: Field) -> Evidence | None:
+def _evidence(passages: list[str], name: str) -> Evidence | None:
     """Where the record gives the field's value (the first place its name appears as a key)."""
-    key = field.name.rsplit(".", 1)[-1]
-    pattern = re.compile(r'"%s"\s*:\s*(?:\{|[^,}\]]*)' % re.escape(key))
+    key = name.rsplit(".", 1)[-1]
+    pattern = re.compile(re.escape(f'"{key}"') + r"\s*:\s*(?:\{|[^,}\]]*)")
     for number, passage in enumerate(passages, 1):
         if (place := pattern.search(passage)) is not None:
             return Evidence(passage=number, start=place.start(), end=place.end(), text=place.group())

@@ -15,7 +15,16 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from morphguard.detectors.combined import CHANNELS, PARTS, UNJUDGED_CHANNELS, Channel, Weights, features, log_odds, vocabulary_features
+from morphguard.detectors.combined import (
+    CHANNELS,
+    PARTS,
+    UNJUDGED_CHANNELS,
+    Channel,
+    Weights,
+    features,
+    log_odds,
+    vocabulary_features,
+)
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval.datasets import Item

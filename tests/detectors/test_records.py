@@ -1,8 +1,7 @@
 import json
 
+from morphguard.detectors.records import MAX_CHECKS, MAX_FIELDS, MAX_RECORD_CHARS, fields, record_conflicts
 from tests.detectors.test_grounding import check_with
-
-from morphguard.detectors.records import MAX_RECORD_CHARS, fields, record_conflicts
 
 RECORD = json.dumps({
     "name": "Harbour Deli", "address": "12 State Street",
@@ -68,6 +67,16 @@ def test_prose_and_oversized_or_broken_json_are_no_record():
     assert record_conflicts("It offers outdoor seating.", ['{"OutdoorSeating": false, ']) == []
     huge = json.dumps({"OutdoorSeating": False, "pad": "x" * MAX_RECORD_CHARS})
     assert record_conflicts("It offers outdoor seating.", [huge]) == []
+    assert record_conflicts("It offers outdoor seating.", ["[" * 50_000 + "]" * 50_000]) == []  # past the parser
+
+
+def test_a_hostile_record_and_answer_cost_a_bounded_number_of_looks():
+    names = [f"W{i}" for i in range(60)]  # every pair of 60 words a field: each sentence mentions all 1,770
+    record = json.dumps({f"{a}{b}": False for a in names for b in names if a < b})
+    answer = (" ".join(name.lower() for name in names) + ". ") * 100
+    found = record_conflicts(answer, [record])
+    assert 0 < len(found) <= MAX_CHECKS
+    assert len(fields([json.dumps({f"F{i}x": True for i in range(2 * MAX_FIELDS)})])) == MAX_FIELDS
 
 
 def test_grounding_scores_and_shows_a_record_conflict_with_the_field_as_evidence():

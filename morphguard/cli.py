@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="fit the combined check's weights on the datasets' items and write them here")
     evaluate.add_argument("--fit-without-judge", default=None, metavar="DATASETS",
                           help="with --fit: more datasets (comma-separated, the same --half) that teach only the "
-                               "channel that needs no judge; no judge runs on them")
+                               "channels that need no judge; no judge runs on them (of a dataset also judged, "
+                               "a sample: the answers outside the sample)")
     evaluate.add_argument("--rescore", action="store_true",
                           help="score the combined check anew with the current weights from the run's stored "
                                "judge scores, without calling the judge (e.g. after --fit)")
@@ -316,7 +317,7 @@ def render_detection(answer: str, result: Detection, color: bool = False) -> str
     verdict = "FLAGGED" if result.flagged else "ok"
     lines = [
         f"{verdict}: hallucination score {result.score:.2f} "
-        f"(threshold {result.threshold:.2f}, detector {result.detector})",
+        f"(threshold {result.threshold:g}, detector {result.detector})",
         "",
         "".join(marked).strip(),
         "",

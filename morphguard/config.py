@@ -73,10 +73,12 @@ DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
 
 
 # The policy's default thresholds suit the default detector, `combined`, whose score is a probability: chosen
-# on the fit halves (RAGTruth QA and the QA contrast set, 252 answers), 0.2 for the best F1 over both pooled and
-# 0.175 for a recall of at least 0.75 on each. MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale.
-# The detector's own threshold (the library's and `morphguard check`'s flag) is the general one.
-GENERAL_THRESHOLD = 0.2
+# on the fit halves (RAGTruth QA and Summary and the QA contrast set, the 352 answers of prose the judge has read;
+# benchmarks/combined_designs.py), 0.175 as the highest with a recall of at least 0.75 on each, and 0.225 as the
+# highest whose F1 over all of them pooled is within 0.01 of the best (the F1 curve is flat from 0.15 to 0.225,
+# and the higher threshold flags fewer faithful answers). MetaRAG's paper used 0.5 and 0.3 on its own,
+# uncalibrated scale. The detector's own threshold (the library's and `morphguard check`'s flag) is the general one.
+GENERAL_THRESHOLD = 0.225
 SENSITIVE_THRESHOLD = 0.175
 
 

@@ -36,7 +36,7 @@ from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.llm.client import LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
@@ -70,6 +70,7 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
         "negation_conflict": grounding.get("negation_conflict", 0.0),
         "record_conflicts": math.log1p(grounding.get("record_conflicts", 0.0)),
+        "record_fields": grounding.get("record_fields", 0.0),  # no channel reads it: it says which are asked
     }
 
 
@@ -94,6 +95,7 @@ CHANNELS = {
     "misread": ("record_conflicts",),
 }
 UNJUDGED_CHANNELS = ("invented", "misread")  # read no judge's output, so learn from answers no judge has read
+RECORD_ONLY = ("misread",)  # evidence only where the context holds a record: not asked about prose
 
 
 class Channel(BaseModel):
@@ -130,25 +132,43 @@ class Weights(BaseModel):
     # the noisy-OR's log-odds (slope, intercept; fitted on the same data) makes the result a probability again.
     # It is monotone, so it changes no ranking.
     calibration: tuple[float, float] = (1.0, 0.0)
+    # Answers about a structured record (a context whose JSON holds yes/no fields, detectors/records.py). On the
+    # fit halves the judge's verdicts on them ran against the labels (RAGTruth Data2txt, n 80: `direct` AUROC
+    # 0.44, `restatement` 0.37): the small judge reads prose, not records. When this is set, such answers are
+    # scored by the channels that need no judge, with a calibration of their own, and the judge is not asked.
+    # None: every answer is scored by every channel.
+    record_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
 
     @property
     def features(self) -> set[str]:
         return {f for channel in self.channels.values() for f in channel.features}
 
-    def either(self, values: Mapping[str, float]) -> float:
+    def reads_record(self, grounding: Mapping[str, float]) -> bool:
+        """Whether an answer with these grounding features is scored without the judge."""
+        return self.record_calibration is not None and grounding.get("record_fields", 0.0) > 0
+
+    def _channels(self, record: bool) -> dict[str, Channel]:
+        """The channels that read the answer. With the records apart, an answer about a record gets those that need
+        no judge and prose the others but the record's own (on prose it could only add a constant)."""
+        if self.record_calibration is None:
+            return self.channels
+        return {n: c for n, c in self.channels.items()
+                if (n in UNJUDGED_CHANNELS if record else n not in RECORD_ONLY)}
+
+    def either(self, values: Mapping[str, float], record: bool = False) -> float:
         """Noisy-OR of the channels: the answer is faithful only if no channel finds an error."""
-        return 1.0 - math.prod(1.0 - channel.probability(values) for channel in self.channels.values())
+        return 1.0 - math.prod(1.0 - channel.probability(values) for channel in self._channels(record).values())
 
-    def probability(self, values: Mapping[str, float]) -> float:
-        slope, intercept = self.calibration
-        return _sigmoid(slope * log_odds(self.either(values)) + intercept)
+    def probability(self, values: Mapping[str, float], record: bool = False) -> float:
+        slope, intercept = self.record_calibration if record and self.record_calibration else self.calibration
+        return _sigmoid(slope * log_odds(self.either(values, record)) + intercept)
 
-    def contributions(self, values: Mapping[str, float]) -> dict[str, float]:
+    def contributions(self, values: Mapping[str, float], record: bool = False) -> dict[str, float]:
         """Each channel's probability, and how much each feature moved that channel's log-odds
         (`channel.feature`), for explaining a verdict."""
         out: dict[str, float] = {}
-        for name, channel in self.channels.items():
+        for name, channel in self._channels(record).items():
             out[name] = round(channel.probability(values), 3)
             out |= {f"{name}.{f}": round(v, 3) for f, v in channel._terms(values).items()}
         return out
@@ -158,7 +178,7 @@ def answer_probability(weights: Weights, values: Mapping[str, float], grounding:
     """What the weights make of the features, raised for an answer that tells its checker what to conclude:
     such an answer is suspect whatever the parts say (noisy-OR keeps those answers in the order the evidence
     puts them)."""
-    score = weights.probability(values)
+    score = weights.probability(values, weights.reads_record(grounding))
     return 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR) if grounding.get("instruction") else score
 
 
@@ -195,29 +215,35 @@ class Combined:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
+        record = self.weights.reads_record(grounded.features)
         # One after the other: the embedded judge decodes one request at a time anyway.
-        direct = await self.direct.detect(rag, answer)
-        restated = await self.restatement.detect(rag, answer) if self.restatement else None
-        factoids = await self.factoids.detect(rag, answer) if self.factoids else None
-        values = features(direct.score, restated.score if restated else None,
-                          [f.score for f in factoids.factoids] if factoids else None, grounded.features)
+        direct = None if record else await self.direct.detect(rag, answer)
+        restated = await self.restatement.detect(rag, answer) if self.restatement and direct else None
+        factoids = await self.factoids.detect(rag, answer) if self.factoids and direct else None
+        values = (vocabulary_features(grounded.features) if direct is None else
+                  features(direct.score, restated.score if restated else None,
+                           [f.score for f in factoids.factoids] if factoids else None, grounded.features))
         score = answer_probability(self.weights, values, grounded.features)
-        stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
-        judged = direct.factoids  # the parts the direct judge named as unsupported
+        stages: dict[str, StageCost] = {}
+        judged: list[Factoid] = []
+        if direct is not None:
+            stages = {f"direct.{k}": v for k, v in direct.cost.stages.items()}
+            judged = direct.factoids  # the parts the direct judge named as unsupported
         if restated is not None:
             stages |= {f"restatement.{k}": v for k, v in restated.cost.stages.items()}
             judged = judged + [f for f in restated.factoids if f.score > 0]
         if factoids is not None:
             stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
             judged = factoids.factoids
+        unparseable = sum(part.stats.unparseable_verdicts for part in (direct, factoids) if part is not None)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=_implicated(score, judged, grounded.factoids),
             cost=Cost.of(stages, time.perf_counter() - started),
-            stats=DetectionStats(factoids=len(judged), unparseable_verdicts=direct.stats.unparseable_verdicts
-                                 + (factoids.stats.unparseable_verdicts if factoids else 0)),
+            stats=DetectionStats(factoids=len(judged), unparseable_verdicts=unparseable),
             features=values,
-            settings={"contributions": self.weights.contributions(values), "direct": direct.score,
+            settings={"contributions": self.weights.contributions(values, record),
+                      "direct": direct.score if direct else None, "record": record,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},
         )
 

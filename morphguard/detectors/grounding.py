@@ -27,7 +27,7 @@ from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, strongest
 from morphguard.detectors.injection import instructions
-from morphguard.detectors.records import record_conflicts
+from morphguard.detectors.records import check_records, clause_around
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED, NUMBER_WORDS, TOKEN, keys, vocabulary
@@ -114,8 +114,15 @@ class Grounding:
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         reports = ungrounded(answer, rag.passages)
-        changed = conflicts(answer, rag.passages)
-        misread = record_conflicts(answer, rag.passages)
+        records = check_records(answer, rag.passages)
+        misread = records.conflicts
+        # An answer about a record is read against its fields, not sentence by sentence: the record's
+        # "sentences" are JSON, so a changed copy of one means nothing (on the Data2txt fit half, n 192, the
+        # negated-copy signal ranked against the labels, 0.45). Its unsupported words still count, but are
+        # not pointed at: prose about a record rewords half its field names, and pointing at them gave span
+        # F1 0.09 there, the clauses that state a field against its value 0.35.
+        about_record = records.fields > 0
+        changed = [] if about_record else conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
@@ -128,13 +135,15 @@ class Grounding:
                 factoids.append(Factoid(text=answer[r.start:r.end], start=r.start, end=r.end, label="contradicted",
                                         score=self._score(self._weight(r.unsupported, own)),
                                         evidence=[own[0].evidence]))
-            elif r.unsupported:  # from its first unsupported word to its last
+            elif r.unsupported and not about_record:  # from its first unsupported word to its last
                 start, end = r.unsupported[0].start, r.unsupported[-1].end
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self._weight(r.unsupported))))
-        factoids += [Factoid(text=answer[m.start:m.end], start=m.start, end=m.end, label="contradicted",
-                             score=self._score(self.settings.conflict_weight),
-                             evidence=[m.evidence] if m.evidence else []) for m in misread]
+        for m in misread:  # the clause that states the field, not just its words
+            start, end = clause_around(answer, m.start, m.end)
+            factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",
+                                    score=self._score(self.settings.conflict_weight),
+                                    evidence=[m.evidence] if m.evidence else []))
         factoids += [Factoid(text=answer[a:b], start=a, end=b, label="unsupported",
                              score=self._score(self.settings.instruction_weight)) for a, b in planted]
         features = {
@@ -146,6 +155,7 @@ class Grounding:
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
+            "record_fields": float(records.fields),
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
         }
@@ -163,7 +173,7 @@ def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     return list({c.start: c for c in reversed(changed)}.values())
 
 
-VERSION = 4  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 5  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

@@ -34,6 +34,7 @@ HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 PIECE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?|[,;:()]")  # "take-out": two words
 CLAUSE_ENDS = frozenset({",", ";", ":", "(", ")", "but", "however", "while", "although", "though", "whereas",
                          "yet", "except"})
+CLAUSE_MARKS = ",;:.!?\n"
 LIST_JOINS = frozenset({"and", "or", "nor"})
 NEGATIVE = NEGATIONS | {"lack", "lacks", "lacking", "unavailable", "absent", "nor", "neither"}
 REACH_BACK = 6  # words between a negation and the mention it governs ("does not have any outdoor seating")
@@ -187,9 +188,25 @@ def _negated(pieces: list[str], first: int, last: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class RecordCheck:
+    fields: int  # the yes/no fields the context's records hold (0: the context is prose)
+    conflicts: list[RecordConflict]
+
+
+def check_records(answer: str, passages: list[str]) -> RecordCheck:
+    """How many yes/no fields the context holds, and the answer's statements against them."""
+    known, days, hours = _read(passages)
+    return RecordCheck(len(known), _conflicts(answer, passages, known, days, hours))
+
+
 def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
     """The answer's statements against the record: at most one per field and sentence."""
-    known, days, hours = _read(passages)
+    return check_records(answer, passages).conflicts
+
+
+def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[str], hours: str
+               ) -> list[RecordConflict]:
     # A sentence looks only at the fields whose rarest word (or whole name) it uses.
     frequency = Counter(word for field in known for word in set(field.words))
     by_word: dict[str, list[Field]] = {}
@@ -226,6 +243,15 @@ def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
             found.append(RecordConflict(every_day.start(), every_day.end(), hours, False, True,
                                         _evidence(passages, hours)))
     return sorted(found, key=lambda c: (c.start, c.field))
+
+
+def clause_around(text: str, start: int, end: int) -> tuple[int, int]:
+    """The clause of `text` that holds text[start:end]: from the punctuation before it to the punctuation after."""
+    before = max(text.rfind(mark, 0, start) for mark in CLAUSE_MARKS) + 1
+    after = min((i for i in (text.find(mark, end) for mark in CLAUSE_MARKS) if i >= 0), default=len(text))
+    while before < start and text[before].isspace():
+        before += 1
+    return before, after
 
 
 def _evidence(passages: list[str], name: str) -> Evidence | None:

@@ -77,8 +77,10 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
         v, y, g = fit.rows(run.items, run.outcomes, parts)
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     unjudged = [d.strip() for d in (args.fit_without_judge or "").split(",") if d.strip()]
+    sampled = {i.id for run in runs for i in run.items}  # a dataset both judged (a sample) and not: the rest of it
     for dataset in unjudged:
-        v, y, g = fit.rows(datasets.load_half(dataset, args.half, args.data_dir, config), [], parts=())
+        rest = [i for i in datasets.load_half(dataset, args.half, args.data_dir, config) if i.id not in sampled]
+        v, y, g = fit.rows(rest, [], parts=())
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
@@ -87,7 +89,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
     fitted = weights.fitted_on
     print(f"wrote {args.fit}: weights fitted on {fitted['items']} items ({fitted['hallucinated']} hallucinated)"
-          + (f" and, for the channel without a judge, {fitted['items_without_judge']} more "
+          + (f" and, for the channels without a judge, {fitted['items_without_judge']} more "
              f"({fitted['hallucinated_without_judge']} hallucinated)" if unjudged else "")
           + "; use it with combined.weights in the config", file=sys.stderr)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from morphguard.detectors.combined import (
     CHANNELS,
     PARTS,
+    RECORD_ONLY,
     UNJUDGED_CHANNELS,
     Channel,
     Weights,
@@ -70,43 +71,74 @@ def _teaches(channel: str, source: str) -> bool:
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
         sources: list[str] | None = None, channels: Mapping[str, Sequence[str]] = CHANNELS,
-        teaches: Callable[[str, str], bool] | None = None) -> Weights:
+        teaches: Callable[[str, str], bool] | None = None, records_apart: bool = True) -> Weights:
     """Weights for `values` (one row of features per item; rows that lack the judge's features teach only the
-    channel that needs none). `sources` names each row's dataset: every dataset then weighs the same in each
-    fit, so that a small one is not drowned by a larger one; within a dataset the classes keep their own
-    rates, so the probability stays calibrated to the mix. `channels` and `teaches` default to the shipped
-    design; benchmarks/combined_designs.py compares others."""
+    channels that need none). `sources` names each row's dataset: every dataset then weighs the same in each
+    fit, so that a small one is not drowned by a larger one; within a dataset the classes keep the rates
+    they have among all its rows (judged or not), so the probability stays calibrated to the mix. With
+    `records_apart`, each channel learns only from the answers it reads at check time (`Weights._channels`:
+    the judge is not asked about an answer about a structured record, and the record's channel reads no
+    prose), and the answers about records get a calibration of their own. `channels`, `teaches` and
+    `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others."""
     sources = sources or [""] * len(labels)
-    judged = [i for i, row in enumerate(values) if "direct" in row]
+    record = [records_apart and row.get("record_fields", 0.0) > 0 for row in values]
+    judged = [i for i, row in enumerate(values) if "direct" in row and not record[i]]
     judged_labels = [labels[i] for i in judged]
     if (min(judged_labels.count(True), judged_labels.count(False)) < 5
             or len({groups[i] for i in judged}) < 2):
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
-                              f"scored by every part ({', '.join(PARTS)})")
-    import numpy as np
+                              f"scored by every part ({', '.join(PARTS)})"
+                              + (" and not about a structured record" if any(record) else ""))
 
     teaches = teaches or _teaches
+    rates = {source: _rate(labels, sources, source) for source in set(sources)}
+
+    def share(rows: list[int]) -> np.ndarray:
+        return _representative([sources[i] for i in rows], [labels[i] for i in rows], rates)
+
     fitted, strengths = {}, {}
     for name, wanted in channels.items():
         names = [f for f in wanted if f in values[judged[0]]]
-        taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])]
+        taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])
+                  and _reads(name, record[i], records_apart)]
         if not all(any(labels[i] == kind for i in taught) for kind in (True, False)) or \
                 len({groups[i] for i in taught}) < 2:
             raise MorphguardError(f"--fit: the {name} channel has no hallucinated or no faithful answers, from two "
                                   "sources or more, to learn from (contrast sets do not teach the invented channel); "
                                   "add a dataset such as ragtruth-qa, or more with --fit-without-judge")
         fitted[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
-                                                 [groups[i] for i in taught], _balanced([sources[i] for i in taught]))
-    # The noisy-OR is calibrated on the answers every part has read.
-    joint = Weights(channels=fitted)
-    either = np.array([[log_odds(joint.either(values[i]))] for i in judged])
-    slope, intercept = _logistic(either, np.array(judged_labels, dtype=float), 1e6,  # one feature: no shrinking
-                                 _balanced([sources[i] for i in judged]))
-    return Weights(channels=fitted, calibration=(float(slope[0]), intercept),
+                                                 [groups[i] for i in taught], share(taught))
+    # The noisy-OR is calibrated on the answers every part has read; the records' on every answer about one.
+    joint = Weights(channels=fitted, record_calibration=(1.0, 0.0) if records_apart else None)  # slopes come next
+    calibration = _calibration([log_odds(joint.either(values[i])) for i in judged], judged_labels, share(judged))
+    about_records = [i for i in range(len(values)) if record[i]]
+    record_calibration = None
+    if about_records and len({labels[i] for i in about_records}) == 2:
+        record_calibration = _calibration([log_odds(joint.either(values[i], record=True)) for i in about_records],
+                                          [labels[i] for i in about_records], share(about_records))
+    return Weights(channels=fitted, calibration=calibration, record_calibration=record_calibration,
                    fitted_on={**about, "items": len(judged), "hallucinated": judged_labels.count(True),
                               "items_without_judge": len(values) - len(judged),
                               "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),
+                              "items_about_records": len(about_records),
+                              "hallucinated_about_records": sum(labels[i] for i in about_records),
                               "C": strengths})
+
+
+def _reads(channel: str, record: bool, records_apart: bool) -> bool:
+    """Whether `channel` reads this answer at check time (`Weights._channels`), and so may learn from it."""
+    if not records_apart:
+        return True
+    return channel in UNJUDGED_CHANNELS if record else channel not in RECORD_ONLY
+
+
+def _calibration(log_odds_: list[float], labels: list[bool], weight: np.ndarray) -> tuple[float, float]:
+    """Slope and intercept of one logistic over the noisy-OR's log-odds."""
+    import numpy as np
+
+    slope, intercept = _logistic(np.array([[v] for v in log_odds_]), np.array(labels, dtype=float), 1e6,  # no shrinking
+                                 weight)
+    return float(slope[0]), intercept
 
 
 def _channel(names: list[str], values: list[dict[str, float]], labels: list[bool], groups: list[str],
@@ -149,11 +181,27 @@ def _logistic(x: np.ndarray, y: np.ndarray, c: float, weight: np.ndarray | None 
     return found.x[:-1], float(found.x[-1])
 
 
-def _balanced(sources: list[str]) -> np.ndarray:
+def _rate(labels: list[bool], sources: list[str], source: str) -> float:
+    mine = [y for y, s in zip(labels, sources, strict=True) if s == source]
+    return sum(mine) / len(mine)
+
+
+def _representative(sources: list[str], labels: list[bool], rates: dict[str, float]) -> np.ndarray:
+    """Sample weights: every dataset weighs the same, and within one the hallucinated answers weigh as much as
+    they do among all of that dataset's rows. A judged sample stratified by label (half hallucinated) of a half
+    whose other answers joined unjudged would otherwise teach the judge's channels and the calibration an
+    error rate the data does not have (RAGTruth Summary's fit half: 25 %)."""
     import numpy as np
 
-    counts = {source: sources.count(source) for source in set(sources)}
-    return np.array([len(sources) / (len(counts) * counts[source]) for source in sources])
+    weight = np.ones(len(sources))
+    for source in set(sources):
+        mine = [i for i, s in enumerate(sources) if s == source]
+        here = sum(labels[i] for i in mine) / len(mine)
+        for i in mine:
+            if 0 < here < 1:
+                weight[i] = rates[source] / here if labels[i] else (1 - rates[source]) / (1 - here)
+        weight[mine] *= len(sources) / (len(set(sources)) * weight[mine].sum())
+    return weight
 
 
 def _choose_c(x: np.ndarray, y: np.ndarray, groups: list[str], weight: np.ndarray) -> float:

@@ -141,7 +141,7 @@ def markdown(summary: dict[str, Any]) -> str:
         span = d.get("span", {})
         cost = d["cost"]
         lines.append("| " + " | ".join([
-            name, _fmt(d["threshold"], 2),
+            name, _fmt(d["threshold"]),
             *(_fmt(d[k]) for k in ("precision", "recall", "f1", "accuracy")), _fmt(d["auroc"]) + _interval(d),
             _fmt(d["pr_auc"]), _fmt(d["ece"]),
             *(_fmt(span.get(k)) for k in ("precision", "recall", "f1")),

@@ -4,17 +4,18 @@ The combined check's outcome keeps its judge parts' scores among its features (`
 `factoid_max`), and grounding costs nothing to recompute from the item. A new weights file (a refit, say on
 reviewed production decisions) can therefore be read on a finished run exactly as a fresh run would read it
 with the same judge replies: this writes those outcomes under the current fingerprint, so the report that
-follows is the new weights'. Cost and time are the stored run's, since the same parts ran. The stored spans
-keep their places, rescaled to the new probability; where grounding now points at a part of the answer no
-stored span covers (a check added since, such as a record field stated against its value), that span joins
-them, scored as the combined check scores grounding's spans.
+follows is the new weights'. Cost and time are the stored run's, since the same parts ran; an answer about a
+structured record that the new weights score without the judge costs what grounding costs and keeps only
+grounding's spans. Otherwise the stored spans keep their places, rescaled to the new probability, and where
+grounding now points at a part of the answer no stored span covers (a check added since, such as a record
+field stated against its value), that span joins them, scored as the combined check scores grounding's spans.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from morphguard.detectors.combined import Weights, answer_probability, features
+from morphguard.detectors.combined import Weights, answer_probability, features, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.eval.datasets import Item
 from morphguard.eval.runner import Outcome, ScoredSpan
@@ -39,18 +40,25 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
             continue
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features
-        values = features(old.features["direct"], old.features.get("restatement"),
-                          [old.features["factoid_max"]] if "factoid_max" in needed else None, grounded)
+        record = weights.reads_record(grounded)
+        values = (vocabulary_features(grounded) if record else
+                  features(old.features["direct"], old.features.get("restatement"),
+                           [old.features["factoid_max"]] if "factoid_max" in needed else None, grounded))
         score = answer_probability(weights, values, grounded)
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
-        spans = [ScoredSpan(start=s.start, end=s.end, score=s.score * ratio) for s in old.factoid_spans]
+        kept = [] if record else old.factoid_spans
+        spans = [ScoredSpan(start=s.start, end=s.end, score=s.score * ratio) for s in kept]
         new = [f for f in measured.factoids if f.start is not None and f.end is not None
-               and not any(s.start < f.end and f.start < s.end for s in old.factoid_spans)]
+               and not any(s.start < f.end and f.start < s.end for s in kept)]
         worst = max((f.score for f in measured.factoids), default=0.0)
         added = [ScoredSpan(start=f.start, end=f.end, score=score * f.score / worst) for f in new if worst]
+        # An answer the weights score without the judge costs what grounding costs, as in a fresh run.
+        cost = ({"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "seconds": measured.cost.seconds,
+                 "stage_seconds": {}} if record else {})
         fresh[old.key] = old.model_copy(update={
             "score": score, "threshold": threshold, "flagged": score >= threshold, "features": values,
             "fingerprint": fingerprint, "factoid_spans": spans + added,
-            "factoid_scores": [f * ratio for f in old.factoid_scores] + [s.score for s in added]})
+            "factoid_scores": ([] if record else [f * ratio for f in old.factoid_scores]) + [s.score for s in added],
+            **cost})
     return list(fresh.values())

@@ -80,10 +80,12 @@ def test_a_hostile_record_and_answer_cost_a_bounded_number_of_looks():
 
 
 def test_grounding_scores_and_shows_a_record_conflict_with_the_field_as_evidence():
-    answer = "Harbour Deli offers outdoor seating."
+    answer = "Harbour Deli is central. Since 2019, it offers outdoor seating and a loyal following."
     result = check_with([RECORD], answer)
     assert result.features["record_conflicts"] == 1 and result.flagged
-    [factoid] = [f for f in result.factoids if f.label == "contradicted"]
-    assert answer[factoid.start:factoid.end] == "outdoor seating"
+    # on a record, only the clause that states the field is pointed at, not the unsupported words around it
+    [factoid] = result.factoids
+    assert factoid.label == "contradicted" and factoid.text == "it offers outdoor seating and a loyal following"
     assert factoid.evidence[0].text == '"OutdoorSeating": false'
+    assert result.features["unsupported"] >= 3  # "central", "2019", "loyal", ... still count
     assert check_with([RECORD], "Harbour Deli has no outdoor seating.").features["record_conflicts"] == 0

@@ -63,7 +63,7 @@ def test_written_report_has_table_json_plots_and_span_page(tmp_path):
     paths = report.write(tmp_path, ITEMS, outcomes, summary)
     assert {p.name for p in paths} == {"report.md", "report.json", "roc.png", "pr.png", "scores.png", "spans.html"}
     table = (tmp_path / "report.md").read_text()
-    assert "| d | 0.50 | 1.000 | 1.000 | 1.000 |" in table and "| length |" in table
+    assert "| d | 0.500 | 1.000 | 1.000 | 1.000 |" in table and "| length |" in table
     assert json.loads((tmp_path / "report.json").read_text())["detectors"]["d"]["auroc"]["mean"] == 1.0
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in ("roc.png", "pr.png", "scores.png"))
     page = (tmp_path / "spans.html").read_text()

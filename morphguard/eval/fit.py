@@ -101,6 +101,8 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
         names = [f for f in wanted if f in values[judged[0]]]
         taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])
                   and _reads(name, record[i], records_apart)]
+        if name in RECORD_ONLY and len({labels[i] for i in taught}) < 2:
+            continue  # no answers about records to learn from (both kinds): the weights leave records to prose's
         if not all(any(labels[i] == kind for i in taught) for kind in (True, False)) or \
                 len({groups[i] for i in taught}) < 2:
             raise MorphguardError(f"--fit: the {name} channel has no hallucinated or no faithful answers, from two "
@@ -113,7 +115,7 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     calibration = _calibration([log_odds(joint.either(values[i])) for i in judged], judged_labels, share(judged))
     about_records = [i for i in range(len(values)) if record[i]]
     record_calibration = None
-    if about_records and len({labels[i] for i in about_records}) == 2:
+    if about_records and len({labels[i] for i in about_records}) == 2 and set(RECORD_ONLY) <= fitted.keys():
         record_calibration = _calibration([log_odds(joint.either(values[i], record=True)) for i in about_records],
                                           [labels[i] for i in about_records], share(about_records))
     return Weights(channels=fitted, calibration=calibration, record_calibration=record_calibration,

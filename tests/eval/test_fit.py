@@ -151,3 +151,32 @@ def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_on
     assert checked.returncode == 0, checked.stderr
     assert "factoid_max" not in Weights.model_validate_json(weights.read_text()).features
     assert calls == len(RECORDS)  # one direct call per answer, nothing else
+
+
+CAFES = [  # answers about a structured record: wrong where they state a field against its value
+    {"id": f"cafe-{n}", "group": f"street-{n % 4}", "question": "Describe the business.",
+     "context": [json.dumps({"name": f"Cafe {n}", "attributes": {"OutdoorSeating": n % 3 == 0, "WiFi": "free",
+                                                                  "RestaurantsTakeOut": True}})],
+     "answer": f"Cafe {n} offers free WiFi and take-out, and has outdoor seating.", "hallucinated": n % 3 != 0}
+    for n in range(12)
+]
+
+
+def test_answers_about_records_teach_their_own_channel_and_are_checked_without_the_judge(tmp_path):
+    cafes = tmp_path / "cafes.jsonl"
+    cafes.write_text("".join(json.dumps(r) + "\n" for r in CAFES))
+    weights = tmp_path / "weights.json"
+    with ScriptedLLM(judge) as server:
+        fitted = run(tmp_path, server.base_url, "--fit", str(weights), "--fit-without-judge", f"jsonl:{cafes}")
+        assert fitted.returncode == 0, fitted.stderr
+        learned = Weights.model_validate_json(weights.read_text())
+        assert learned.record_calibration is not None
+        assert (learned.fitted_on["items_about_records"], learned.fitted_on["hallucinated_about_records"]) == (12, 8)
+        assert learned.channels["misread"].coef[0] > 0
+        before = len(server.requests)
+        checked = run(tmp_path, server.base_url, "--dataset", f"jsonl:{cafes}", "--detector", "combined",
+                      config={"combined": {"weights": str(weights)}})
+        assert checked.returncode == 0, checked.stderr
+        assert len(server.requests) == before  # no judge call for an answer about a record
+    row = next(line for line in checked.stdout.splitlines() if line.startswith("| combined |"))
+    assert "| 1.000 [1.00, 1.00] |" in row

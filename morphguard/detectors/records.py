@@ -215,6 +215,13 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[s
             by_word.setdefault(word, []).append(field)
     checks = 0
     found: list[RecordConflict] = []
+    cited: dict[str, Evidence | None] = {}  # each field's place in the context, looked up once
+
+    def evidence(name: str) -> Evidence | None:
+        if name not in cited:
+            cited[name] = _evidence(passages, name)
+        return cited[name]
+
     for start, end in sentences(answer):
         matches = list(PIECE.finditer(answer, start, end))
         pieces = [m.group().lower().replace("’", "'") for m in matches]
@@ -236,19 +243,20 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[s
                 stated = not _negated(pieces, first, last)
                 if field.value is None or stated != field.value:
                     found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name, field.value,
-                                                stated, _evidence(passages, field.name)))
+                                                stated, evidence(field.name)))
                     break
         every_day = EVERY_DAY.search(answer, start, end)
         if days and len(days) < len(DAYS) and every_day:
-            found.append(RecordConflict(every_day.start(), every_day.end(), hours, False, True,
-                                        _evidence(passages, hours)))
+            found.append(RecordConflict(every_day.start(), every_day.end(), hours, False, True, evidence(hours)))
     return sorted(found, key=lambda c: (c.start, c.field))
 
 
-def clause_around(text: str, start: int, end: int) -> tuple[int, int]:
-    """The clause of `text` that holds text[start:end]: from the punctuation before it to the punctuation after."""
-    before = max(text.rfind(mark, 0, start) for mark in CLAUSE_MARKS) + 1
-    after = min((i for i in (text.find(mark, end) for mark in CLAUSE_MARKS) if i >= 0), default=len(text))
+def clause_around(text: str, start: int, end: int, reach: int = 500) -> tuple[int, int]:
+    """The clause of `text` that holds text[start:end]: from the punctuation before it to the punctuation after,
+    looking at most `reach` characters each way."""
+    floor, ceiling = max(0, start - reach), min(len(text), end + reach)
+    before = max(max(text.rfind(mark, floor, start) for mark in CLAUSE_MARKS) + 1, floor)
+    after = min((i for i in (text.find(mark, end, ceiling) for mark in CLAUSE_MARKS) if i >= 0), default=ceiling)
     while before < start and text[before].isspace():
         before += 1
     return before, after

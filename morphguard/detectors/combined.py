@@ -70,7 +70,9 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
         "negation_conflict": grounding.get("negation_conflict", 0.0),
         "record_conflicts": math.log1p(grounding.get("record_conflicts", 0.0)),
-        "record_fields": grounding.get("record_fields", 0.0),  # no channel reads it: it says which are asked
+        # The yes/no fields of a context made of records alone (0 for prose, or a record beside prose): no channel
+        # reads it, it says which channels are asked.
+        "record_fields": grounding.get("record_fields", 0.0),
     }
 
 

@@ -121,7 +121,9 @@ class Grounding:
         # negated-copy signal ranked against the labels, 0.45). Its unsupported words still count, but are
         # not pointed at: prose about a record rewords half its field names, and pointing at them gave span
         # F1 0.09 there, the clauses that state a field against its value 0.35.
-        about_record = records.fields > 0
+        # Records alone, not a record beside prose: one JSON passage slipped into a context of prose must not
+        # change how the prose is read (nor, in `combined`, keep the judge from reading it).
+        about_record = records.fields > 0 and records.only_records
         changed = [] if about_record else conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
@@ -155,7 +157,7 @@ class Grounding:
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
-            "record_fields": float(records.fields),
+            "record_fields": float(records.fields) if about_record else 0.0,
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
         }
@@ -173,7 +175,7 @@ def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     return list({c.start: c for c in reversed(changed)}.values())
 
 
-VERSION = 5  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 6  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

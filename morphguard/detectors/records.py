@@ -190,14 +190,18 @@ def _negated(pieces: list[str], first: int, last: int) -> bool:
 
 @dataclass(frozen=True)
 class RecordCheck:
-    fields: int  # the yes/no fields the context's records hold (0: the context is prose)
+    fields: int  # the yes/no fields the context's records hold (0: none)
+    only_records: bool  # every passage that says anything is a JSON record: no prose beside them
     conflicts: list[RecordConflict]
 
 
 def check_records(answer: str, passages: list[str]) -> RecordCheck:
-    """How many yes/no fields the context holds, and the answer's statements against them."""
+    """How many yes/no fields the context holds, whether it is records alone, and the answer's statements
+    against them."""
     known, days, hours = _read(passages)
-    return RecordCheck(len(known), _conflicts(answer, passages, known, days, hours))
+    said = [p for p in passages if p.strip()]
+    only = bool(said) and sum(1 for _ in _records(said)) == len(said)
+    return RecordCheck(len(known), only, _conflicts(answer, passages, known, days, hours))
 
 
 def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:

@@ -89,3 +89,13 @@ def test_grounding_scores_and_shows_a_record_conflict_with_the_field_as_evidence
     assert factoid.evidence[0].text == '"OutdoorSeating": false'
     assert result.features["unsupported"] >= 3  # "central", "2019", "loyal", ... still count
     assert check_with([RECORD], "Harbour Deli has no outdoor seating.").features["record_conflicts"] == 0
+
+
+def test_a_record_beside_prose_does_not_make_the_context_a_record():
+    prose = "Harbour Deli is a family business. It has no garden."
+    answer = "It has outdoor seating."
+    alone, mixed = check_with([RECORD], answer), check_with([prose, RECORD], answer)
+    assert alone.features["record_fields"] > 0
+    # the record's conflict still counts, but the prose is read as prose: a JSON passage slipped into a context
+    # must not switch the combined check to the path that asks no judge
+    assert mixed.features["record_fields"] == 0 and mixed.features["record_conflicts"] == 1

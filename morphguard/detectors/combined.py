@@ -100,6 +100,15 @@ UNJUDGED_CHANNELS = ("invented", "misread")  # read no judge's output, so learn 
 RECORD_ONLY = ("misread",)  # evidence only where the context holds a record: not asked about prose
 
 
+def reads(channel: str, record: bool, records_apart: bool) -> bool:
+    """Whether `channel` reads an answer (about a record or not). With the records apart, an answer about a record
+    gets the channels that need no judge, and prose the others but the record's own (on prose it could only add a
+    constant); without, every channel reads every answer. `eval --fit` teaches each channel the same answers."""
+    if not records_apart:
+        return True
+    return channel in UNJUDGED_CHANNELS if record else channel not in RECORD_ONLY
+
+
 class Channel(BaseModel):
     """A fitted logistic regression over standardised features."""
 
@@ -151,12 +160,7 @@ class Weights(BaseModel):
         return self.record_calibration is not None and grounding.get("record_fields", 0.0) > 0
 
     def _channels(self, record: bool) -> dict[str, Channel]:
-        """The channels that read the answer. With the records apart, an answer about a record gets those that need
-        no judge and prose the others but the record's own (on prose it could only add a constant)."""
-        if self.record_calibration is None:
-            return self.channels
-        return {n: c for n, c in self.channels.items()
-                if (n in UNJUDGED_CHANNELS if record else n not in RECORD_ONLY)}
+        return {n: c for n, c in self.channels.items() if reads(n, record, self.record_calibration is not None)}
 
     def either(self, values: Mapping[str, float], record: bool = False) -> float:
         """Noisy-OR of the channels: the answer is faithful only if no channel finds an error."""

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import NEGATIONS, keys
+from morphguard.detectors.words import HUMP, NEGATIONS, keys
 from morphguard.models import Evidence
 
 # Bounds on what a hostile context can make this cost (it runs on every checked answer): a context larger than
@@ -29,12 +29,12 @@ MAX_RECORD_CHARS = 200_000
 MAX_DEPTH = 12
 MAX_FIELDS = 1_000
 MAX_CHECKS = 20_000
-HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 # Words and the punctuation that ends a clause, for finding a mention and the negation that governs it.
 PIECE = re.compile(r"[^\W_]+(?:['’][^\W_]+)?|[,;:()]")  # "take-out": two words
 CLAUSE_ENDS = frozenset({",", ";", ":", "(", ")", "but", "however", "while", "although", "though", "whereas",
                          "yet", "except"})
 CLAUSE_MARKS = ",;:.!?\n"
+OPENS_RECORD = re.compile(r"\s*[{\[]")
 LIST_JOINS = frozenset({"and", "or", "nor"})
 NEGATIVE = NEGATIONS | {"lack", "lacks", "lacking", "unavailable", "absent", "nor", "neither"}
 REACH_BACK = 6  # words between a negation and the mention it governs ("does not have any outdoor seating")
@@ -69,11 +69,10 @@ class RecordConflict:
 
 
 def _records(passages: list[str]) -> Iterator[object]:
-    for passage in passages:
-        text = passage.strip()
-        if text[:1] in "{[" and len(text) <= MAX_RECORD_CHARS:
+    for passage in passages:  # on every checked answer: prose is told apart without copying it
+        if len(passage) <= MAX_RECORD_CHARS and OPENS_RECORD.match(passage):
             try:
-                yield json.loads(text)
+                yield json.loads(passage)
             except (ValueError, RecursionError):  # RecursionError: arrays nested deeper than the parser goes
                 continue
 
@@ -106,12 +105,12 @@ def _truth(value: object) -> tuple[bool, bool | None]:
 
 def fields(passages: list[str]) -> list[Field]:
     """The yes/no fields of every JSON record in the context."""
-    return _read(passages)[0]
+    return _read(list(_records(passages)))[0]
 
 
-def _read(passages: list[str]) -> tuple[list[Field], set[str], str]:
+def _read(records: list[object]) -> tuple[list[Field], set[str], str]:
     """The records' yes/no fields, the weekdays they list opening hours for, and the key those hours sit under."""
-    leaves = [(path, value) for record in _records(passages) for path, value in _leaves(record, ()) if path]
+    leaves = [(path, value) for record in records for path, value in _leaves(record, ()) if path]
     humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves}
     # A first hump that begins several names is a namespace (`Restaurants`, `Business`), not part of what they say.
     prefixes = Counter(h[0].lower() for h in humps.values() if len(h) > 1)
@@ -198,9 +197,10 @@ class RecordCheck:
 def check_records(answer: str, passages: list[str]) -> RecordCheck:
     """How many yes/no fields the context holds, whether it is records alone, and the answer's statements
     against them."""
-    known, days, hours = _read(passages)
-    said = [p for p in passages if p.strip()]
-    only = bool(said) and sum(1 for _ in _records(said)) == len(said)
+    said = [p for p in passages if p and not p.isspace()]
+    records = list(_records(said))
+    known, days, hours = _read(records)
+    only = bool(said) and len(records) == len(said)
     return RecordCheck(len(known), only, _conflicts(answer, passages, known, days, hours))
 
 
@@ -211,6 +211,8 @@ def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
 
 def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[str], hours: str
                ) -> list[RecordConflict]:
+    if not known and not days:  # a context of prose: nothing to read the answer against
+        return []
     # A sentence looks only at the fields whose rarest word (or whole name) it uses.
     frequency = Counter(word for field in known for word in set(field.words))
     by_word: dict[str, list[Field]] = {}

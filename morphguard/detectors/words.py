@@ -56,9 +56,22 @@ def number(token: str) -> str:
     return (whole.lstrip("0") or "0") + dot + fraction
 
 
-@lru_cache(maxsize=1 << 16)
+# Tokens longer than this are keyed but not cached: the cache outlives requests, and a client could otherwise
+# fill its 65,536 places with megabyte-long "words".
+CACHED_TOKEN_CHARS = 64
+
+
 def keys(token: str) -> tuple[str, ...]:
     """What a token must find in the context: its number, or the stem of each part of a hyphenated word."""
+    return _cached_keys(token) if len(token) <= CACHED_TOKEN_CHARS else _keys(token)
+
+
+@lru_cache(maxsize=1 << 16)
+def _cached_keys(token: str) -> tuple[str, ...]:
+    return _keys(token)
+
+
+def _keys(token: str) -> tuple[str, ...]:
     lowered = token.lower().replace("’", "'")
     if lowered[0].isdigit():
         return (number(lowered),)
@@ -70,7 +83,7 @@ def keys(token: str) -> tuple[str, ...]:
 
 # The humps of a camel-cased identifier: structured contexts name their fields `OutdoorSeating`, and an
 # answer says "outdoor seating".
-_HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+HUMP = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
 def vocabulary(passages: list[str]) -> set[str]:
@@ -83,8 +96,8 @@ def vocabulary(passages: list[str]) -> set[str]:
             found.update(offered)
             if len(offered) > 1:  # "third-trimester" also offers itself whole
                 found.add("".join(offered))
-            if not token.islower() and not token[1:].islower():
-                found.update(k for hump in _HUMP.findall(token) for k in keys(hump))
+            if token[0].isalpha() and not token.islower() and not token[1:].islower():
+                found.update(k for hump in HUMP.findall(token) for k in keys(hump))
     return found
 
 

@@ -24,6 +24,7 @@ from morphguard.detectors.combined import (
     Weights,
     features,
     log_odds,
+    reads,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -76,7 +77,7 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     channels that need none). `sources` names each row's dataset: every dataset then weighs the same in each
     fit, so that a small one is not drowned by a larger one; within a dataset the classes keep the rates
     they have among all its rows (judged or not), so the probability stays calibrated to the mix. With
-    `records_apart`, each channel learns only from the answers it reads at check time (`Weights._channels`:
+    `records_apart`, each channel learns only from the answers it reads at check time (`detectors.combined.reads`:
     the judge is not asked about an answer about a structured record, and the record's channel reads no
     prose), and the answers about records get a calibration of their own. `channels`, `teaches` and
     `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others."""
@@ -100,7 +101,7 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     for name, wanted in channels.items():
         names = [f for f in wanted if f in values[judged[0]]]
         taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])
-                  and _reads(name, record[i], records_apart)]
+                  and reads(name, record[i], records_apart)]
         if name in RECORD_ONLY and len({labels[i] for i in taught}) < 2:
             continue  # no answers about records to learn from (both kinds): the weights leave records to prose's
         if not all(any(labels[i] == kind for i in taught) for kind in (True, False)) or \
@@ -125,13 +126,6 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
                               "items_about_records": len(about_records),
                               "hallucinated_about_records": sum(labels[i] for i in about_records),
                               "C": strengths})
-
-
-def _reads(channel: str, record: bool, records_apart: bool) -> bool:
-    """Whether `channel` reads this answer at check time (`Weights._channels`), and so may learn from it."""
-    if not records_apart:
-        return True
-    return channel in UNJUDGED_CHANNELS if record else channel not in RECORD_ONLY
 
 
 def _calibration(log_odds_: list[float], labels: list[bool], weight: np.ndarray) -> tuple[float, float]:

@@ -66,3 +66,12 @@ def test_an_unsupported_span_runs_from_the_first_unsupported_word_to_the_last():
 def check_with(context, answer):
     detector = build_detector(Config(), name="grounding")
     return asyncio.run(detector.detect(RagInput(question="q", passages=context), answer))
+
+
+def test_a_long_token_is_keyed_without_taking_a_place_in_the_shared_cache():
+    from morphguard.detectors.words import CACHED_TOKEN_CHARS, _cached_keys, keys
+
+    before = _cached_keys.cache_info().currsize
+    long = "x" * (CACHED_TOKEN_CHARS + 1)
+    assert keys(long) == (long,) and keys(long + "s") == (long,)  # stemmed like any word
+    assert _cached_keys.cache_info().currsize == before

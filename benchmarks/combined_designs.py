@@ -2,10 +2,12 @@
 
 Reads the judge parts' stored outcomes of finished fit-half runs (nothing calls the judge):
 
-    morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement
-    morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement
-    morphguard eval -d ragtruth-data2txt --half fit --limit 80 --detector direct,restatement
+    morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement,spotcheck
+    morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement,spotcheck
     python benchmarks/combined_designs.py [--shuffles 3] [--judged ragtruth-qa,contrast-qa]
+
+Every design reads answers about structured records (RAGTruth's Data2txt) without the judge, so all of the
+Data2txt fit half is scored in the folds, and none of it needs a judge run.
 
 Each design is fitted with `eval/fit.fit` on four fifths of the sources and scores the fifth it has not seen
 (folds of whole RAGTruth sources, so both answers of a contrast pair and all six models' answers to one
@@ -28,27 +30,18 @@ from morphguard.detectors.combined import CHANNELS, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
-JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary", "ragtruth-data2txt")  # those with a fit-half judge run
-QA_ONLY = ("ragtruth-qa", "contrast-qa")
-NEEDS_JUDGE = ("contradicted", "judged")
-SESSION_10 = {name: CHANNELS[name] for name in ("invented", "contradicted", "judged")}
-UNJUDGED_ONLY = {"invented": CHANNELS["invented"], "contradicted": ("negation_conflict",),
-                 "misread": CHANNELS["misread"]}
-NO_WHOLE_ANSWER_VERDICT = {name: CHANNELS[name] for name in ("invented", "contradicted", "misread")}
-
-
-def _judge_from_qa(channel: str, source: str) -> bool:
-    """The judge's channels learn from the QA sets only (as shipped up to session 10)."""
-    return fit._teaches(channel, source) and (channel not in NEEDS_JUDGE or source in QA_ONLY)
-
-
-DESIGNS = {  # name: (channels, which datasets teach which channel, whether record answers skip the judge)
-    "session 10: three channels, the judge's channels learn from QA sets only": (SESSION_10, _judge_from_qa, False),
-    "+ misread channel (record fields stated against their value)": (CHANNELS, _judge_from_qa, False),
-    "+ misread, every judged fit answer teaches the judge's channels": (CHANNELS, fit._teaches, False),
-    "+ misread, no whole-answer verdict (no judged channel)": (NO_WHOLE_ANSWER_VERDICT, fit._teaches, False),
-    "no judge at all: vocabulary, negated copies, record fields": (UNJUDGED_ONLY, fit._teaches, False),
-    "shipped: + misread, answers about records skip the judge (own calibration)": (CHANNELS, fit._teaches, True),
+JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary")  # those with a fit-half judge run
+RECORDS = ("ragtruth-data2txt",)  # answers about records: scored without the judge by every design here
+PARTS = ("direct", "restatement", "spotcheck")
+SESSION_11 = {name: features for name, features in CHANNELS.items() if name != "spotted"}
+DESIGNS = {  # name: channels
+    "session 11: invented, contradicted, judged, misread": SESSION_11,
+    "no judge at all: vocabulary, negated copies, record fields": {
+        "invented": CHANNELS["invented"], "contradicted": ("negation_conflict",), "misread": CHANNELS["misread"]},
+    "the spot check in the judged channel, beside the whole-answer verdict": {
+        **SESSION_11, "judged": ("direct", "spotcheck")},
+    "the spot check in place of the whole-answer verdict (one call fewer)": {**SESSION_11, "judged": ("spotcheck",)},
+    "shipped: the spot check a channel of its own (spotted)": CHANNELS,
 }
 
 
@@ -58,18 +51,22 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
     parser.add_argument("--judged", default=",".join(JUDGED), help="the fit-half judge runs to read (comma-separated)")
     args = parser.parse_args()
-    judged_sets = args.judged.split(",")
+    judged_sets = args.judged.split(",") + list(RECORDS)
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
-    for dataset in JUDGED:
+    for dataset in JUDGED + RECORDS:
         items = datasets.load_half(dataset, "fit")
         judged: set[str] = set()
+        if dataset in RECORDS:
+            values, labels, groups = fit.rows(items, [], parts=())
+            rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
+            continue
         if dataset in judged_sets:
             folder = max(args.runs.glob(f"{dataset}-fit-n*"), default=None,  # the largest sample
                          key=lambda f: int(f.name.removeprefix(f"{dataset}-fit-n").split("-")[0]))
             if folder is None:
                 raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
-            values, labels, groups = fit.rows(items, runner.load_outcomes(folder), ("direct", "restatement"))
+            values, labels, groups = fit.rows(items, runner.load_outcomes(folder), PARTS)
             rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
             judged = set(groups)
         if not dataset.startswith("contrast"):
@@ -83,13 +80,12 @@ def main() -> None:
         order = sources[:]
         random.Random(shuffle).shuffle(order)
         fold = {g: n % 5 for n, g in enumerate(order)}
-        for name, (channels, teaches, records_apart) in DESIGNS.items():
+        for name, channels in DESIGNS.items():
             scores: dict[int, float] = {}
             for k in range(5):
                 train = [r for r in rows + extra if fold[r[2]] != k]
                 weights = fit.fit([r[0] for r in train], [r[1] for r in train], [r[2] for r in train], {},
-                                  [r[3] for r in train], channels=channels, teaches=teaches,
-                                  records_apart=records_apart)
+                                  [r[3] for r in train], channels=channels)
                 scores |= {n: weights.probability(r[0], weights.reads_record(r[0]))
                            for n, r in enumerate(rows) if fold[r[2]] == k}
             for dataset in judged_sets:
@@ -100,9 +96,9 @@ def main() -> None:
              for name, by in results.items()}
     counts = {d: [sum(1 for r in rows if r[3] == d), sum(1 for r in rows if r[3] == d and r[1])] for d in judged_sets}
     print(f"grouped 5-fold CV on the fit halves, {args.shuffles} shuffles; AUROC mean ± sd")
-    print(f"{'design':76s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
+    print(f"{'design':72s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
     for name, by in table.items():
-        print(f"{name:76s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in judged_sets))
+        print(f"{name:72s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in judged_sets))
     thresholds = _thresholds(rows, judged_sets)
     print("\nshipped weights on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():

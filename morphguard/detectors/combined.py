@@ -1,13 +1,14 @@
 """The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
 
-Up to four parts look at the answer: `grounding` (no call: content words the context never uses,
+Up to five parts look at the answer: `grounding` (no call: content words the context never uses,
 copied sentences changed where a copy goes wrong, JSON record fields stated against their value,
 instructions to the checker), `direct` (one call: is the whole answer supported?) and, when the weights
 were fitted with them, `restatement` (one short call per changed copy, none for most answers: does the
-copy say what its source says?) and the judge's per-factoid check (`metarag:factoids`, one call per
-factoid). They fail on different answers: the
-words of a negated or swapped claim are all in the context, while the small judge waves through
-invented detail it finds plausible. Their signals become features, and a logistic regression fitted
+copy say what its source says?), `spotcheck` (one short call, none where every content word is the
+context's: does the context state the sentence grounding trusts least?) and the judge's per-factoid check
+(`metarag:factoids`, one call per factoid). They fail on different answers: the words of a negated or
+swapped claim are all in the context, while the small judge waves through invented detail it finds
+plausible in a whole answer. Their signals become features, and a logistic regression fitted
 on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
 that the answer is hallucinated, so a threshold means the same here as in any other topic. The
 coefficients ship as data (`combined.json`) together with what they were fitted on. An answer that
@@ -35,14 +36,15 @@ from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
+from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
-# `direct` is always a part; `restatement` and the per-factoid judge only when the fit had their outcomes.
-PARTS = ("direct", "restatement", "metarag:factoids")
-SHIPPED_PARTS = ("direct", "restatement")  # what the shipped weights were fitted with; `eval --fit`'s default
+# `direct` is always a part; the others only when the fit had their outcomes.
+PARTS = ("direct", "restatement", "spotcheck", "metarag:factoids")
+SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # what the shipped weights were fitted with; `eval --fit`'s default
 # Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
 # tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
 # benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
@@ -51,12 +53,15 @@ INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its
 
 
 def features(direct: float, restatement: float | None, factoid_scores: Sequence[float] | None,
-             grounding: Mapping[str, float]) -> dict[str, float]:
+             grounding: Mapping[str, float], spotcheck: float | None = None) -> dict[str, float]:
     """The model's inputs, from what the parts said: the same function at fit time and at check time.
-    `restatement` or `factoid_scores` None: that part did not run (weights fitted without it never ask for it)."""
+    `restatement`, `factoid_scores` or `spotcheck` None: that part did not run (weights fitted without it never
+    ask for it)."""
     judged = {"direct": direct}
     if restatement is not None:
         judged["restatement"] = restatement
+    if spotcheck is not None:
+        judged["spotcheck"] = spotcheck
     if factoid_scores is not None:
         judged["factoid_max"] = max(factoid_scores, default=0.0)
     return {**judged, **vocabulary_features(grounding)}
@@ -76,24 +81,28 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-# Four witnesses, four channels, each a logistic regression of its own: invented content (words, numbers and
+# Five witnesses, five channels, each a logistic regression of its own: invented content (words, numbers and
 # names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
-# negated copy), the judge's NO on the whole answer, which can mean either kind, and misread records (a yes/no
-# field of a JSON context stated against its value: every word of such a claim is the context's own, so the
-# invented channel cannot see it, and on prose contexts the feature is always 0). Any channel can raise the
-# answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)(1 - P_c)(1 - P_d). One regression over all of them
-# let data of one kind switch off the other kind's signal (the contrast set, where vocabulary is noise by
-# construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a restatement
-# that found nothing.
+# negated copy), the judge's NO on the whole answer, which can mean either kind, the judge's NO on the sentence
+# with the most unsupported words (whether those words are rewording or invention, which counting cannot tell),
+# and misread records (a yes/no field of a JSON context stated against its value: every word of such a claim is
+# the context's own, so the invented channel cannot see it, and on prose contexts the feature is always 0). Any
+# channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). One regression
+# over all of them let data of one kind switch off the other kind's signal (the contrast set, where vocabulary
+# is noise by construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a
+# restatement that found nothing.
 # The invented and misread channels ask no judge, so `eval --fit` can teach them from many more answers than the
 # judge has read (RAGTruth's Summary and Data2txt fit halves besides QA), and never from a contrast set
 # (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
 # (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the other kinds of changed
-# copy added noise there (those copies still count through `restatement`, which judges each one).
+# copy added noise there (those copies still count through `restatement`, which judges each one), and so did
+# a last logistic over the channels' log-odds in place of the noisy-OR, which the contrast set's strong
+# contradicted channel came to dominate.
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
     "contradicted": ("restatement", "negation_conflict"),
     "judged": ("direct", "factoid_max"),
+    "spotted": ("spotcheck",),
     "misread": ("record_conflicts",),
 }
 UNJUDGED_CHANNELS = ("invented", "misread")  # read no judge's output, so learn from answers no judge has read
@@ -214,6 +223,8 @@ class Combined:
         self.direct = DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
                             if "restatement" in self.weights.features else None)
+        self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model))
+                          if "spotcheck" in self.weights.features else None)
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
                                               verify_models=(settings.model,)))
                          if "factoid_max" in self.weights.features else None)
@@ -225,10 +236,12 @@ class Combined:
         # One after the other: the embedded judge decodes one request at a time anyway.
         direct = None if record else await self.direct.detect(rag, answer)
         restated = await self.restatement.detect(rag, answer) if self.restatement and direct else None
+        spotted = await self.spotcheck.detect(rag, answer) if self.spotcheck and direct else None
         factoids = await self.factoids.detect(rag, answer) if self.factoids and direct else None
         values = (vocabulary_features(grounded.features) if direct is None else
                   features(direct.score, restated.score if restated else None,
-                           [f.score for f in factoids.factoids] if factoids else None, grounded.features))
+                           [f.score for f in factoids.factoids] if factoids else None, grounded.features,
+                           spotted.score if spotted else None))
         score = answer_probability(self.weights, values, grounded.features)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
@@ -238,13 +251,15 @@ class Combined:
         if restated is not None:
             stages |= {f"restatement.{k}": v for k, v in restated.cost.stages.items()}
             judged = judged + [f for f in restated.factoids if f.score > 0]
+        if spotted is not None:
+            stages |= {f"spotcheck.{k}": v for k, v in spotted.cost.stages.items()}
         if factoids is not None:
             stages |= {f"factoids.{k}": v for k, v in factoids.cost.stages.items()}
             judged = factoids.factoids
         unparseable = sum(part.stats.unparseable_verdicts for part in (direct, factoids) if part is not None)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=_implicated(score, judged, grounded.factoids),
+            factoids=_implicated(score, judged, grounded.factoids, spotted.factoids if spotted else []),
             cost=Cost.of(stages, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(judged), unparseable_verdicts=unparseable),
             features=values,
@@ -254,26 +269,32 @@ class Combined:
         )
 
 
-def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid]) -> list[Factoid]:
+def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid],
+                spotted: list[Factoid] = ()) -> list[Factoid]:
     """The parts of the answer to point at, scored on the answer's own scale: what the judge named gets the
     answer's probability, an ungrounded sentence a share of it by how much of its content is unsupported,
-    so that at the threshold a flagged answer highlights the judge's findings and its worst sentences."""
+    so that at the threshold a flagged answer highlights the judge's findings and its worst sentences. The
+    sentence the spot check read gets the probability times the judge's P(NO) for it (`eval --rescore`
+    scores it the same way from the spot check's own outcome)."""
     worst = max((f.score for f in ungrounded), default=0.0)
     top = max((f.score for f in judged), default=0.0)
     return ([f.model_copy(update={"score": probability * (f.score / top if top else 1.0)}) for f in judged]
-            + [f.model_copy(update={"score": probability * f.score / worst}) for f in ungrounded if worst])
+            + [f.model_copy(update={"score": probability * f.score / worst}) for f in ungrounded if worst]
+            + [f.model_copy(update={"score": probability * f.score}) for f in spotted if f.score > 0])
 
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights)
     return {"options": settings.model_dump(exclude={"weights"}), "weights": weights.model_dump(exclude={"fitted_on"}),
-            "factoids": asdict(PROFILES["factoids"]), "logprob_reader": 2, "grounding": GROUNDING_VERSION,
+            "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
+            "logprob_reader": 2, "grounding": GROUNDING_VERSION,
             "alignment": ALIGNMENT_VERSION}
 
 
 register(DetectorSpec(
     name="combined", settings=CombinedSettings, models=lambda settings: [settings.model],
     prompts=lambda settings: ["direct_system", "direct_user", "restatement_system", "restatement_user",
+                              "spotcheck_system", "spotcheck_user",
                               "decompose_system", "decompose_user", "verify_system", "verify_user"],
     fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

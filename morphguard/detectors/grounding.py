@@ -98,7 +98,7 @@ class Grounding:
         self.settings = settings
         self.threshold = threshold
 
-    def _weight(self, words: list[Word], changed: Sequence[Conflict] = ()) -> float:
+    def weight(self, words: list[Word], changed: Sequence[Conflict] = ()) -> float:
         weights = {"number": self.settings.number_weight, "name": self.settings.name_weight, "word": 1.0}
         return (sum(weights[w.kind] for w in words)
                 + self.settings.conflict_weight * sum(c.strength for c in _per_sentence(changed)))
@@ -128,19 +128,19 @@ class Grounding:
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
-        score = self._score(self._weight(missing, changed) + self.settings.conflict_weight * len(misread)
+        score = self._score(self.weight(missing, changed) + self.settings.conflict_weight * len(misread)
                             + self.settings.instruction_weight * bool(planted))
         factoids = []
         for r in reports:
             own = [c for c in changed if c.start == r.start]
             if own:  # a changed copy: the whole sentence is the claim in question
                 factoids.append(Factoid(text=answer[r.start:r.end], start=r.start, end=r.end, label="contradicted",
-                                        score=self._score(self._weight(r.unsupported, own)),
+                                        score=self._score(self.weight(r.unsupported, own)),
                                         evidence=[own[0].evidence]))
             elif r.unsupported and not about_record:  # from its first unsupported word to its last
                 start, end = r.unsupported[0].start, r.unsupported[-1].end
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
-                                        score=self._score(self._weight(r.unsupported))))
+                                        score=self._score(self.weight(r.unsupported))))
         for m in misread:  # the clause that states the field, not just its words
             start, end = clause_around(answer, m.start, m.end)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",

@@ -57,7 +57,8 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         else:
             restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
             factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
-            values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded))
+            spotted = scored["spotcheck"].score or 0.0 if "spotcheck" in parts else None
+            values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded, spotted))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups

@@ -9,6 +9,8 @@ structured record that the new weights score without the judge costs what ground
 grounding's spans. Otherwise the stored spans keep their places, rescaled to the new probability, and where
 grounding now points at a part of the answer no stored span covers (a check added since, such as a record
 field stated against its value), that span joins them, scored as the combined check scores grounding's spans.
+A judge part the weights read but the stored outcome lacks (one added since, such as `spotcheck`) is read from
+that part's own outcome of the same answer, with its spans, calls and time.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from morphguard.eval.datasets import Item
 from morphguard.eval.runner import Outcome, ScoredSpan
 from morphguard.models import RagInput
 
-JUDGED = ("direct", "restatement", "factoid_max")  # the judge parts' scores, as `features` names them
+JUDGED = ("direct", "restatement", "spotcheck", "factoid_max")  # the judge parts' scores, as `features` names them
+# Parts that can join the combined check after a run: read from their own stored outcome of the same answer
+# (`eval --detector spotcheck` on the finished run), the same judge reply a fresh combined run would get.
+OWN_OUTCOME = ("restatement", "spotcheck")
 
 
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
@@ -31,19 +36,26 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     by_id = {i.id: i for i in items}
     current = {o.key for o in stored if o.detector == "combined" and o.fingerprint == fingerprint}
     needed = [f for f in JUDGED if f in weights.features]
+    parts = {(o.item_id, o.repeat, o.detector): o for o in stored if o.detector in OWN_OUTCOME and o.error is None}
     grounding = Grounding(GroundingSettings())
     fresh: dict[tuple[str, int, str], Outcome] = {}
     for old in stored:
         item = by_id.get(old.item_id)
         if (old.detector != "combined" or old.error is not None or old.fingerprint == fingerprint or item is None
-                or old.key in current or any(f not in old.features for f in needed)):
+                or old.key in current):
             continue
+        joined = {p: parts[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME
+                  if p not in old.features and (old.item_id, old.repeat, p) in parts}
+        judge = dict(old.features) | {p: part.score or 0.0 for p, part in joined.items()}
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features
         record = weights.reads_record(grounded)
+        if not record and any(f not in judge for f in needed):
+            continue
         values = (vocabulary_features(grounded) if record else
-                  features(old.features["direct"], old.features.get("restatement"),
-                           [old.features["factoid_max"]] if "factoid_max" in needed else None, grounded))
+                  features(judge["direct"], judge.get("restatement"),
+                           [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
+                           judge.get("spotcheck")))
         score = answer_probability(weights, values, grounded)
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
@@ -53,9 +65,19 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
                and not any(s.start < f.end and f.start < s.end for s in kept)]
         worst = max((f.score for f in measured.factoids), default=0.0)
         added = [ScoredSpan(start=f.start, end=f.end, score=score * f.score / worst) for f in new if worst]
-        # An answer the weights score without the judge costs what grounding costs, as in a fresh run.
+        # A part read from its own outcome points where it pointed, scored as `combined` scores its spans.
+        added += [] if record else [ScoredSpan(start=s.start, end=s.end, score=score * s.score)
+                                    for part in joined.values() for s in part.factoid_spans if s.score > 0]
+        # An answer the weights score without the judge costs what grounding costs, as in a fresh run; one that a
+        # part joined costs that part's calls and time too.
         cost = ({"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "seconds": measured.cost.seconds,
-                 "stage_seconds": {}} if record else {})
+                 "stage_seconds": {}} if record else
+                {"llm_calls": old.llm_calls + sum(p.llm_calls for p in joined.values()),
+                 "input_tokens": old.input_tokens + sum(p.input_tokens for p in joined.values()),
+                 "output_tokens": old.output_tokens + sum(p.output_tokens for p in joined.values()),
+                 "seconds": old.seconds + sum(p.seconds for p in joined.values()),
+                 "stage_seconds": old.stage_seconds | {f"{name}.{stage}": t for name, p in joined.items()
+                                                       for stage, t in p.stage_seconds.items()}})
         fresh[old.key] = old.model_copy(update={
             "score": score, "threshold": threshold, "flagged": score >= threshold, "features": values,
             "fingerprint": fingerprint, "factoid_spans": spans + added,

@@ -18,6 +18,7 @@ def _tag(text: str, tag: str) -> str:
 def stage_of(body: dict[str, Any]) -> str:
     system = body["messages"][0]["content"]
     for marker, stage in (("strict fact checker", "direct"), ("compare two sentences", "restatement"),
+                          ("one sentence of an answer", "spotcheck"),
                           ("atomic factoids", "decompose"),
                           ("paraphrases", "synonym"),
                           ("contradictions", "antonym"), ("reference passages", "verify")):

@@ -39,6 +39,8 @@ def judge(body):
     wrong = any(c in claim and c not in context for c in CITIES)
     if stage == "direct":
         return json.dumps({"verdict": "NO" if wrong else "YES", "unsupported": []})
+    if stage == "spotcheck":
+        return completion("NO" if wrong else "YES")
     return completion(json.dumps({"verdict": "NO" if wrong else "YES"}))
 
 
@@ -62,14 +64,18 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         calls = len(server.requests)
         learned = Weights.model_validate_json(weights.read_text())
         assert learned.fitted_on["items"] == 16 and learned.fitted_on["hallucinated"] == 8
-        # the dataset's other answers teach the channels that need no judge: read, not judged
-        assert learned.fitted_on["items_without_judge"] == 8 and calls == 16 + 8
-        assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement"}  # the shipped parts by default
-        # the swapped city is a name the context lacks, a changed copy and the judge's NO: each raises its channel
-        invented, contradicted, judged = (learned.channels[c] for c in ("invented", "contradicted", "judged"))
+        # the dataset's other answers teach the channels that need no judge: read, not judged. Each judged answer
+        # costs a direct call; the 8 wrong ones a restatement (a changed copy) and a spot check (an unsupported name)
+        assert learned.fitted_on["items_without_judge"] == 8 and calls == 16 + 8 + 8
+        assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement", "spotcheck"}  # shipped parts
+        # the swapped city is a name the context lacks, a changed copy and the judge's NO on the whole answer and on
+        # the sentence: each raises its channel
+        invented, contradicted, judged, spotted = (learned.channels[c]
+                                                   for c in ("invented", "contradicted", "judged", "spotted"))
         assert invented.coef[invented.features.index("unsupported_names")] > 0
         assert contradicted.coef[contradicted.features.index("restatement")] > 0
         assert judged.coef[judged.features.index("direct")] > 0
+        assert spotted.coef[spotted.features.index("spotcheck")] > 0
         checked = run(tmp_path, server.base_url, "--detector", "combined,grounding",
                       config={"combined": {"weights": str(weights)}})
     assert checked.returncode == 0, checked.stderr

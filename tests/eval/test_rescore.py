@@ -39,3 +39,19 @@ def test_grounding_spans_no_stored_span_covers_join_the_stored_ones():
     covered = stored(factoid_spans=[ScoredSpan(start=17, end=24, score=0.1)])
     [again] = rescore([ITEM], [covered], WEIGHTS, "new", threshold=0.3)
     assert [(s.start, s.end) for s in again.factoid_spans] == [(17, 24)]
+
+
+def test_a_part_the_stored_outcome_lacks_is_read_from_its_own_outcome_with_its_spans_and_cost():
+    spotting = Weights(channels={
+        "judged": Channel(features=["direct"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=-2.0),
+        "spotted": Channel(features=["spotcheck"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
+    spot = Outcome(detector="spotcheck", repeat=0, item_id="a", task="QA", hallucinated=True, score=0.9,
+                   fingerprint="s", llm_calls=1, input_tokens=400, seconds=2.5, stage_seconds={"verify": 2.5},
+                   factoid_spans=[ScoredSpan(start=0, end=24, score=0.9)], factoid_scores=[0.9])
+    assert rescore([ITEM], [stored()], spotting, "new", threshold=0.3) == []  # without it: nothing to read
+    [fresh] = rescore([ITEM], [stored(), spot], spotting, "new", threshold=0.3)
+    assert fresh.features["spotcheck"] == 0.9
+    assert (fresh.llm_calls, fresh.input_tokens, fresh.seconds) == (3, 400, 9.5)
+    assert fresh.stage_seconds["spotcheck.verify"] == 2.5
+    whole = [s for s in fresh.factoid_spans if (s.start, s.end) == (0, 24)]
+    assert len(whole) == 1 and abs(whole[0].score - 0.9 * fresh.score) < 1e-9

@@ -1,0 +1,91 @@
+"""Spot check: the judge reads the answer sentence that grounding trusts least, beside the context it is about.
+
+Grounding counts the content words the context never uses. In a faithful answer most of them are
+rewording; in a hallucinated one some are the invention, and counting cannot tell which. A small judge
+asked about a whole answer against a whole context waves most of it through, but it reads one sentence
+beside a few context sentences well enough. So the answer sentences with the most unsupported weight
+(numbers and names weighing more, as in grounding; at most `max_calls`, the worst first) each go to the
+judge with the context cut to the sentences most relevant to it (`focus`). A sentence's score is the
+judge's probability of NO, the answer's the highest. An answer whose content words the context all
+uses costs no call and scores 0, as do sentences that state nothing ("Here is a summary in 60 words:").
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import Field
+
+from morphguard.config import Section
+from morphguard.detectors.focus import focus, statements
+from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
+from morphguard.detectors.grounding import Grounding, GroundingSettings, ungrounded
+from morphguard.detectors.prompts import as_data, numbered, render
+from morphguard.detectors.registry import DetectorSpec, changed_options, register
+from morphguard.detectors.verdicts import verdict_probabilities
+from morphguard.llm.client import LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost, Verdict
+
+
+class SpotCheckSettings(Section):
+    """The `spotcheck` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    max_calls: int = Field(1, ge=1)  # sentences judged per answer, the least grounded first
+    context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
+
+
+class SpotCheck:
+    name = "spotcheck"
+
+    def __init__(self, llm: LLMClient, settings: SpotCheckSettings, threshold: float = 0.5) -> None:
+        self.llm = llm
+        self.settings = settings
+        self.threshold = threshold
+        self.grounding = Grounding(GroundingSettings())
+
+    def worst(self, rag: RagInput, answer: str) -> list[tuple[int, int]]:
+        """The sentences to judge: those with unsupported words that state something, the most unsupported
+        weight first."""
+        candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in ungrounded(answer, rag.passages)
+                      if r.unsupported and statements(answer[r.start:r.end])]
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        return [(start, end) for _, start, end in candidates[: self.settings.max_calls]]
+
+    async def _judge(self, sentence: str, rag: RagInput, stage: StageCost) -> float:
+        passages = numbered(focus([sentence], rag.passages, self.settings.context_budget))
+        messages = [
+            {"role": "system", "content": render("spotcheck_system")},
+            {"role": "user", "content": render("spotcheck_user", passages=passages, sentence=as_data(sentence))},
+        ]
+        reply = await self.llm.complete(messages, model=self.settings.model, max_tokens=2, top_logprobs=5)
+        stage.count(reply)
+        stage.seconds += reply.seconds
+        probabilities = verdict_probabilities(reply.logprobs)
+        if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
+            return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
+        said = reply.text.strip().upper()
+        return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        chosen = self.worst(rag, answer)
+        stage = StageCost()
+        factoids = []
+        for start, end in chosen:  # one after the other: the embedded judge decodes one request at a time
+            score = await self._judge(answer[start:end], rag, stage)
+            factoids.append(Factoid(text=answer[start:end], start=start, end=end, score=score, label="unsupported"))
+        score = max((f.score for f in factoids), default=0.0)
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=factoids, cost=Cost.of({"verify": stage} if chosen else {}, time.perf_counter() - started),
+            stats=DetectionStats(factoids=len(factoids)),
+            settings={"judged": len(chosen)},
+        )
+
+
+register(DetectorSpec(
+    name="spotcheck", settings=SpotCheckSettings, models=lambda settings: [settings.model],
+    prompts=lambda settings: ["spotcheck_system", "spotcheck_user"],
+    fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2, "grounding": GROUNDING_VERSION},
+    build=lambda settings, threshold, llm: SpotCheck(llm, settings, threshold)))

@@ -44,7 +44,7 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
 # `direct` is always a part; the others only when the fit had their outcomes.
 PARTS = ("direct", "restatement", "spotcheck", "metarag:factoids")
-SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # what the shipped weights were fitted with; `eval --fit`'s default
+SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # the shipped weights' parts; `eval --fit`'s default
 # Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
 # tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
 # benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
@@ -270,7 +270,7 @@ class Combined:
 
 
 def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid],
-                spotted: list[Factoid] = ()) -> list[Factoid]:
+                spotted: Sequence[Factoid] = ()) -> list[Factoid]:
     """The parts of the answer to point at, scored on the answer's own scale: what the judge named gets the
     answer's probability, an ungrounded sentence a share of it by how much of its content is unsupported,
     so that at the threshold a flagged answer highlights the judge's findings and its worst sentences. The

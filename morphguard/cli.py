@@ -303,14 +303,15 @@ def _audit_table(rows: list[dict[str, object]]) -> str:
 def render_detection(answer: str, result: Detection, color: bool = False) -> str:
     """The answer with flagged factoids' spans marked, then one row per factoid."""
     open_mark, close_mark = ("\x1b[1;31m", "\x1b[0m") if color else ("[[", "]]")
-    spans = sorted({(f.start, f.end) for f in result.factoids
-                    if f.score >= result.threshold and f.start is not None and f.end is not None})
+    merged: list[list[int]] = []  # overlapping or touching spans become one mark
+    for start, end in sorted({(f.start, f.end) for f in result.factoids
+                              if f.score >= result.threshold and f.start is not None and f.end is not None}):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        elif start < end:
+            merged.append([start, end])
     marked, cursor = [], 0
-    for start, end in spans:
-        if start < cursor:  # overlapping spans: extend the open one
-            start = cursor
-        if start >= end:
-            continue
+    for start, end in merged:
         marked += [answer[cursor:start], open_mark, answer[start:end], close_mark]
         cursor = end
     marked.append(answer[cursor:])

@@ -86,3 +86,14 @@ def test_missing_context_is_a_usage_error(tmp_path):
     done = morphguard("check", "-q", "q", "-a", "a", cwd=tmp_path)
     assert done.returncode == 2
     assert "--context" in done.stderr
+
+
+def test_overlapping_and_touching_spans_are_marked_once():
+    from morphguard.cli import render_detection
+    from morphguard.models import Detection, Factoid
+
+    answer = "Yes, ibuprofen is safe throughout pregnancy. It helps."
+    factoids = [Factoid(text=answer[a:b], start=a, end=b, score=0.6) for a, b in ((0, 43), (0, 44), (18, 33))]
+    shown = render_detection(answer, Detection(detector="combined", score=0.6, threshold=0.3, flagged=True,
+                                               factoids=factoids))
+    assert "[[Yes, ibuprofen is safe throughout pregnancy.]] It helps." in shown

@@ -7,6 +7,7 @@ supported and which parts are not: the cheapest LLM check there is.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -82,7 +83,8 @@ class DirectJudge:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        passages = numbered(focus(statements(answer), rag.passages, self.context_budget))
+        # Pure Python over the whole context (seconds for a hostile multi-megabyte one): off the event loop.
+        passages = numbered(await asyncio.to_thread(focus, statements(answer), rag.passages, self.context_budget))
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),

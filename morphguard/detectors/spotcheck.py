@@ -12,6 +12,7 @@ uses costs no call and scores 0, as do sentences that state nothing ("Here is a 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pydantic import Field
@@ -44,16 +45,16 @@ class SpotCheck:
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
 
-    def worst(self, rag: RagInput, answer: str) -> list[tuple[int, int]]:
-        """The sentences to judge: those with unsupported words that state something, the most unsupported
-        weight first."""
+    def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, str]]:
+        """The sentences to judge, each with the context cut for it: those with unsupported words that state
+        something, the most unsupported weight first."""
         candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in ungrounded(answer, rag.passages)
                       if r.unsupported and statements(answer[r.start:r.end])]
         candidates.sort(key=lambda c: (-c[0], c[1]))
-        return [(start, end) for _, start, end in candidates[: self.settings.max_calls]]
+        return [(start, end, numbered(focus([answer[start:end]], rag.passages, self.settings.context_budget)))
+                for _, start, end in candidates[: self.settings.max_calls]]
 
-    async def _judge(self, sentence: str, rag: RagInput, stage: StageCost) -> float:
-        passages = numbered(focus([sentence], rag.passages, self.settings.context_budget))
+    async def _judge(self, sentence: str, passages: str, stage: StageCost) -> float:
         messages = [
             {"role": "system", "content": render("spotcheck_system")},
             {"role": "user", "content": render("spotcheck_user", passages=passages, sentence=as_data(sentence))},
@@ -69,11 +70,13 @@ class SpotCheck:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        chosen = self.worst(rag, answer)
+        # Pure Python over the whole context, seconds for a hostile multi-megabyte one: off the event loop, so that
+        # one such request cannot stall the proxy's others (as in grounding).
+        chosen = await asyncio.to_thread(self.plan, rag, answer)
         stage = StageCost()
         factoids = []
-        for start, end in chosen:  # one after the other: the embedded judge decodes one request at a time
-            score = await self._judge(answer[start:end], rag, stage)
+        for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time
+            score = await self._judge(answer[start:end], passages, stage)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, score=score, label="unsupported"))
         score = max((f.score for f in factoids), default=0.0)
         return Detection(

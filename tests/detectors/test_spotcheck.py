@@ -67,3 +67,27 @@ def test_a_sentence_cannot_close_the_tag_it_is_read_in(scripted_config):
         result = run(build_detector(scripted_config(server.base_url), name="spotcheck"), answer)
     user = server.requests[0]["messages"][-1]["content"]
     assert user.count("</statement>") == 1 and result.score == 1.0
+
+
+def test_the_work_over_the_context_runs_off_the_event_loop(scripted_config, monkeypatch):
+    """A hostile multi-megabyte context costs seconds of pure Python to read: the proxy's event loop must not
+    wait for it (the spot check's plan and the direct judge's cut of the context both run in a worker thread)."""
+    import threading
+
+    from morphguard.detectors import baselines, spotcheck
+
+    loops = []
+    real_focus = spotcheck.focus
+
+    def watched(*args, **kwargs):
+        loops.append(threading.current_thread() is threading.main_thread())
+        return real_focus(*args, **kwargs)
+
+    monkeypatch.setattr(spotcheck, "focus", watched)
+    monkeypatch.setattr(baselines, "focus", watched)
+    reply = '{"verdict": "NO", "unsupported": []}'
+    with ScriptedLLM(lambda body: completion("NO" if stage_of(body) == "spotcheck" else reply)) as server:
+        config = scripted_config(server.base_url)
+        for name in ("spotcheck", "direct"):
+            run(build_detector(config, name=name), "The bridge was designed by Gustave Eiffel.")
+    assert loops == [False, False]

@@ -98,7 +98,8 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], current: 
     from morphguard.detectors.combined import CombinedSettings, load_weights
 
     weights = load_weights(config.section("combined", CombinedSettings).weights)
-    fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold)
+    fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold,
+                            parts={name: fingerprint(config, name) for name in rescore.OWN_OUTCOME})
     runner.append_outcomes(folder, fresh)
     print(f"rescored {len(fresh)} combined outcomes from their stored judge scores", file=sys.stderr)
 

@@ -15,7 +15,7 @@ that part's own outcome of the same answer, with its spans, calls and time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from morphguard.detectors.combined import Weights, answer_probability, features, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -30,13 +30,16 @@ OWN_OUTCOME = ("restatement", "spotcheck")
 
 
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
-            threshold: float) -> list[Outcome]:
+            threshold: float, parts: Mapping[str, str] | None = None) -> list[Outcome]:
     """New `combined` outcomes for every stored one made under another fingerprint whose judge scores cover
-    what `weights` needs; items that already have a current outcome are left alone."""
+    what `weights` needs; items that already have a current outcome are left alone. `parts`: the current
+    fingerprint of each part in `OWN_OUTCOME`; only its outcomes under that fingerprint are read (none without)."""
     by_id = {i.id: i for i in items}
     current = {o.key for o in stored if o.detector == "combined" and o.fingerprint == fingerprint}
     needed = [f for f in JUDGED if f in weights.features]
-    parts = {(o.item_id, o.repeat, o.detector): o for o in stored if o.detector in OWN_OUTCOME and o.error is None}
+    current_parts = parts or {}
+    own = {(o.item_id, o.repeat, o.detector): o for o in stored
+           if o.detector in OWN_OUTCOME and o.error is None and o.fingerprint == current_parts.get(o.detector)}
     grounding = Grounding(GroundingSettings())
     fresh: dict[tuple[str, int, str], Outcome] = {}
     for old in stored:
@@ -44,8 +47,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         if (old.detector != "combined" or old.error is not None or old.fingerprint == fingerprint or item is None
                 or old.key in current):
             continue
-        joined = {p: parts[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME
-                  if p not in old.features and (old.item_id, old.repeat, p) in parts}
+        joined = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME
+                  if p not in old.features and (old.item_id, old.repeat, p) in own}
         judge = dict(old.features) | {p: part.score or 0.0 for p, part in joined.items()}
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features

@@ -49,7 +49,9 @@ def test_a_part_the_stored_outcome_lacks_is_read_from_its_own_outcome_with_its_s
                    fingerprint="s", llm_calls=1, input_tokens=400, seconds=2.5, stage_seconds={"verify": 2.5},
                    factoid_spans=[ScoredSpan(start=0, end=24, score=0.9)], factoid_scores=[0.9])
     assert rescore([ITEM], [stored()], spotting, "new", threshold=0.3) == []  # without it: nothing to read
-    [fresh] = rescore([ITEM], [stored(), spot], spotting, "new", threshold=0.3)
+    # an outcome of the part under other settings than the current ones is not read either
+    assert rescore([ITEM], [stored(), spot], spotting, "new", threshold=0.3, parts={"spotcheck": "other"}) == []
+    [fresh] = rescore([ITEM], [stored(), spot], spotting, "new", threshold=0.3, parts={"spotcheck": "s"})
     assert fresh.features["spotcheck"] == 0.9
     assert (fresh.llm_calls, fresh.input_tokens, fresh.seconds) == (3, 400, 9.5)
     assert fresh.stage_seconds["spotcheck.verify"] == 2.5

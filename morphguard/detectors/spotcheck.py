@@ -23,9 +23,9 @@ from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings, ungrounded
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
-from morphguard.detectors.verdicts import verdict_probabilities
+from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
-from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost, Verdict
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 
 class SpotCheckSettings(Section):
@@ -59,14 +59,7 @@ class SpotCheck:
             {"role": "system", "content": render("spotcheck_system")},
             {"role": "user", "content": render("spotcheck_user", passages=passages, sentence=as_data(sentence))},
         ]
-        reply = await self.llm.complete(messages, model=self.settings.model, max_tokens=2, top_logprobs=5)
-        stage.count(reply)
-        stage.seconds += reply.seconds
-        probabilities = verdict_probabilities(reply.logprobs)
-        if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
-            return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
-        said = reply.text.strip().upper()
-        return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
+        return await ask_yes_no(self.llm, messages, self.settings.model, stage)
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()

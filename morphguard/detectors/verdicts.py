@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from morphguard.llm.client import TokenChoice
-from morphguard.models import Verdict
+from morphguard.llm.client import LLMClient, TokenChoice
+from morphguard.models import StageCost, Verdict
 
 _LEADING_VERDICT = re.compile(r"^\W*(not\s*sure|not_sure|unsure|yes|no)\b[\s.:,\-–]*(.*)$", re.I | re.S)
 
@@ -81,6 +81,20 @@ def verdict_probabilities(tokens: Sequence[TokenChoice] | None, occurrence: int 
     position = matches[occurrence].end() if matches else len(stream) - len(stream.lstrip())
     choice = _token_at(tokens, position)
     return _distribution(choice) if choice else None
+
+
+async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str | None, stage: StageCost) -> float:
+    """Ask the judge a question it answers with one word, YES or NO, and return its probability of NO against
+    YES: from the log-probabilities where the reply has them, else from the word itself (0.5 when it is
+    neither). The call is counted on `stage`."""
+    reply = await llm.complete(messages, model=model, max_tokens=2, top_logprobs=5)
+    stage.count(reply)
+    stage.seconds += reply.seconds
+    probabilities = verdict_probabilities(reply.logprobs)
+    if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
+        return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
+    said = reply.text.strip().upper()
+    return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
 
 
 def _token_at(tokens: Sequence[TokenChoice], position: int) -> TokenChoice | None:

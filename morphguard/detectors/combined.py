@@ -17,6 +17,7 @@ addresses its checker is raised to at least `INSTRUCTION_FLOOR`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -34,7 +35,7 @@ from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
-from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.llm.client import LLMClient
@@ -233,11 +234,13 @@ class Combined:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
         record = self.weights.reads_record(grounded.features)
-        # One after the other: the embedded judge decodes one request at a time anyway.
-        direct = None if record else await self.direct.detect(rag, answer)
-        restated = await self.restatement.detect(rag, answer) if self.restatement and direct else None
-        spotted = await self.spotcheck.detect(rag, answer) if self.spotcheck and direct else None
-        factoids = await self.factoids.detect(rag, answer) if self.factoids and direct else None
+        # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
+        # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py).
+        async def ask(part: Detector | None) -> Detection | None:  # None: not read by the weights, or a record
+            return None if part is None or record else await part.detect(rag, answer)
+
+        direct, restated, spotted, factoids = await asyncio.gather(
+            ask(self.direct), ask(self.restatement), ask(self.spotcheck), ask(self.factoids))
         values = (vocabulary_features(grounded.features) if direct is None else
                   features(direct.score, restated.score if restated else None,
                            [f.score for f in factoids.factoids] if factoids else None, grounded.features,

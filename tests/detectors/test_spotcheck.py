@@ -91,3 +91,25 @@ def test_the_work_over_the_context_runs_off_the_event_loop(scripted_config, monk
         for name in ("spotcheck", "direct"):
             run(build_detector(config, name=name), "The bridge was designed by Gustave Eiffel.")
     assert loops == [False, False]
+
+
+def test_the_combined_check_asks_its_judge_parts_at_once(scripted_config):
+    """With the shipped weights the combined check asks `direct`, `restatement` and the spot check; an API judge
+    answers them side by side (the embedded judge's client queues them instead)."""
+    from morphguard.detectors.combined import Combined
+
+    def reply(body):
+        stage = stage_of(body)
+        if stage == "direct":
+            return '{"verdict": "NO", "unsupported": []}'
+        return completion("NO")
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    with ScriptedLLM(reply, delay_s=0.5) as server:
+        detector = build_detector(scripted_config(server.base_url), name="combined")
+        assert isinstance(detector, Combined)
+        result = run(detector, answer)
+    stages = sorted(stage_of(r) for r in server.requests)
+    assert stages == ["direct", "restatement", "spotcheck"]
+    assert server.max_in_flight == 3
+    assert result.cost.llm_calls == 3 and result.flagged

@@ -239,8 +239,14 @@ class Combined:
         async def ask(part: Detector | None) -> Detection | None:  # None: not read by the weights, or a record
             return None if part is None or record else await part.detect(rag, answer)
 
-        direct, restated, spotted, factoids = await asyncio.gather(
-            ask(self.direct), ask(self.restatement), ask(self.spotcheck), ask(self.factoids))
+        asking = [asyncio.ensure_future(ask(part)) for part in (self.direct, self.restatement, self.spotcheck,
+                                                                  self.factoids)]
+        try:
+            direct, restated, spotted, factoids = await asyncio.gather(*asking)
+        except BaseException:  # one part failed the check: the others' calls are not waited for
+            for task in asking:
+                task.cancel()
+            raise
         values = (vocabulary_features(grounded.features) if direct is None else
                   features(direct.score, restated.score if restated else None,
                            [f.score for f in factoids.factoids] if factoids else None, grounded.features,

@@ -113,3 +113,17 @@ def test_the_combined_check_asks_its_judge_parts_at_once(scripted_config):
     assert stages == ["direct", "restatement", "spotcheck"]
     assert server.max_in_flight == 3
     assert result.cost.llm_calls == 3 and result.flagged
+
+
+def test_a_part_that_fails_fails_the_check_with_its_own_error(scripted_config):
+    from morphguard.errors import LLMError
+
+    def reply(body):
+        if stage_of(body) == "spotcheck":
+            return 400, {"error": {"message": "bad request", "type": "invalid_request_error"}}
+        return '{"verdict": "NO", "unsupported": []}'
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    with ScriptedLLM(reply) as server:
+        with pytest.raises(LLMError):
+            run(build_detector(scripted_config(server.base_url), name="combined"), answer)

@@ -204,13 +204,9 @@ def check_records(answer: str, passages: list[str]) -> RecordCheck:
     return RecordCheck(len(known), only, _conflicts(answer, passages, known, days, hours))
 
 
-def record_conflicts(answer: str, passages: list[str]) -> list[RecordConflict]:
-    """The answer's statements against the record: at most one per field and sentence."""
-    return check_records(answer, passages).conflicts
-
-
 def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[str], hours: str
                ) -> list[RecordConflict]:
+    """The answer's statements against the record: at most one per field and sentence."""
     if not known and not days:  # a context of prose: nothing to read the answer against
         return []
     # A sentence looks only at the fields whose rarest word (or whole name) it uses.

@@ -1,6 +1,6 @@
 import json
 
-from morphguard.detectors.records import MAX_CHECKS, MAX_FIELDS, MAX_RECORD_CHARS, fields, record_conflicts
+from morphguard.detectors.records import MAX_CHECKS, MAX_FIELDS, MAX_RECORD_CHARS, check_records, fields
 from tests.detectors.test_grounding import check_with
 
 RECORD = json.dumps({
@@ -16,7 +16,7 @@ RECORD = json.dumps({
 
 
 def stated(answer: str) -> list[tuple[str, str]]:
-    return [(c.field.rsplit(".", 1)[-1], answer[c.start:c.end]) for c in record_conflicts(answer, [RECORD])]
+    return [(c.field.rsplit(".", 1)[-1], answer[c.start:c.end]) for c in check_records(answer, [RECORD]).conflicts]
 
 
 def test_field_names_lose_the_prefix_several_share_and_keep_their_words():
@@ -59,22 +59,22 @@ def test_open_every_day_where_the_record_lists_fewer_days():
     assert stated("It is open seven days a week.") == [("hours", "seven days")]
     every = json.dumps({"hours": {day: "9:0-17:0" for day in
                                   ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")}})
-    assert record_conflicts("It is open seven days a week.", [every]) == []
+    assert check_records("It is open seven days a week.", [every]).conflicts == []
 
 
 def test_prose_and_oversized_or_broken_json_are_no_record():
-    assert record_conflicts("It offers outdoor seating.", ["The deli has outdoor seating."]) == []
-    assert record_conflicts("It offers outdoor seating.", ['{"OutdoorSeating": false, ']) == []
+    assert check_records("It offers outdoor seating.", ["The deli has outdoor seating."]).conflicts == []
+    assert check_records("It offers outdoor seating.", ['{"OutdoorSeating": false, ']).conflicts == []
     huge = json.dumps({"OutdoorSeating": False, "pad": "x" * MAX_RECORD_CHARS})
-    assert record_conflicts("It offers outdoor seating.", [huge]) == []
-    assert record_conflicts("It offers outdoor seating.", ["[" * 50_000 + "]" * 50_000]) == []  # past the parser
+    assert check_records("It offers outdoor seating.", [huge]).conflicts == []
+    assert check_records("It offers outdoor seating.", ["[" * 50_000 + "]" * 50_000]).conflicts == []  # past the parser
 
 
 def test_a_hostile_record_and_answer_cost_a_bounded_number_of_looks():
     names = [f"W{i}" for i in range(60)]  # every pair of 60 words a field: each sentence mentions all 1,770
     record = json.dumps({f"{a}{b}": False for a in names for b in names if a < b})
     answer = (" ".join(name.lower() for name in names) + ". ") * 100
-    found = record_conflicts(answer, [record])
+    found = check_records(answer, [record]).conflicts
     assert 0 < len(found) <= MAX_CHECKS
     assert len(fields([json.dumps({f"F{i}x": True for i in range(2 * MAX_FIELDS)})])) == MAX_FIELDS
 

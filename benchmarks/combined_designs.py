@@ -26,6 +26,8 @@ import random
 import statistics
 from pathlib import Path
 
+from morphguard.config import Config
+from morphguard.detectors import fingerprint
 from morphguard.detectors.combined import CHANNELS, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
@@ -52,6 +54,9 @@ def main() -> None:
     parser.add_argument("--judged", default=",".join(JUDGED), help="the fit-half judge runs to read (comma-separated)")
     args = parser.parse_args()
     judged_sets = args.judged.split(",") + list(RECORDS)
+    # A run folder also keeps the outcomes of parts run under other settings (a two-sentence spot check, say):
+    # only those under the defaults, which `eval --fit` reads, count here.
+    current = {part: fingerprint(Config(), part) for part in PARTS}
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
     for dataset in JUDGED + RECORDS:
@@ -66,7 +71,8 @@ def main() -> None:
                          key=lambda f: int(f.name.removeprefix(f"{dataset}-fit-n").split("-")[0]))
             if folder is None:
                 raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
-            values, labels, groups = fit.rows(items, runner.load_outcomes(folder), PARTS)
+            outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
+            values, labels, groups = fit.rows(items, outcomes, PARTS)
             rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
             judged = set(groups)
         if not dataset.startswith("contrast"):

@@ -10,7 +10,10 @@ grounding's spans. Otherwise the stored spans keep their places, rescaled to the
 grounding now points at a part of the answer no stored span covers (a check added since, such as a record
 field stated against its value), that span joins them, scored as the combined check scores grounding's spans.
 A judge part the weights read but the stored outcome lacks (one added since, such as `spotcheck`) is read from
-that part's own outcome of the same answer, with its spans, calls and time.
+that part's own outcome of the same answer, with its spans, calls and time. So is a part run again since under
+new settings (`restatement` after a change to the alignment it asks about): its new score replaces the stored
+one, and those of its spans that no stored span covers join them. Its calls and time are already in the stored
+run's, and stay as they were.
 """
 
 from __future__ import annotations
@@ -47,9 +50,9 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         if (old.detector != "combined" or old.error is not None or old.fingerprint == fingerprint or item is None
                 or old.key in current):
             continue
-        joined = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME
-                  if p not in old.features and (old.item_id, old.repeat, p) in own}
-        judge = dict(old.features) | {p: part.score or 0.0 for p, part in joined.items()}
+        rerun = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME if (old.item_id, old.repeat, p) in own}
+        joined = {p: part for p, part in rerun.items() if p not in old.features}  # new to it: cost and all
+        judge = dict(old.features) | {p: part.score or 0.0 for p, part in rerun.items()}
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features
         record = weights.reads_record(grounded)
@@ -70,7 +73,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         added = [ScoredSpan(start=f.start, end=f.end, score=score * f.score / worst) for f in new if worst]
         # A part read from its own outcome points where it pointed, scored as `combined` scores its spans.
         added += [] if record else [ScoredSpan(start=s.start, end=s.end, score=score * s.score)
-                                    for part in joined.values() for s in part.factoid_spans if s.score > 0]
+                                    for p, part in rerun.items() for s in part.factoid_spans if s.score > 0
+                                    and (p in joined or not any(k.start < s.end and s.start < k.end for k in kept))]
         # An answer the weights score without the judge costs what grounding costs, as in a fresh run; one that a
         # part joined costs that part's calls and time too.
         cost = ({"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "seconds": measured.cost.seconds,

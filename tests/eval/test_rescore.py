@@ -57,3 +57,23 @@ def test_a_part_the_stored_outcome_lacks_is_read_from_its_own_outcome_with_its_s
     assert fresh.stage_seconds["spotcheck.verify"] == 2.5
     whole = [s for s in fresh.factoid_spans if (s.start, s.end) == (0, 24)]
     assert len(whole) == 1 and abs(whole[0].score - 0.9 * fresh.score) < 1e-9
+
+
+def test_a_part_run_again_since_replaces_the_stored_score_and_adds_only_the_spans_not_stored():
+    restating = Weights(channels={
+        "judged": Channel(features=["direct"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=-2.0),
+        "contradicted": Channel(features=["restatement"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
+    again = Outcome(detector="restatement", repeat=0, item_id="a", task="QA", hallucinated=True, score=0.8,
+                    fingerprint="r2", llm_calls=1, seconds=1.5, stage_seconds={"verify": 1.5},
+                    factoid_spans=[ScoredSpan(start=0, end=24, score=0.8)], factoid_scores=[0.8])
+    before = stored(factoid_spans=[ScoredSpan(start=0, end=10, score=0.1)])
+    [kept] = rescore([ITEM], [before, again], restating, "new", threshold=0.3, parts={"restatement": "r1"})
+    assert kept.features["restatement"] == 0.0  # the stored score: no outcome under the current settings
+    [fresh] = rescore([ITEM], [before, again], restating, "new", threshold=0.3, parts={"restatement": "r2"})
+    assert fresh.features["restatement"] == 0.8
+    assert (fresh.llm_calls, fresh.seconds) == (2, 7.0)  # its calls were already counted in the stored run
+    # (0, 24) overlaps a stored span; grounding's "ten" joins as in any rescore
+    assert [(s.start, s.end) for s in fresh.factoid_spans] == [(0, 10), (20, 23)]
+    apart = stored(factoid_spans=[])
+    [fresh] = rescore([ITEM], [apart, again], restating, "new", threshold=0.3, parts={"restatement": "r2"})
+    assert (0, 24) in [(s.start, s.end) for s in fresh.factoid_spans]

@@ -2,8 +2,8 @@
 
 Up to five parts look at the answer: `grounding` (no call: content words the context never uses,
 copied sentences changed where a copy goes wrong, JSON record fields stated against their value,
-instructions to the checker), `direct` (one call: is the whole answer supported?) and, when the weights
-were fitted with them, `restatement` (one short call per changed copy, none for most answers: does the
+instructions to the checker) and, when the weights were fitted with them, `direct` (one call: is the
+whole answer supported?), `restatement` (one short call per changed copy, none for most answers: does the
 copy say what its source says?), `spotcheck` (one short call, none where every content word is the
 context's: does the context state the sentence grounding trusts least?) and the judge's per-factoid check
 (`metarag:factoids`, one call per factoid). They fail on different answers: the words of a negated or
@@ -11,8 +11,9 @@ swapped claim are all in the context, while the small judge waves through invent
 plausible in a whole answer. Their signals become features, and a logistic regression fitted
 on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
 that the answer is hallucinated, so a threshold means the same here as in any other topic. The
-coefficients ship as data (`combined.json`) together with what they were fitted on. An answer that
-addresses its checker is raised to at least `INSTRUCTION_FLOOR`.
+coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
+together with what they were fitted on. An answer that addresses its checker is raised to at least
+`INSTRUCTION_FLOOR`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -43,9 +44,14 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
-# `direct` is always a part; the others only when the fit had their outcomes.
+# A part is asked only when the weights read it, that is when the fit had its outcomes.
 PARTS = ("direct", "restatement", "spotcheck", "metarag:factoids")
 SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # the shipped weights' parts; `eval --fit`'s default
+JUDGE_FEATURES = ("direct", "restatement", "spotcheck", "factoid_max")  # their scores, as `features` names them
+# The shipped weights, by profile (`combined:fast`, or `combined: {profile: fast}` in the config). `fast` was
+# fitted without `direct`, whose whole-context read takes most of a check's time on the embedded judge, on the
+# same answers by the same command with `--detector restatement,spotcheck` (README, "Evaluation").
+WEIGHT_FILES = {"": "combined.json", "fast": "combined_fast.json"}
 # Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
 # tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
 # benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
@@ -53,12 +59,13 @@ DIRECT_CONTEXT_BUDGET = 16_000
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 
-def features(direct: float, restatement: float | None, factoid_scores: Sequence[float] | None,
+def features(direct: float | None, restatement: float | None, factoid_scores: Sequence[float] | None,
              grounding: Mapping[str, float], spotcheck: float | None = None) -> dict[str, float]:
     """The model's inputs, from what the parts said: the same function at fit time and at check time.
-    `restatement`, `factoid_scores` or `spotcheck` None: that part did not run (weights fitted without it never
-    ask for it)."""
-    judged = {"direct": direct}
+    A part None: it did not run (weights fitted without it never ask for it)."""
+    judged = {}
+    if direct is not None:
+        judged["direct"] = direct
     if restatement is not None:
         judged["restatement"] = restatement
     if spotcheck is not None:
@@ -198,19 +205,21 @@ def answer_probability(weights: Weights, values: Mapping[str, float], grounding:
     return 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR) if grounding.get("instruction") else score
 
 
-def load_weights(path: str | None) -> Weights:
+def load_weights(path: str | None, profile: str = "") -> Weights:
+    """A weights file written by `eval --fit`, or (`path` None) the profile's shipped one."""
     if path:
         text = Path(path).read_text(encoding="utf-8")
     else:
-        text = resources.files("morphguard.detectors").joinpath("combined.json").read_text(encoding="utf-8")
+        text = resources.files("morphguard.detectors").joinpath(WEIGHT_FILES[profile]).read_text(encoding="utf-8")
     return Weights.model_validate(json.loads(text))
 
 
 class CombinedSettings(Section):
     """The `combined` config section."""
 
-    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the shipped one
-    model: str | None = None  # the judge's model for both judge parts; None: the judge's default
+    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
+    model: str | None = None  # the judge's model for every judge part; None: the judge's default
+    profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
 
 
 class Combined:
@@ -218,10 +227,11 @@ class Combined:
 
     def __init__(self, llm: LLMClient, settings: CombinedSettings, threshold: float = 0.5) -> None:
         self.llm = llm  # the proxy's readiness probe looks for the judge here
-        self.weights = load_weights(settings.weights)
+        self.weights = load_weights(settings.weights, settings.profile)
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
-        self.direct = DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
+        self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
+                       if "direct" in self.weights.features else None)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
                             if "restatement" in self.weights.features else None)
         self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model))
@@ -247,8 +257,8 @@ class Combined:
             for task in asking:
                 task.cancel()
             raise
-        values = (vocabulary_features(grounded.features) if direct is None else
-                  features(direct.score, restated.score if restated else None,
+        values = (vocabulary_features(grounded.features) if record else
+                  features(direct.score if direct else None, restated.score if restated else None,
                            [f.score for f in factoids.factoids] if factoids else None, grounded.features,
                            spotted.score if spotted else None))
         score = answer_probability(self.weights, values, grounded.features)
@@ -293,15 +303,17 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
-    weights = load_weights(settings.weights)
-    return {"options": settings.model_dump(exclude={"weights"}), "weights": weights.model_dump(exclude={"fitted_on"}),
+    weights = load_weights(settings.weights, settings.profile)
+    return {"options": settings.model_dump(exclude={"weights", "profile"}),
+            "weights": weights.model_dump(exclude={"fitted_on"}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
             "alignment": ALIGNMENT_VERSION}
 
 
 register(DetectorSpec(
-    name="combined", settings=CombinedSettings, models=lambda settings: [settings.model],
+    name="combined", settings=CombinedSettings, profiles=tuple(p for p in WEIGHT_FILES if p),
+    models=lambda settings: [settings.model],
     prompts=lambda settings: ["direct_system", "direct_user", "restatement_system", "restatement_user",
                               "spotcheck_system", "spotcheck_user",
                               "decompose_system", "decompose_user", "verify_system", "verify_user"],

@@ -36,9 +36,9 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
              if n.strip()]
     if args.fit_without_judge and not args.fit:
         raise MorphguardError("--fit-without-judge adds datasets to --fit: give --fit too")
-    if args.fit and "direct" not in names:
-        raise MorphguardError(f"--fit needs the combined check's parts among the detectors: direct, optionally "
-                              f"{', '.join(PARTS[1:])}")
+    if args.fit and not set(PARTS).intersection(names):
+        raise MorphguardError(f"--fit needs one or more of the combined check's judge parts among the detectors: "
+                              f"{', '.join(PARTS)}")
     chosen = [d.strip() for d in args.dataset.split(",") if d.strip()]
     if args.out and len(chosen) > 1:
         raise MorphguardError("--out names one run folder: give one dataset")
@@ -97,7 +97,8 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
 def _rescore(config: Config, folder: Path, items: list[datasets.Item], current: str) -> None:
     from morphguard.detectors.combined import CombinedSettings, load_weights
 
-    weights = load_weights(config.section("combined", CombinedSettings).weights)
+    settings = config.section("combined", CombinedSettings)
+    weights = load_weights(settings.weights, settings.profile)
     fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold,
                             parts={name: fingerprint(config, name) for name in rescore.OWN_OUTCOME})
     runner.append_outcomes(folder, fresh)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from morphguard.detectors.combined import (
     CHANNELS,
+    JUDGE_FEATURES,
     PARTS,
     RECORD_ONLY,
     UNJUDGED_CHANNELS,
@@ -55,10 +56,11 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         if not parts:
             values.append(vocabulary_features(grounded))
         else:
+            direct = scored["direct"].score or 0.0 if "direct" in parts else None
             restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
             factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
             spotted = scored["spotcheck"].score or 0.0 if "spotcheck" in parts else None
-            values.append(features(scored["direct"].score or 0.0, restated, factoids, grounded, spotted))
+            values.append(features(direct, restated, factoids, grounded, spotted))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
     return values, labels, groups
@@ -84,12 +86,12 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others."""
     sources = sources or [""] * len(labels)
     record = [records_apart and row.get("record_fields", 0.0) > 0 for row in values]
-    judged = [i for i, row in enumerate(values) if "direct" in row and not record[i]]
+    judged = [i for i, row in enumerate(values) if any(f in row for f in JUDGE_FEATURES) and not record[i]]
     judged_labels = [labels[i] for i in judged]
     if (min(judged_labels.count(True), judged_labels.count(False)) < 5
             or len({groups[i] for i in judged}) < 2):
         raise MorphguardError("--fit needs at least 5 hallucinated and 5 faithful items, from two sources or more, "
-                              f"scored by every part ({', '.join(PARTS)})"
+                              f"scored by every judge part run (of {', '.join(PARTS)})"
                               + (" and not about a structured record" if any(record) else ""))
 
     teaches = teaches or _teaches
@@ -101,6 +103,8 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     fitted, strengths = {}, {}
     for name, wanted in channels.items():
         names = [f for f in wanted if f in values[judged[0]]]
+        if not names:
+            continue  # a channel of parts that did not run: the weights leave it out, and the check never asks them
         taught = [i for i, row in enumerate(values) if all(f in row for f in names) and teaches(name, sources[i])
                   and reads(name, record[i], records_apart)]
         if name in RECORD_ONLY and len({labels[i] for i in taught}) < 2:

@@ -13,20 +13,27 @@ A judge part the weights read but the stored outcome lacks (one added since, suc
 that part's own outcome of the same answer, with its spans, calls and time. So is a part run again since under
 new settings (`restatement` after a change to the alignment it asks about): its new score replaces the stored
 one, and those of its spans that no stored span covers join them. Its calls and time are already in the stored
-run's, and stay as they were.
+run's, and stay as they were. Weights that leave out a part the stored outcome holds (the `fast` profile has no
+`direct`) cannot be read this way where that part said anything: its spans and time are mixed into the stored
+ones, so such an answer is left for a fresh run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from morphguard.detectors.combined import Weights, answer_probability, features, vocabulary_features
+from morphguard.detectors.combined import (
+    JUDGE_FEATURES,
+    Weights,
+    answer_probability,
+    features,
+    vocabulary_features,
+)
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.eval.datasets import Item
 from morphguard.eval.runner import Outcome, ScoredSpan
 from morphguard.models import RagInput
 
-JUDGED = ("direct", "restatement", "spotcheck", "factoid_max")  # the judge parts' scores, as `features` names them
 # Parts that can join the combined check after a run: read from their own stored outcome of the same answer
 # (`eval --detector spotcheck` on the finished run), the same judge reply a fresh combined run would get.
 OWN_OUTCOME = ("restatement", "spotcheck")
@@ -39,7 +46,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     fingerprint of each part in `OWN_OUTCOME`; only its outcomes under that fingerprint are read (none without)."""
     by_id = {i.id: i for i in items}
     current = {o.key for o in stored if o.detector == "combined" and o.fingerprint == fingerprint}
-    needed = [f for f in JUDGED if f in weights.features]
+    needed = [f for f in JUDGE_FEATURES if f in weights.features]
     current_parts = parts or {}
     own = {(o.item_id, o.repeat, o.detector): o for o in stored
            if o.detector in OWN_OUTCOME and o.error is None and o.fingerprint == current_parts.get(o.detector)}
@@ -56,10 +63,11 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features
         record = weights.reads_record(grounded)
-        if not record and any(f not in judge for f in needed):
+        if not record and (any(f not in judge for f in needed) or
+                           any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
             continue
         values = (vocabulary_features(grounded) if record else
-                  features(judge["direct"], judge.get("restatement"),
+                  features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))
         score = answer_probability(weights, values, grounded)

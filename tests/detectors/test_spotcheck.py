@@ -127,3 +127,21 @@ def test_a_part_that_fails_fails_the_check_with_its_own_error(scripted_config):
     with ScriptedLLM(reply) as server:
         with pytest.raises(LLMError):
             run(build_detector(scripted_config(server.base_url), name="combined"), answer)
+
+
+def test_the_fast_profile_never_asks_for_the_whole_answer_verdict(scripted_config):
+    """`combined:fast` ships weights fitted without `direct`, so the check asks only the short parts."""
+    from morphguard.detectors.combined import Combined
+
+    def reply(body):
+        if stage_of(body) == "direct":
+            return '{"verdict": "NO", "unsupported": []}'
+        return completion("NO")
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    with ScriptedLLM(reply) as server:
+        detector = build_detector(scripted_config(server.base_url), name="combined:fast")
+        assert isinstance(detector, Combined) and "direct" not in detector.weights.features
+        result = run(detector, answer)
+    assert sorted(stage_of(r) for r in server.requests) == ["restatement", "spotcheck"]
+    assert "direct" not in result.features and result.flagged

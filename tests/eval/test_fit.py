@@ -89,7 +89,7 @@ def test_a_fit_without_the_parts_is_refused_with_a_reason(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
                               "--fit", str(tmp_path / "w.json"), "--detector", "grounding"],
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert refused.returncode == 2 and "--fit needs the combined check's parts" in refused.stderr
+    assert refused.returncode == 2 and "--fit needs one or more of the combined check's judge parts" in refused.stderr
 
 
 def test_answers_no_judge_read_teach_only_the_channel_that_needs_none_and_contrast_sets_never_teach_it():
@@ -157,6 +157,21 @@ def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_on
     assert checked.returncode == 0, checked.stderr
     assert "factoid_max" not in Weights.model_validate_json(weights.read_text()).features
     assert calls == len(RECORDS)  # one direct call per answer, nothing else
+
+
+def test_weights_fitted_without_direct_make_the_combined_check_skip_it(tmp_path):
+    weights = tmp_path / "weights.json"
+    with ScriptedLLM(judge) as server:
+        fitted = run(tmp_path, server.base_url, "--fit", str(weights), "--detector", "restatement,spotcheck")
+        assert fitted.returncode == 0, fitted.stderr
+        before = len(server.requests)
+        checked = run(tmp_path, server.base_url, "--detector", "combined",
+                      config={"combined": {"weights": str(weights)}})
+        stages = {stage_of(r) for r in server.requests[before:]}
+    assert checked.returncode == 0, checked.stderr
+    learned = Weights.model_validate_json(weights.read_text())
+    assert "direct" not in learned.features and {"restatement", "spotcheck"} <= learned.features
+    assert "direct" not in stages and stages  # the short parts were asked, the whole-answer verdict never
 
 
 CAFES = [  # answers about a structured record: wrong where they state a field against its value

@@ -77,3 +77,9 @@ def test_a_part_run_again_since_replaces_the_stored_score_and_adds_only_the_span
     apart = stored(factoid_spans=[])
     [fresh] = rescore([ITEM], [apart, again], restating, "new", threshold=0.3, parts={"restatement": "r2"})
     assert (0, 24) in [(s.start, s.end) for s in fresh.factoid_spans]
+
+
+def test_weights_without_a_part_the_stored_outcome_holds_leave_it_for_a_fresh_run():
+    without_direct = Weights(channels={
+        "contradicted": Channel(features=["restatement"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
+    assert rescore([ITEM], [stored()], without_direct, "new", threshold=0.3) == []  # direct's spans, direct's time

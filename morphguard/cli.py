@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     answer.add_argument("--answer-file", type=Path)
     check.add_argument("--json", action="store_true", help="print the Detection as JSON")
     check.add_argument("--detector", default=None,
-                       help="metarag[:paper|:embedded], claims, hierarchical, direct or length (default: the config's)")
+                       help="combined[:fast], grounding, direct, restatement, spotcheck, metarag[:PROFILE], claims, "
+                            "hierarchical or length (default: the config's)")
     _config_option(check)
     check.set_defaults(run=_check)
 

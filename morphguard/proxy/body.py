@@ -117,8 +117,9 @@ def _check_ours(ours: Any) -> None:
     if not isinstance(ours, dict):
         raise bad_request(f"'{OUR_FIELD}' must be an object.", OUR_FIELD)
     if ours.get("detector") is not None and not (isinstance(ours["detector"], str) and is_known(ours["detector"])):
-        raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(SPECS))} "
-                          f"(or metarag:PROFILE).", f"{OUR_FIELD}.detector")
+        profiles = ", ".join(f"{name}:{p}" for name in sorted(SPECS) for p in SPECS[name].profiles)
+        raise bad_request(f"'{OUR_FIELD}.detector' must be one of: {', '.join(sorted(SPECS))}, {profiles}.",
+                          f"{OUR_FIELD}.detector")
     for key in ("topic", "policy"):
         if ours.get(key) is not None and not isinstance(ours[key], str):
             raise bad_request(f"'{OUR_FIELD}.{key}' must be a string.", f"{OUR_FIELD}.{key}")

@@ -73,8 +73,8 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
     evaluate.add_argument("--dataset", "-d", required=True,
-                          help="comma-separated: ragtruth, contrast (each also -qa|-summary|-data2txt), halueval, "
-                               "faithbench or jsonl:PATH")
+                          help="comma-separated: ragtruth, contrast, contrast-short (each also "
+                               "-qa|-summary|-data2txt), halueval, faithbench, reviews or jsonl:PATH")
     evaluate.add_argument("--detector", default=None,
                           help="comma-separated detector names, e.g. combined,grounding,length or metarag:paper "
                                "(default: combined,grounding,length; with --fit: the combined check's parts)")

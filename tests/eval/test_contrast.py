@@ -3,6 +3,7 @@ from collections import Counter
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
+from morphguard.detectors.spans import sentences
 from morphguard.eval import contrast, datasets, metrics
 from morphguard.eval.datasets import Item
 from morphguard.models import RagInput
@@ -46,3 +47,31 @@ def test_vocabulary_alone_cannot_tell_the_pairs_apart():
     labels = [i.hallucinated for i in items]
     assert abs(metrics.auroc(labels, [f["unsupported"] for f in found]) - 0.5) < 0.05
     assert abs(metrics.auroc(labels, [len(i.answer) for i in items]) - 0.5) < 0.1
+
+
+def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
+    item = faithful("Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28.",
+                    "Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28. "
+                    "Paracetamol is preferred for pain relief during pregnancy.")
+    pairs = {}
+    for kind in ("negation", "qualifier", "added"):
+        edit = contrast._EDITS[kind](item, 0)
+        pairs[kind] = contrast._shorten(item, kind, *edit, instruction="")
+    assert pairs["qualifier"][:2] == ("It is avoided in the third trimester, usually after week 28.",
+                                      "It is avoided in the third trimester, after week 28.")
+    assert pairs["added"][:2] == ("Paracetamol is preferred for pain relief during pregnancy.",
+                                  "Paracetamol is not preferred for pain relief during pregnancy.")
+    for _, edited, span in pairs.values():
+        assert edited[span.start:span.end] == edited
+    # The set itself: the same pairs and halves as the long form, each answer a single sentence.
+    short = datasets.load("contrast-short-qa")
+    long = datasets.load("contrast-qa")
+    assert [i.id.replace("contrast-short/", "contrast/") for i in short] == [i.id for i in long]
+    assert [datasets.half_of(i) for i in short] == [datasets.half_of(i) for i in long]
+    def unaddressed(answer: str) -> str:  # the answer without the instruction to the checker, if it has one
+        return next((answer.removesuffix(t) for t in contrast._INSTRUCTIONS if answer.endswith(t)), answer)
+
+    assert all(len(sentences(unaddressed(i.answer))) == 1 for i in short)
+    assert sum(len(i.answer) for i in short) < sum(len(i.answer) for i in long) / 3
+    labels = [i.hallucinated for i in short]
+    assert abs(metrics.auroc(labels, [len(i.answer) for i in short]) - 0.5) < 0.1

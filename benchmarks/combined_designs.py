@@ -4,6 +4,7 @@ Reads the judge parts' stored outcomes of finished fit-half runs (nothing calls 
 
     morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement,spotcheck
     morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement,spotcheck
+    morphguard eval -d contrast-short-qa --half fit --detector direct,restatement,spotcheck
     python benchmarks/combined_designs.py [--shuffles 3] [--judged ragtruth-qa,contrast-qa]
 
 Every design reads answers about structured records (RAGTruth's Data2txt) without the judge, so all of the
@@ -13,7 +14,8 @@ Each design is fitted with `eval/fit.fit` on four fifths of the sources and scor
 (folds of whole RAGTruth sources, so both answers of a contrast pair and all six models' answers to one
 source stay together), over several shuffles of the folds; the table gives the mean AUROC per judged set and
 its spread over the shuffles. The RAGTruth fit answers no judge has read join the training folds and teach
-the channels that need no judge. Then, for the policy thresholds, the shipped weights' precision and recall
+the channels that need no judge; the short contrast pairs (`HELD_OUT`) are scored and never taught, as the
+shipped weights never saw them. Then, for the policy thresholds, the shipped weights' precision and recall
 at each τ on the judged fit-half answers (pooled, and recall per set). Writes
 benchmarks/results/combined_designs.json.
 """
@@ -33,6 +35,10 @@ from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
 JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary")  # those with a fit-half judge run
+# Scored in every fold and taught in none, as the shipped weights never saw it: contrast-qa's pairs cut to the
+# sentence each edit changed, the form of the hidden short contradiction cases. Its pairs share their sources
+# with contrast-qa's, so they fall in the same folds, and a fold never scores an answer whose long twin it learnt.
+HELD_OUT = ("contrast-short-qa",)
 RECORDS = ("ragtruth-data2txt",)  # answers about records: scored without the judge by every design here
 PARTS = ("direct", "restatement", "spotcheck")
 SESSION_11 = {name: features for name, features in CHANNELS.items() if name != "spotted"}
@@ -51,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shuffles", type=int, default=3)
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
-    parser.add_argument("--judged", default=",".join(JUDGED), help="the fit-half judge runs to read (comma-separated)")
+    parser.add_argument("--judged", default=",".join(JUDGED + HELD_OUT),
+                        help="the fit-half judge runs to read (comma-separated)")
     args = parser.parse_args()
     judged_sets = args.judged.split(",") + list(RECORDS)
     # A run folder also keeps the outcomes of parts run under other settings (a two-sentence spot check, say):
@@ -59,7 +66,9 @@ def main() -> None:
     current = {part: fingerprint(Config(), part) for part in PARTS}
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
-    for dataset in JUDGED + RECORDS:
+    for dataset in JUDGED + HELD_OUT + RECORDS:
+        if dataset in HELD_OUT and dataset not in judged_sets:
+            continue
         items = datasets.load_half(dataset, "fit")
         judged: set[str] = set()
         if dataset in RECORDS:
@@ -89,7 +98,7 @@ def main() -> None:
         for name, channels in DESIGNS.items():
             scores: dict[int, float] = {}
             for k in range(5):
-                train = [r for r in rows + extra if fold[r[2]] != k]
+                train = [r for r in rows + extra if fold[r[2]] != k and r[3] not in HELD_OUT]
                 weights = fit.fit([r[0] for r in train], [r[1] for r in train], [r[2] for r in train], {},
                                   [r[3] for r in train], channels=channels)
                 scores |= {n: weights.probability(r[0], weights.reads_record(r[0]))

@@ -8,7 +8,8 @@ gets one such edit (the kind rotates by item; the next kind is tried where one d
 pair is kept together, so length and vocabulary tell the two apart at chance by construction.
 
 Deterministic: the same data gives the same set, no randomness and no model. The edited sentence is the
-gold span. Pairs keep their RAGTruth source as group, so `half_of` puts both on the same side.
+gold span. Pairs keep their RAGTruth source as group, so `half_of` puts both on the same side. The short form
+(`contrast-short`) cuts each pair to the sentence the edit changed, as the hidden hand-written cases are short.
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ def _shorten(item: Item, kind: str, edited: str, span: Span, instruction: str) -
     An added sentence has no such twin: its faithful twin is the context sentence it twists, as written. A list
     marker opening the sentence is dropped; an instruction stays appended to both."""
     if kind == "added":
-        original, changed = _twisted(item) or ("", edited[span.start:span.end])
+        twisted = _twisted(item)
+        assert twisted is not None  # the edit was made from it
+        original, changed = twisted
     else:
         body = edited.removesuffix(instruction).rstrip()
         start, end = _sentence_of(item.answer, span.start)

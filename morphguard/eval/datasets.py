@@ -64,8 +64,8 @@ def default_data_dir() -> Path:
 
 def load(name: str, data_dir: Path | None = None, config: Config | None = None) -> list[Item]:
     """`ragtruth`, `ragtruth-qa|summary|data2txt`, the same for `contrast` and `contrast-short` (eval/contrast.py),
-    `halueval`,
-    `faithbench`, `reviews` (the review console's judgements, from the config's audit store) or `jsonl:PATH`."""
+    `halueval`, `faithbench`, `reviews` (the review console's judgements, from the config's audit store) or
+    `jsonl:PATH`."""
     data_dir = data_dir or default_data_dir()
     if name == "reviews":
         return load_reviews(config or Config())

@@ -49,6 +49,11 @@ def test_vocabulary_alone_cannot_tell_the_pairs_apart():
     assert abs(metrics.auroc(labels, [len(i.answer) for i in items]) - 0.5) < 0.1
 
 
+def unaddressed(answer: str) -> str:
+    """The answer without the instruction to the checker that the instruction pairs append."""
+    return next((answer.removesuffix(t) for t in contrast._INSTRUCTIONS if answer.endswith(t)), answer)
+
+
 def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
     item = faithful("Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28.",
                     "Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28. "
@@ -68,9 +73,6 @@ def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
     long = datasets.load("contrast-qa")
     assert [i.id.replace("contrast-short/", "contrast/") for i in short] == [i.id for i in long]
     assert [datasets.half_of(i) for i in short] == [datasets.half_of(i) for i in long]
-    def unaddressed(answer: str) -> str:  # the answer without the instruction to the checker, if it has one
-        return next((answer.removesuffix(t) for t in contrast._INSTRUCTIONS if answer.endswith(t)), answer)
-
     assert all(len(sentences(unaddressed(i.answer))) == 1 for i in short)
     assert sum(len(i.answer) for i in short) < sum(len(i.answer) for i in long) / 3
     labels = [i.hallucinated for i in short]

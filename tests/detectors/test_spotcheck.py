@@ -6,6 +6,7 @@ import math
 import pytest
 
 from morphguard.detectors import build_detector
+from morphguard.detectors.combined import Combined
 from morphguard.models import RagInput
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -131,7 +132,6 @@ def test_a_part_that_fails_fails_the_check_with_its_own_error(scripted_config):
 
 def test_the_fast_profile_never_asks_for_the_whole_answer_verdict(scripted_config):
     """`combined:fast` ships weights fitted without `direct`, so the check asks only the short parts."""
-    from morphguard.detectors.combined import Combined
 
     def reply(body):
         if stage_of(body) == "direct":

@@ -2,13 +2,10 @@
 
 Reads the judge parts' stored outcomes of finished fit-half runs (nothing calls the judge):
 
-    morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement,spotcheck:after-direct
-    morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement,spotcheck:after-direct
-    morphguard eval -d contrast-short-qa --half fit --detector direct,restatement,spotcheck:after-direct
-    python benchmarks/combined_designs.py [--shuffles 3] [--judged ragtruth-qa,contrast-qa] [--spotcheck spotcheck]
-
-(`--spotcheck spotcheck` reads the spot check asked with its own excerpt, which the default read until session 15,
-from runs with `--detector ...,spotcheck`.)
+    morphguard eval -d ragtruth-qa,contrast-qa --half fit --detector direct,restatement,spotcheck
+    morphguard eval -d ragtruth-summary --half fit --limit 100 --detector direct,restatement,spotcheck
+    morphguard eval -d contrast-short-qa --half fit --detector direct,restatement,spotcheck
+    python benchmarks/combined_designs.py [--shuffles 3] [--judged ragtruth-qa,contrast-qa]
 
 Every design reads answers about structured records (RAGTruth's Data2txt) without the judge, so all of the
 Data2txt fit half is scored in the folds, and none of it needs a judge run.
@@ -33,7 +30,7 @@ from pathlib import Path
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CHANNELS, SHIPPED_PARTS, SPOT_CHECKS, load_weights
+from morphguard.detectors.combined import CHANNELS, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +40,7 @@ JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary")  # those with a fit-
 # with contrast-qa's, so they fall in the same folds, and a fold never scores an answer whose long twin it learnt.
 HELD_OUT = ("contrast-short-qa",)
 RECORDS = ("ragtruth-data2txt",)  # answers about records: scored without the judge by every design here
+PARTS = ("direct", "restatement", "spotcheck")
 SESSION_11 = {name: features for name, features in CHANNELS.items() if name != "spotted"}
 DESIGNS = {  # name: channels
     "session 11: invented, contradicted, judged, misread": SESSION_11,
@@ -61,14 +59,11 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/eval"))
     parser.add_argument("--judged", default=",".join(JUDGED + HELD_OUT),
                         help="the fit-half judge runs to read (comma-separated)")
-    parser.add_argument("--spotcheck", choices=SPOT_CHECKS, default=next(p for p in SHIPPED_PARTS if p in SPOT_CHECKS),
-                        help="which form of the spot check's outcomes to read")
     args = parser.parse_args()
-    parts = ("direct", "restatement", args.spotcheck)
     judged_sets = args.judged.split(",") + list(RECORDS)
     # A run folder also keeps the outcomes of parts run under other settings (a two-sentence spot check, say):
     # only those under the defaults, which `eval --fit` reads, count here.
-    current = {part: fingerprint(Config(), part) for part in parts}
+    current = {part: fingerprint(Config(), part) for part in PARTS}
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
     for dataset in JUDGED + HELD_OUT + RECORDS:
@@ -86,7 +81,7 @@ def main() -> None:
             if folder is None:
                 raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
             outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
-            values, labels, groups = fit.rows(items, outcomes, parts)
+            values, labels, groups = fit.rows(items, outcomes, PARTS)
             rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
             judged = set(groups)
         if not dataset.startswith("contrast"):

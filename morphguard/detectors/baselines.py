@@ -64,24 +64,6 @@ class DirectSettings(Section):
     context_budget: int = Field(0, ge=0)  # characters of context sent, the most relevant first; 0: all of it
 
 
-# Characters of context the combined check's direct part reads (the sentences most relevant to the answer first):
-# about 4,000 tokens, half the embedded judge's window, so that a long context is cut rather than the check failing.
-# Every benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
-DIRECT_CONTEXT_BUDGET = 16_000
-
-
-def direct_opening(rag: RagInput, answer: str, context_budget: int) -> list[dict[str, str]]:
-    """The direct judge's messages: its instructions, then the passages (the sentences most relevant to the answer
-    first, within `context_budget` characters; 0: all), the question and the answer. The spot check asks its own
-    question after this same opening (spotcheck.py), so that a judge with a prompt cache reads the passages once."""
-    passages = numbered(focus(statements(answer), rag.passages, context_budget))
-    return [
-        {"role": "system", "content": render("direct_system")},
-        {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),
-                                           answer=as_data(answer))},
-    ]
-
-
 class DirectJudge:
     """One call: is every statement of the answer supported by the passages, and which parts are not?
 
@@ -102,7 +84,12 @@ class DirectJudge:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Pure Python over the whole context (seconds for a hostile multi-megabyte one): off the event loop.
-        messages = await asyncio.to_thread(direct_opening, rag, answer, self.context_budget)
+        passages = numbered(await asyncio.to_thread(focus, statements(answer), rag.passages, self.context_budget))
+        messages = [
+            {"role": "system", "content": render("direct_system")},
+            {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),
+                                               answer=as_data(answer))},
+        ]
         schema: dict[str, Any] = {
             "type": "object",
             "properties": {"verdict": {"type": "string", "enum": ["YES", "NO"]},

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.baselines import DIRECT_CONTEXT_BUDGET, DirectJudge
+from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
@@ -45,14 +45,17 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
 # which costs nothing, is recomputed from the item itself, so its features are always the current ones).
 # A part is asked only when the weights read it, that is when the fit had its outcomes.
-PARTS = ("direct", "restatement", "spotcheck", "spotcheck:after-direct", "metarag:factoids")
-SHIPPED_PARTS = ("direct", "restatement", "spotcheck:after-direct")  # the default weights' parts, `eval --fit`'s
-SPOT_CHECKS = ("spotcheck", "spotcheck:after-direct")  # the spot check's two forms, read as one feature
+PARTS = ("direct", "restatement", "spotcheck", "metarag:factoids")
+SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # the shipped weights' parts; `eval --fit`'s default
 JUDGE_FEATURES = ("direct", "restatement", "spotcheck", "factoid_max")  # their scores, as `features` names them
 # The shipped weights, by profile (`combined:fast`, or `combined: {profile: fast}` in the config). `fast` was
 # fitted without `direct`, whose whole-context read takes most of a check's time on the embedded judge, on the
 # same answers by the same command with `--detector restatement,spotcheck` (README, "Evaluation").
 WEIGHT_FILES = {"": "combined.json", "fast": "combined_fast.json"}
+# Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
+# tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
+# benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
+DIRECT_CONTEXT_BUDGET = 16_000
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 
 
@@ -163,9 +166,6 @@ class Weights(BaseModel):
     # scored by the channels that need no judge, with a calibration of their own, and the judge is not asked.
     # None: every answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
-    # Which form of the spot check the `spotted` channel learned from (spotcheck.py): "" with its own excerpt,
-    # "after-direct" after the direct judge's opening. The check asks the same form.
-    spotcheck: Literal["", "after-direct"] = ""
     fitted_on: dict[str, Any] = {}
 
     @property
@@ -234,7 +234,7 @@ class Combined:
                        if "direct" in self.weights.features else None)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
                             if "restatement" in self.weights.features else None)
-        self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model, profile=self.weights.spotcheck))
+        self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model))
                           if "spotcheck" in self.weights.features else None)
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
                                               verify_models=(settings.model,)))
@@ -244,8 +244,19 @@ class Combined:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
         record = self.weights.reads_record(grounded.features)
-        said = await self._ask_parts(rag, answer, record)
-        direct, restated, spotted, factoids = said["direct"], said["restatement"], said["spotcheck"], said["factoids"]
+        # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
+        # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py).
+        async def ask(part: Detector | None) -> Detection | None:  # None: not read by the weights, or a record
+            return None if part is None or record else await part.detect(rag, answer)
+
+        asking = [asyncio.ensure_future(ask(part)) for part in (self.direct, self.restatement, self.spotcheck,
+                                                                  self.factoids)]
+        try:
+            direct, restated, spotted, factoids = await asyncio.gather(*asking)
+        except BaseException:  # one part failed the check: the others' calls are not waited for
+            for task in asking:
+                task.cancel()
+            raise
         values = (vocabulary_features(grounded.features) if record else
                   features(direct.score if direct else None, restated.score if restated else None,
                            [f.score for f in factoids.factoids] if factoids else None, grounded.features,
@@ -277,29 +288,6 @@ class Combined:
         )
 
 
-    async def _ask_parts(self, rag: RagInput, answer: str, record: bool) -> dict[str, Detection | None]:
-        """What each judge part said, by name (None: not read by the weights, or an answer about a record)."""
-        names = ("restatement", "direct", "spotcheck", "factoids")
-
-        async def ask(name: str) -> Detection | None:
-            part: Detector | None = getattr(self, name)
-            return None if part is None or record else await part.detect(rag, answer)
-
-        if self.llm.concurrency <= 1:
-            # A judge that answers one call at a time (the embedded one) gains nothing from being asked at once, and
-            # the order decides what its prompt cache holds: the spot check comes straight after direct, whose
-            # opening it shares, and reads only its own question.
-            return {name: await ask(name) for name in names}
-        # At once: an API judge answers side by side, so a check waits for its slowest part, not for all in turn.
-        asking = [asyncio.ensure_future(ask(name)) for name in names]
-        try:
-            return dict(zip(names, await asyncio.gather(*asking), strict=True))
-        except BaseException:  # one part failed the check: the others' calls are not waited for
-            for task in asking:
-                task.cancel()
-            raise
-
-
 def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid],
                 spotted: Sequence[Factoid] = ()) -> list[Factoid]:
     """The parts of the answer to point at, scored on the answer's own scale: what the judge named gets the
@@ -314,20 +302,11 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
             + [f.model_copy(update={"score": probability * f.score}) for f in spotted if f.score > 0])
 
 
-def _prompts(settings: CombinedSettings) -> list[str]:
-    spot = (["spotcheck_followup"] if load_weights(settings.weights, settings.profile).spotcheck == "after-direct"
-            else ["spotcheck_system", "spotcheck_user"])
-    return ["direct_system", "direct_user", "restatement_system", "restatement_user", *spot,
-            "decompose_system", "decompose_user", "verify_system", "verify_user"]
-
-
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights, settings.profile)
     return {"options": settings.model_dump(exclude={"weights", "profile"}),
-            # weights fitted before the spot check had two forms keep their results
-            "weights": weights.model_dump(exclude={"fitted_on"} | ({"spotcheck"} if not weights.spotcheck else set())),
-            "factoids": asdict(PROFILES["factoids"]),
-            "spotcheck": SpotCheckSettings().model_dump(exclude={"model", "profile"}),
+            "weights": weights.model_dump(exclude={"fitted_on"}),
+            "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
             "alignment": ALIGNMENT_VERSION}
 
@@ -335,6 +314,8 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
 register(DetectorSpec(
     name="combined", settings=CombinedSettings, profiles=tuple(p for p in WEIGHT_FILES if p),
     models=lambda settings: [settings.model],
-    prompts=_prompts,
+    prompts=lambda settings: ["direct_system", "direct_user", "restatement_system", "restatement_user",
+                              "spotcheck_system", "spotcheck_user",
+                              "decompose_system", "decompose_user", "verify_system", "verify_user"],
     fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

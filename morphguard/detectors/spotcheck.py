@@ -8,24 +8,16 @@ beside a few context sentences well enough. So the answer sentences with the mos
 judge with the context cut to the sentences most relevant to it (`focus`). A sentence's score is the
 judge's probability of NO, the answer's the highest. An answer whose content words the context all
 uses costs no call and scores 0, as do sentences that state nothing ("Here is a summary in 60 words:").
-
-The `after-direct` profile (`spotcheck:after-direct`, the default combined check's spot check) asks the same
-question after the direct judge's opening instead: its instructions, the whole context, the question and the
-answer (baselines.direct_opening), then the sentence. Alone it reads the whole context; straight after `direct`
-the judge's prompt cache (llama.cpp's) still holds that opening, and it reads only its own question: on the
-embedded judge about 1 s instead of 4 (benchmarks/shared_prefix.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal
 
 from pydantic import Field
 
 from morphguard.config import Section
-from morphguard.detectors.baselines import DIRECT_CONTEXT_BUDGET, direct_opening
 from morphguard.detectors.focus import focus, statements
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings, ungrounded
@@ -41,9 +33,7 @@ class SpotCheckSettings(Section):
 
     model: str | None = None  # None: the judge's default model
     max_calls: int = Field(1, ge=1)  # sentences judged per answer, the least grounded first
-    context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence (not after-direct)
-    # "after-direct": asked after the direct judge's opening, with the context it reads (the module's docstring)
-    profile: Literal["", "after-direct"] = ""
+    context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
 
 
 class SpotCheck:
@@ -55,25 +45,21 @@ class SpotCheck:
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
 
-    def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, list[dict[str, str]]]]:
-        """The sentences to judge, each with the messages that ask about it: those with unsupported words that
-        state something, the most unsupported weight first."""
+    def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, str]]:
+        """The sentences to judge, each with the context cut for it: those with unsupported words that state
+        something, the most unsupported weight first."""
         candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in ungrounded(answer, rag.passages)
                       if r.unsupported and statements(answer[r.start:r.end])]
         candidates.sort(key=lambda c: (-c[0], c[1]))
-        return [(start, end, self._messages(rag, answer, answer[start:end]))
+        return [(start, end, numbered(focus([answer[start:end]], rag.passages, self.settings.context_budget)))
                 for _, start, end in candidates[: self.settings.max_calls]]
 
-    def _messages(self, rag: RagInput, answer: str, sentence: str) -> list[dict[str, str]]:
-        if self.settings.profile == "after-direct":
-            messages = direct_opening(rag, answer, DIRECT_CONTEXT_BUDGET)
-            messages[-1]["content"] += "\n\n" + render("spotcheck_followup", sentence=as_data(sentence))
-            return messages
-        passages = numbered(focus([sentence], rag.passages, self.settings.context_budget))
-        return [
+    async def _judge(self, sentence: str, passages: str, stage: StageCost) -> float:
+        messages = [
             {"role": "system", "content": render("spotcheck_system")},
             {"role": "user", "content": render("spotcheck_user", passages=passages, sentence=as_data(sentence))},
         ]
+        return await ask_yes_no(self.llm, messages, self.settings.model, stage)
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -82,10 +68,8 @@ class SpotCheck:
         chosen = await asyncio.to_thread(self.plan, rag, answer)
         stage = StageCost()
         factoids = []
-        for start, end, messages in chosen:  # one after the other: the embedded judge decodes one request at a time
-            # after-direct: under the direct judge's instructions, which ask for JSON
-            score = await ask_yes_no(self.llm, messages, self.settings.model, stage,
-                                     as_json=self.settings.profile == "after-direct")
+        for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time
+            score = await self._judge(answer[start:end], passages, stage)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, score=score, label="unsupported"))
         score = max((f.score for f in factoids), default=0.0)
         return Detection(
@@ -96,14 +80,8 @@ class SpotCheck:
         )
 
 
-def _prompts(settings: SpotCheckSettings) -> list[str]:
-    if settings.profile == "after-direct":
-        return ["direct_system", "direct_user", "spotcheck_followup"]
-    return ["spotcheck_system", "spotcheck_user"]
-
-
 register(DetectorSpec(
     name="spotcheck", settings=SpotCheckSettings, models=lambda settings: [settings.model],
-    prompts=_prompts, profiles=("after-direct",),
+    prompts=lambda settings: ["spotcheck_system", "spotcheck_user"],
     fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2, "grounding": GROUNDING_VERSION},
     build=lambda settings, threshold, llm: SpotCheck(llm, settings, threshold)))

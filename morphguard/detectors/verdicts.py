@@ -83,25 +83,16 @@ def verdict_probabilities(tokens: Sequence[TokenChoice] | None, occurrence: int 
     return _distribution(choice) if choice else None
 
 
-# A reply holding nothing but the verdict, for a yes/no question asked under instructions that ask for JSON.
-_VERDICT_ONLY = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["YES", "NO"]}},
-                 "required": ["verdict"]}
-
-
-async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str | None, stage: StageCost,
-                     as_json: bool = False) -> float:
-    """Ask the judge a question it answers with one word, YES or NO (`as_json`: with `{"verdict": ...}`), and
-    return its probability of NO against YES: from the log-probabilities where the reply has them, else from the
-    word itself (0.5 when it is neither). The call is counted on `stage`."""
-    reply = await llm.complete(messages, model=model, max_tokens=12 if as_json else 2, top_logprobs=5,
-                               json_schema=_VERDICT_ONLY if as_json else None)
+async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str | None, stage: StageCost) -> float:
+    """Ask the judge a question it answers with one word, YES or NO, and return its probability of NO against
+    YES: from the log-probabilities where the reply has them, else from the word itself (0.5 when it is
+    neither). The call is counted on `stage`."""
+    reply = await llm.complete(messages, model=model, max_tokens=2, top_logprobs=5)
     stage.count(reply)
     stage.seconds += reply.seconds
     probabilities = verdict_probabilities(reply.logprobs)
     if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
         return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
-    if as_json:
-        return {Verdict.YES: 0.0, Verdict.NO: 1.0}.get(parse_verdict(reply.text).verdict, 0.5)
     said = reply.text.strip().upper()
     return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
 

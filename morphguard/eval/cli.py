@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
-from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, SPOT_CHECKS
+from morphguard.detectors.combined import PARTS, SHIPPED_PARTS
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
 
@@ -36,8 +36,6 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
              if n.strip()]
     if args.fit_without_judge and not args.fit:
         raise MorphguardError("--fit-without-judge adds datasets to --fit: give --fit too")
-    if args.fit and len(set(SPOT_CHECKS).intersection(names)) > 1:
-        raise MorphguardError(f"--fit reads one form of the spot check: give one of {', '.join(SPOT_CHECKS)}")
     if args.fit and not set(PARTS).intersection(names):
         raise MorphguardError(f"--fit needs one or more of the combined check's judge parts among the detectors: "
                               f"{', '.join(PARTS)}")
@@ -86,8 +84,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
         values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
     about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
-    weights = fit.fit(values, labels, groups, about, sources,
-                      spotcheck="after-direct" if "spotcheck:after-direct" in parts else "")
+    weights = fit.fit(values, labels, groups, about, sources)
     args.fit.parent.mkdir(parents=True, exist_ok=True)
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
     fitted = weights.fitted_on

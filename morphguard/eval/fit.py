@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from morphguard.detectors.combined import (
     CHANNELS,
     JUDGE_FEATURES,
     PARTS,
     RECORD_ONLY,
-    SPOT_CHECKS,
     UNJUDGED_CHANNELS,
     Channel,
     Weights,
@@ -60,8 +59,7 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
             direct = scored["direct"].score or 0.0 if "direct" in parts else None
             restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
             factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
-            spot = next((p for p in SPOT_CHECKS if p in parts), None)  # either form: the one feature
-            spotted = scored[spot].score or 0.0 if spot else None
+            spotted = scored["spotcheck"].score or 0.0 if "spotcheck" in parts else None
             values.append(features(direct, restated, factoids, grounded, spotted))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
@@ -77,8 +75,7 @@ def _teaches(channel: str, source: str) -> bool:
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
         sources: list[str] | None = None, channels: Mapping[str, Sequence[str]] = CHANNELS,
-        teaches: Callable[[str, str], bool] | None = None, records_apart: bool = True,
-        spotcheck: Literal["", "after-direct"] = "") -> Weights:
+        teaches: Callable[[str, str], bool] | None = None, records_apart: bool = True) -> Weights:
     """Weights for `values` (one row of features per item; rows that lack the judge's features teach only the
     channels that need none). `sources` names each row's dataset: every dataset then weighs the same in each
     fit, so that a small one is not drowned by a larger one; within a dataset the classes keep the rates
@@ -86,8 +83,7 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     `records_apart`, each channel learns only from the answers it reads at check time (`detectors.combined.reads`:
     the judge is not asked about an answer about a structured record, and the record's channel reads no
     prose), and the answers about records get a calibration of their own. `channels`, `teaches` and
-    `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others. `spotcheck`:
-    the form of the spot check whose scores the rows hold, for the check to ask the same."""
+    `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others."""
     sources = sources or [""] * len(labels)
     record = [records_apart and row.get("record_fields", 0.0) > 0 for row in values]
     judged = [i for i, row in enumerate(values) if any(f in row for f in JUDGE_FEATURES) and not record[i]]
@@ -128,7 +124,7 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     if about_records and len({labels[i] for i in about_records}) == 2 and set(RECORD_ONLY) <= fitted.keys():
         record_calibration = _calibration([log_odds(joint.either(values[i], record=True)) for i in about_records],
                                           [labels[i] for i in about_records], share(about_records))
-    return Weights(channels=fitted, calibration=calibration, record_calibration=record_calibration, spotcheck=spotcheck,
+    return Weights(channels=fitted, calibration=calibration, record_calibration=record_calibration,
                    fitted_on={**about, "items": len(judged), "hallucinated": judged_labels.count(True),
                               "items_without_judge": len(values) - len(judged),
                               "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),

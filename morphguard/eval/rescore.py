@@ -35,9 +35,8 @@ from morphguard.eval.runner import Outcome, ScoredSpan
 from morphguard.models import RagInput
 
 # Parts that can join the combined check after a run: read from their own stored outcome of the same answer
-# (`eval --detector spotcheck` on the finished run), the same judge reply a fresh combined run would get. Either
-# form of the spot check gives the `spotcheck` feature; the weights say which one they read.
-OWN_OUTCOME = ("restatement", "spotcheck", "spotcheck:after-direct")
+# (`eval --detector spotcheck` on the finished run), the same judge reply a fresh combined run would get.
+OWN_OUTCOME = ("restatement", "spotcheck")
 
 
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
@@ -49,10 +48,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     current = {o.key for o in stored if o.detector == "combined" and o.fingerprint == fingerprint}
     needed = [f for f in JUDGE_FEATURES if f in weights.features]
     current_parts = parts or {}
-    spot = "spotcheck:after-direct" if weights.spotcheck == "after-direct" else "spotcheck"
-    own = {(o.item_id, o.repeat, o.detector.partition(":")[0]): o for o in stored
-           if o.detector in ("restatement", spot) and o.error is None
-           and o.fingerprint == current_parts.get(o.detector)}
+    own = {(o.item_id, o.repeat, o.detector): o for o in stored
+           if o.detector in OWN_OUTCOME and o.error is None and o.fingerprint == current_parts.get(o.detector)}
     grounding = Grounding(GroundingSettings())
     fresh: dict[tuple[str, int, str], Outcome] = {}
     for old in stored:
@@ -60,8 +57,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         if (old.detector != "combined" or old.error is not None or old.fingerprint == fingerprint or item is None
                 or old.key in current):
             continue
-        rerun = {p: own[(old.item_id, old.repeat, p)] for p in ("restatement", "spotcheck")
-                 if (old.item_id, old.repeat, p) in own}
+        rerun = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME if (old.item_id, old.repeat, p) in own}
         joined = {p: part for p, part in rerun.items() if p not in old.features}  # new to it: cost and all
         judge = dict(old.features) | {p: part.score or 0.0 for p, part in rerun.items()}
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)

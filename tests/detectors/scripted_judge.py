@@ -16,8 +16,6 @@ def _tag(text: str, tag: str) -> str:
 
 
 def stage_of(body: dict[str, Any]) -> str:
-    if "set the rest of the answer aside" in body["messages"][-1]["content"]:
-        return "spotcheck"  # the spot check asked after the direct judge's opening (`spotcheck:after-direct`)
     system = body["messages"][0]["content"]
     for marker, stage in (("strict fact checker", "direct"), ("compare two sentences", "restatement"),
                           ("one sentence of an answer", "spotcheck"),

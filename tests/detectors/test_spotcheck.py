@@ -5,7 +5,6 @@ import math
 
 import pytest
 
-from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.combined import Combined
 from morphguard.models import RagInput
@@ -146,60 +145,3 @@ def test_the_fast_profile_never_asks_for_the_whole_answer_verdict(scripted_confi
         result = run(detector, answer)
     assert sorted(stage_of(r) for r in server.requests) == ["restatement", "spotcheck"]
     assert "direct" not in result.features and result.flagged
-
-
-def test_after_direct_the_spot_check_asks_its_question_after_the_direct_judges_own_opening(scripted_config):
-    """`spotcheck:after-direct` repeats the direct judge's messages word for word and only then names its sentence,
-    so that a judge with a prompt cache reads the passages once for both (the whole context, not an excerpt)."""
-    answer = ("The bridge opened in 1932. It carries four lanes. "
-              "Its towers, painted by Gustave Eiffel in 1889, are 134 metres tall.")
-
-    def reply(body):
-        if stage_of(body) == "direct":
-            return '{"verdict": "NO", "unsupported": []}'
-        return completion('{"verdict": "NO"}', logprobs=p_no(0.7))
-
-    with ScriptedLLM(reply) as server:
-        config = scripted_config(server.base_url)
-        run(build_detector(config, name="direct"), answer)
-        result = run(build_detector(config, name="spotcheck:after-direct"), answer)
-    direct, spot = server.requests
-    assert stage_of(spot) == "spotcheck" and spot["messages"][0] == direct["messages"][0]
-    opening, asked = direct["messages"][-1]["content"], spot["messages"][-1]["content"]
-    assert asked.startswith(opening) and "fishing boats" in opening  # the whole context, as direct reads it
-    judged = "Its towers, painted by Gustave Eiffel in 1889, are 134 metres tall."
-    assert _tag(asked.removeprefix(opening), "statement") == judged
-    assert spot["response_format"]["json_schema"]["schema"]["required"] == ["verdict"]
-    assert result.score == pytest.approx(0.7) and result.detector == "spotcheck:after-direct"
-    assert [answer[f.start:f.end] for f in result.factoids] == [judged]
-
-
-def test_on_a_judge_that_answers_one_call_at_a_time_the_spot_check_comes_straight_after_direct(
-        tmp_path):
-    """With weights fitted on the after-direct spot check and a judge that takes one call at a time (the embedded
-    one), the combined check asks its parts in a fixed order, so that nothing comes between direct and the spot
-    check that repeats its opening: what llama.cpp's prompt cache holds is then the passages the spot check needs."""
-    import json
-    from importlib import resources
-
-    shipped = json.loads(resources.files("morphguard.detectors").joinpath("combined.json").read_text("utf-8"))
-    weights = tmp_path / "weights.json"
-    weights.write_text(json.dumps({**shipped, "spotcheck": "after-direct"}), encoding="utf-8")
-
-    def reply(body):
-        if stage_of(body) == "direct":
-            return '{"verdict": "NO", "unsupported": []}'
-        return completion('{"verdict": "NO"}' if stage_of(body) == "spotcheck" else "NO")
-
-    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
-    with ScriptedLLM(reply, delay_s=0.2) as server:
-        config = Config.model_validate({
-            "judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test", "timeout_s": 5,
-                      "concurrency": 1},
-            "detector": {"name": "combined"}, "combined": {"weights": str(weights)}})
-        result = run(build_detector(config), answer)
-    assert [stage_of(r) for r in server.requests] == ["restatement", "direct", "spotcheck"]
-    assert server.max_in_flight == 1
-    _, direct, spot = server.requests
-    assert spot["messages"][-1]["content"].startswith(direct["messages"][-1]["content"])
-    assert result.cost.llm_calls == 3 and result.flagged

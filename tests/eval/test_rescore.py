@@ -83,16 +83,3 @@ def test_weights_without_a_part_the_stored_outcome_holds_leave_it_for_a_fresh_ru
     without_direct = Weights(channels={
         "contradicted": Channel(features=["restatement"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
     assert rescore([ITEM], [stored()], without_direct, "new", threshold=0.3) == []  # direct's spans, direct's time
-
-
-def test_weights_that_read_the_after_direct_spot_check_take_its_score_and_not_the_other_forms():
-    spotting = Weights(spotcheck="after-direct", channels={
-        "judged": Channel(features=["direct"], mean=[0.0], scale=[1.0], coef=[1.0], intercept=-2.0),
-        "spotted": Channel(features=["spotcheck"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
-    own = Outcome(detector="spotcheck", repeat=0, item_id="a", task="QA", hallucinated=True, score=0.9,
-                  fingerprint="s", factoid_spans=[ScoredSpan(start=0, end=24, score=0.9)], factoid_scores=[0.9])
-    after = own.model_copy(update={"detector": "spotcheck:after-direct", "score": 0.6, "fingerprint": "a"})
-    parts = {"spotcheck": "s", "spotcheck:after-direct": "a"}
-    assert rescore([ITEM], [stored(), own], spotting, "new", threshold=0.3, parts=parts) == []
-    [fresh] = rescore([ITEM], [stored(), own, after], spotting, "new", threshold=0.3, parts=parts)
-    assert fresh.features["spotcheck"] == 0.6

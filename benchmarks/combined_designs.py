@@ -49,7 +49,9 @@ DESIGNS = {  # name: channels
     "the spot check in the judged channel, beside the whole-answer verdict": {
         **SESSION_11, "judged": ("direct", "spotcheck")},
     "the spot check in place of the whole-answer verdict (one call fewer)": {**SESSION_11, "judged": ("spotcheck",)},
-    "shipped: the spot check a channel of its own (spotted)": CHANNELS,
+    "session 14: the spot check a channel of its own (spotted)": {
+        **CHANNELS, "contradicted": ("restatement", "negation_conflict")},
+    "shipped: and a number put in another's place in a copy (number_conflict)": CHANNELS,
 }
 
 

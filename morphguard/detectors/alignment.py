@@ -22,7 +22,7 @@ from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, w
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 1  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 2  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does.
 _QUALIFIER = re.compile(
@@ -31,6 +31,8 @@ _QUALIFIER = re.compile(
     r"less than|fewer than|in some|in most|in rare)\b", re.I)
 _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
 _OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
+# Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
+_POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
 
 @dataclass(frozen=True)
@@ -48,23 +50,28 @@ class _Words:
 
     tokens: tuple[str, ...]
     names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
+    # positions of numbers that state nothing: one that opens the sentence (a list item's number, "1  Preheat the
+    # oven") and one that points into the sources ("(Passage 2)")
+    markers: frozenset[int]
 
     @classmethod
     def of(cls, text: str) -> _Words:
         found = list(TOKEN.finditer(text))
         names = frozenset(i for i, m in enumerate(found)
                           if m.group()[0].isupper() and i > 0 and not _OPENING.search(text, 0, m.start()))
-        return cls(tuple(words(text)), names)
+        tokens = tuple(words(text))
+        markers = frozenset(i for i, t in enumerate(tokens)
+                            if t[0].isdigit() and (i == 0 or tokens[i - 1] in _POINTERS))
+        return cls(tokens, names, markers)
 
 
 def _differences(source: _Words, claim: _Words) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation or a
     qualifier counts where one edit adds or drops it, a name where one edit replaces it, a number where the words
     the copy dropped and the words it put in both hold one, and differ (a delete and an insert are often one
-    replacement)."""
+    replacement). Numbers that state nothing (`_Words.markers`) are not compared: a copy renumbers a list and
+    cites its sources."""
     kinds = set()
-    dropped_numbers: set[str] = set()
-    added_numbers: set[str] = set()
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
@@ -74,15 +81,16 @@ def _differences(source: _Words, claim: _Words) -> set[str]:
             kinds.add("negation")
         if _QUALIFIER.search(" ".join(old)) and not _QUALIFIER.search(" ".join(new)):
             kinds.add("qualifier")
-        dropped_numbers |= {number(t) for t in old if t[0].isdigit()}
-        added_numbers |= {number(t) for t in new if t[0].isdigit()}
+        if tag == "replace":
+            dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers}
+            added = {number(t) for j, t in enumerate(new, j1) if t[0].isdigit() and j not in claim.markers}
+            if dropped and added - dropped:
+                kinds.add("number")
         # a name only where one edit replaces it: answers often join facts about other people
         old_names = {source.tokens[i] for i in range(i1, i2) if i in source.names}
         new_names = {claim.tokens[j] for j in range(j1, j2) if j in claim.names}
         if old_names and new_names - old_names - set(source.tokens):
             kinds.add("name")
-    if dropped_numbers and added_numbers - dropped_numbers:
-        kinds.add("number")
     return kinds
 
 

@@ -82,6 +82,7 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
         "unsupported_numbers": math.log1p(grounding.get("unsupported_numbers", 0.0)),
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
         "negation_conflict": grounding.get("negation_conflict", 0.0),
+        "number_conflict": grounding.get("number_conflict", 0.0),
         "record_conflicts": math.log1p(grounding.get("record_conflicts", 0.0)),
         # The yes/no fields of a context made of records alone (0 for prose, or a record beside prose): no channel
         # reads it, it says which channels are asked.
@@ -91,7 +92,7 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 
 # Five witnesses, five channels, each a logistic regression of its own: invented content (words, numbers and
 # names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
-# negated copy), the judge's NO on the whole answer, which can mean either kind, the judge's NO on the sentence
+# negated copy, a copy with one number put in another's place), the judge's NO on the whole answer, which can mean either kind, the judge's NO on the sentence
 # with the most unsupported words (whether those words are rewording or invention, which counting cannot tell),
 # and misread records (a yes/no field of a JSON context stated against its value: every word of such a claim is
 # the context's own, so the invented channel cannot see it, and on prose contexts the feature is always 0). Any
@@ -102,13 +103,14 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 # The invented and misread channels ask no judge, so `eval --fit` can teach them from many more answers than the
 # judge has read (RAGTruth's Summary and Data2txt fit halves besides QA), and never from a contrast set
 # (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
-# (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the other kinds of changed
-# copy added noise there (those copies still count through `restatement`, which judges each one), and so did
+# (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the name and qualifier kinds
+# of changed copy added noise there (those copies still count through `restatement`, which judges each one; the
+# number kind joined once a list's renumbering stopped counting as one, alignment.py), and so did
 # a last logistic over the channels' log-odds in place of the noisy-OR, which the contrast set's strong
 # contradicted channel came to dominate.
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
-    "contradicted": ("restatement", "negation_conflict"),
+    "contradicted": ("restatement", "negation_conflict", "number_conflict"),
     "judged": ("direct", "factoid_max"),
     "spotted": ("spotcheck",),
     "misread": ("record_conflicts",),

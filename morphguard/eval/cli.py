@@ -94,15 +94,15 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
           + "; use it with combined.weights in the config", file=sys.stderr)
 
 
-def _rescore(config: Config, folder: Path, items: list[datasets.Item], current: str) -> None:
-    from morphguard.detectors.combined import CombinedSettings, load_weights
+def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
+    from morphguard.detectors.combined import load_weights
 
-    settings = config.section("combined", CombinedSettings)
+    _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
     fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold,
-                            parts={name: fingerprint(config, name) for name in rescore.OWN_OUTCOME})
+                            parts={part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}, detector=name)
     runner.append_outcomes(folder, fresh)
-    print(f"rescored {len(fresh)} combined outcomes from their stored judge scores", file=sys.stderr)
+    print(f"rescored {len(fresh)} {name} outcomes from their stored judge scores", file=sys.stderr)
 
 
 def _limits(given: str | None, count: int) -> list[int | None]:
@@ -144,8 +144,9 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})
     fingerprints = {name: fingerprint(config, name) for name in names}
-    if rescore and "combined" in names:
-        _rescore(config, folder, items, fingerprints["combined"])
+    for name in names if rescore else ():
+        if name.partition(":")[0] == "combined":  # the default's or a profile's (`combined:fast`)
+            _rescore(config, folder, items, name, fingerprints[name])
     detectors = {name: build_detector(config, name=name) for name in names}
 
     total = len(items) * len(names) * repeats

@@ -15,7 +15,8 @@ new settings (`restatement` after a change to the alignment it asks about): its 
 one, and those of its spans that no stored span covers join them. Its calls and time are already in the stored
 run's, and stay as they were. Weights that leave out a part the stored outcome holds (the `fast` profile has no
 `direct`) cannot be read this way where that part said anything: its spans and time are mixed into the stored
-ones, so such an answer is left for a fresh run.
+ones, so such an answer is left for a fresh run. A profile's own outcomes are read with its own weights
+(`--rescore --detector combined:fast`).
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ OWN_OUTCOME = ("restatement", "spotcheck")
 
 
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
-            threshold: float, parts: Mapping[str, str] | None = None) -> list[Outcome]:
-    """New `combined` outcomes for every stored one made under another fingerprint whose judge scores cover
-    what `weights` needs; items that already have a current outcome are left alone. `parts`: the current
-    fingerprint of each part in `OWN_OUTCOME`; only its outcomes under that fingerprint are read (none without)."""
+            threshold: float, parts: Mapping[str, str] | None = None, detector: str = "combined") -> list[Outcome]:
+    """New outcomes of `detector` (the combined check, or one of its profiles: `combined:fast`) for every stored one
+    made under another fingerprint whose judge scores cover what `weights` needs; items that already have a
+    current outcome are left alone. `parts`: the current fingerprint of each part in `OWN_OUTCOME`; only its
+    outcomes under that fingerprint are read (none without)."""
     by_id = {i.id: i for i in items}
-    current = {o.key for o in stored if o.detector == "combined" and o.fingerprint == fingerprint}
+    current = {o.key for o in stored if o.detector == detector and o.fingerprint == fingerprint}
     needed = [f for f in JUDGE_FEATURES if f in weights.features]
     current_parts = parts or {}
     own = {(o.item_id, o.repeat, o.detector): o for o in stored
@@ -54,7 +56,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     fresh: dict[tuple[str, int, str], Outcome] = {}
     for old in stored:
         item = by_id.get(old.item_id)
-        if (old.detector != "combined" or old.error is not None or old.fingerprint == fingerprint or item is None
+        if (old.detector != detector or old.error is not None or old.fingerprint == fingerprint or item is None
                 or old.key in current):
             continue
         rerun = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME if (old.item_id, old.repeat, p) in own}

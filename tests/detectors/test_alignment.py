@@ -34,3 +34,13 @@ def test_a_list_marker_is_no_number_and_the_evidence_is_where_the_source_stands(
     assert conflict.kind == "number"
     assert conflict.evidence.passage == 2 and CONTEXT[0][conflict.evidence.start:conflict.evidence.end] == (
         "Doctor Lee saw 40 patients in May.")
+
+
+def test_a_copy_that_renumbers_a_list_or_cites_its_source_changes_no_number():
+    """RAGTruth's contexts number their steps ("1  Preheat the oven ..."), and answers renumber them and cite the
+    passage they copied. Neither is a claim; a number put in place of another still is, wherever the copy stands."""
+    steps = ["1  Preheat oven to 350 degrees F (175 degrees C). 4. Bake the fillets for 15 minutes."]
+    assert conflicts("2. Preheat the oven to 350 degrees F (175 degrees C) (Passage 2).", steps) == []
+    assert conflicts("Bake the fillets for 15 minutes (step 3).", steps) == []
+    assert [c.kind for c in conflicts("Bake the fillets for 20 minutes (step 4).", steps)] == ["number"]
+    assert [c.kind for c in conflicts("Preheat oven to 375 degrees F (175 degrees C).", steps)] == ["number"]

@@ -41,7 +41,7 @@ def test_eval_writes_the_report_and_a_second_run_reuses_every_result(tmp_path):
         second = morphguard_eval(tmp_path, server.base_url)
     assert first.returncode == 0, first.stderr
     assert calls == 4 and len(server.requests) == 4  # the rerun asked the judge nothing
-    assert "| direct | 0.250 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 [1.00, 1.00] | 1.000 | 0.000 |" in first.stdout
+    assert "| direct | 0.275 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 [1.00, 1.00] | 1.000 | 0.000 |" in first.stdout
     assert "| length |" in first.stdout and second.stdout == first.stdout
     run = tmp_path / "run"
     assert {"report.md", "report.json", "roc.png", "pr.png", "scores.png", "spans.html", "results.jsonl"} <= {

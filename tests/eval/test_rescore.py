@@ -83,3 +83,10 @@ def test_weights_without_a_part_the_stored_outcome_holds_leave_it_for_a_fresh_ru
     without_direct = Weights(channels={
         "contradicted": Channel(features=["restatement"], mean=[0.0], scale=[1.0], coef=[4.0], intercept=-2.0)})
     assert rescore([ITEM], [stored()], without_direct, "new", threshold=0.3) == []  # direct's spans, direct's time
+
+
+def test_a_profiles_own_outcomes_are_rescored_under_its_name():
+    fast = stored(detector="combined:fast")
+    assert rescore([ITEM], [fast], WEIGHTS, "new", threshold=0.3) == []  # not the default's
+    [fresh] = rescore([ITEM], [fast], WEIGHTS, "new", threshold=0.3, detector="combined:fast")
+    assert fresh.detector == "combined:fast" and fresh.fingerprint == "new"

@@ -67,10 +67,10 @@ class _Words:
 
 def _differences(source: _Words, claim: _Words) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation or a
-    qualifier counts where one edit adds or drops it, a name where one edit replaces it, a number where the words
-    the copy dropped and the words it put in both hold one, and differ (a delete and an insert are often one
-    replacement). Numbers that state nothing (`_Words.markers`) are not compared: a copy renumbers a list and
-    cites its sources."""
+    qualifier counts where one edit adds or drops it, a name or a number where one edit replaces it. Numbers that
+    state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another put in
+    elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
+    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():

@@ -92,8 +92,9 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 
 # Five witnesses, five channels, each a logistic regression of its own: invented content (words, numbers and
 # names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
-# negated copy, a copy with one number put in another's place), the judge's NO on the whole answer, which can mean either kind, the judge's NO on the sentence
-# with the most unsupported words (whether those words are rewording or invention, which counting cannot tell),
+# negated copy, a copy with one number put in another's place), the judge's NO on the whole answer, which can
+# mean either kind, the judge's NO on the sentence with the most unsupported words (whether those words are
+# rewording or invention, which counting cannot tell),
 # and misread records (a yes/no field of a JSON context stated against its value: every word of such a claim is
 # the context's own, so the invented channel cannot see it, and on prose contexts the feature is always 0). Any
 # channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). One regression

@@ -50,8 +50,10 @@ class _Words:
 
     tokens: tuple[str, ...]
     names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
-    # positions of numbers that state nothing: one that opens the sentence (a list item's number, "1  Preheat the
-    # oven") and one that points into the sources ("(Passage 2)")
+    # positions of numbers taken to state nothing: one that opens the sentence (meant for a list item's number,
+    # "1  Preheat the oven", but it also skips a sentence that opens with its claim, "40 patients were seen", a
+    # known miss: the raw text's list shape, "1." or "1" and two spaces, would tell them apart) and one that points
+    # into the sources ("(Passage 2)")
     markers: frozenset[int]
 
     @classmethod
@@ -70,7 +72,8 @@ def _differences(source: _Words, claim: _Words) -> set[str]:
     qualifier counts where one edit adds or drops it, a name or a number where one edit replaces it. Numbers that
     state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another put in
     elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
-    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
+    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed, and so is a number that opens the
+    sentence.)"""
     kinds = set()
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():

@@ -22,7 +22,7 @@ from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, w
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 2  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 3  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does.
 _QUALIFIER = re.compile(
@@ -30,6 +30,9 @@ _QUALIFIER = re.compile(
     r"partially|occasionally|rarely|some|may|might|about|around|roughly|up to|at least|at most|more than|"
     r"less than|fewer than|in some|in most|in rare)\b", re.I)
 _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
+# The number of a list item, which states nothing: "1. Season", "2  Season", "3-Place", "1 Spray", "1To construct"
+# (a capital follows it; "40 patients were seen" opens with a claim).
+_ITEM_NUMBER = re.compile(r"[\s*•-]*\d{1,3}(?:[.)]\s|\s{2,}|\s?[-–]?\s?(?=[A-Z]))")
 _OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
@@ -50,9 +53,7 @@ class _Words:
 
     tokens: tuple[str, ...]
     names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
-    # positions of numbers taken to state nothing: one that opens the sentence (meant for a list item's number,
-    # "1  Preheat the oven", but it also skips a sentence that opens with its claim, "40 patients were seen", a
-    # known miss: the raw text's list shape, "1." or "1" and two spaces, would tell them apart) and one that points
+    # positions of numbers taken to state nothing: a list item's own number (`_ITEM_NUMBER`) and one that points
     # into the sources ("(Passage 2)")
     markers: frozenset[int]
 
@@ -62,8 +63,9 @@ class _Words:
         names = frozenset(i for i, m in enumerate(found)
                           if m.group()[0].isupper() and i > 0 and not _OPENING.search(text, 0, m.start()))
         tokens = tuple(words(text))
+        item = bool(_ITEM_NUMBER.match(text))
         markers = frozenset(i for i, t in enumerate(tokens)
-                            if t[0].isdigit() and (i == 0 or tokens[i - 1] in _POINTERS))
+                            if t[0].isdigit() and (item if i == 0 else tokens[i - 1] in _POINTERS))
         return cls(tokens, names, markers)
 
 
@@ -72,8 +74,7 @@ def _differences(source: _Words, claim: _Words) -> set[str]:
     qualifier counts where one edit adds or drops it, a name or a number where one edit replaces it. Numbers that
     state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another put in
     elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
-    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed, and so is a number that opens the
-    sentence.)"""
+    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():

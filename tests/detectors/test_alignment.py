@@ -44,3 +44,14 @@ def test_a_copy_that_renumbers_a_list_or_cites_its_source_changes_no_number():
     assert conflicts("Bake the fillets for 15 minutes (step 3).", steps) == []
     assert [c.kind for c in conflicts("Bake the fillets for 20 minutes (step 4).", steps)] == ["number"]
     assert [c.kind for c in conflicts("Preheat oven to 375 degrees F (175 degrees C).", steps)] == ["number"]
+
+
+def test_a_number_that_opens_a_sentence_is_a_claim_unless_it_numbers_a_list_item():
+    """A list item's number has a shape ("3.", "3)", "3" and two spaces, "3-" or "3" before a capital); a sentence
+    that opens with its claim has none, and changing that number is a changed copy like any other."""
+    seen = ["40 patients were seen by the nurses in May. The clinic opened 25 beds."]
+    assert [c.kind for c in conflicts("25 patients were seen by the nurses in May.", seen)] == ["number"]
+    assert conflicts("40 patients were seen by the nurses in May.", seen) == []
+    steps = ["1  Preheat oven to 350 degrees F. 5 cups of flour are sifted."]
+    for item in ("2  Preheat", "2-Preheat", "2 Preheat", "2Preheat", "2) Preheat", "2. Preheat"):
+        assert conflicts(item + " oven to 350 degrees F.", steps) == [], item

@@ -16,8 +16,12 @@ source stay together), over several shuffles of the folds; the table gives the m
 its spread over the shuffles. The RAGTruth fit answers no judge has read join the training folds and teach
 the channels that need no judge; the short contrast pairs (`HELD_OUT`) are scored and never taught, as the
 shipped weights never saw them. Then, for the policy thresholds, the shipped weights' precision and recall
-at each τ on the judged fit-half answers (pooled, and recall per set). Writes
-benchmarks/results/combined_designs.json.
+at each τ on the judged fit-half answers (pooled, and recall per set). Between the two, the cascade's band
+(detectors/combined.CASCADE): in the same folds the shipped design and the same design without `direct` (the fast
+profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the fast probability
+outside the band, the whole check's inside. The band chosen is the one that skips `direct` for the largest mean
+share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole check's. The
+thresholds are those of the shipped cascade. Writes benchmarks/results/combined_designs.json.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CHANNELS, load_weights
+from morphguard.detectors.combined import CASCADE, CHANNELS, JUDGE_FEATURES, Weights, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
@@ -116,21 +120,22 @@ def main() -> None:
     print(f"{'design':72s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
     for name, by in table.items():
         print(f"{name:72s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in judged_sets))
+    bands = _cascade_bands(rows, extra, sources, args.shuffles, judged_sets)
     thresholds = _thresholds(rows, judged_sets)
-    print("\nshipped weights on the fit halves (in sample), by threshold:")
+    print(f"\nshipped weights and cascade {list(CASCADE)} on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():
         print(f"  τ {tau:<5} pooled P {at['precision']:.3f} R {at['recall']:.3f} F1 {at['f1']:.3f}   recall "
               + "  ".join(f"{d} {at['recall_' + d]:.2f}" for d in judged_sets))
     out = HERE / "results" / "combined_designs.json"
-    out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table,
+    out.write_text(json.dumps({"shuffles": args.shuffles, "counts": counts, "auroc": table, "cascade": bands,
                                "thresholds": thresholds}, indent=2) + "\n")
     print(f"wrote {out}")
 
 
 def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets: list[str]
                 ) -> dict[float, dict[str, float]]:
-    weights = load_weights(None)
-    scored = [(weights.probability(r[0], weights.reads_record(r[0])), r[1], r[3]) for r in rows]
+    weights, first = load_weights(None), load_weights(None, "fast")
+    scored = [(_cascaded(weights, first, r[0], CASCADE), r[1], r[3]) for r in rows]
     out = {}
     for tau in (0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 0.4, 0.5, 0.6):
         at = metrics.at_threshold([y for _, y, _ in scored], [p for p, _, _ in scored], tau).as_dict()
@@ -139,6 +144,78 @@ def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets
             at["recall_" + dataset] = sum(caught) / len(caught)
         out[tau] = at
     return out
+
+
+Row = tuple[dict[str, float], bool, str, str]  # features, label, group, dataset
+
+
+def _without_direct(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k != "direct"}
+
+
+def _cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tuple[float, float]) -> float:
+    """The probability as the cascade gives it (detectors/combined.Combined.detect): an answer about a record is read
+    by the whole check's weights without any judge; otherwise the first stage's, unless its probability lies in the
+    band. (Without the instruction floor, which raises both alike.)"""
+    if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
+        return whole.probability(values, whole.reads_record(values))
+    early = first.probability(_without_direct(values))
+    return whole.probability(values) if band[0] <= early < band[1] else early
+
+
+def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str]
+                   ) -> dict[str, object]:
+    """Out-of-fold probabilities of the shipped design with and without `direct`; each band's AUROC per set and
+    share of answers that skip `direct`; the band the rule chooses (module docstring)."""
+    sets = [d for d in judged_sets if d not in RECORDS]
+    folds_of = []
+    for shuffle in range(shuffles):
+        order = sources[:]
+        random.Random(shuffle).shuffle(order)
+        folds_of.append({g: n % 5 for n, g in enumerate(order)})
+    pairs: list[dict[int, tuple[float, float]]] = []  # per shuffle: row -> (whole, first stage)
+    for fold in folds_of:
+        scores: dict[int, tuple[float, float]] = {}
+        for k in range(5):
+            train = [r for r in rows + extra if fold[r[2]] != k and r[3] not in HELD_OUT]
+            fitted = [fit.fit([f(r[0]) for r in train], [r[1] for r in train], [r[2] for r in train], {},
+                              [r[3] for r in train]) for f in (dict, _without_direct)]
+            scores |= {n: (fitted[0].probability(r[0], fitted[0].reads_record(r[0])),
+                           fitted[1].probability(_without_direct(r[0])))
+                       for n, r in enumerate(rows) if fold[r[2]] == k and r[3] in sets}
+        pairs.append(scores)
+
+    def score(band: tuple[float, float]) -> dict[str, tuple[float, float]]:  # per set: AUROC, share skipping direct
+        out = {}
+        for dataset in sets:
+            mine = [n for n, r in enumerate(rows) if r[3] == dataset]
+            aurocs, skipped = [], []
+            for scores in pairs:
+                inside = [band[0] <= scores[n][1] < band[1] for n in mine]
+                read = [scores[n][0] if asked else scores[n][1] for n, asked in zip(mine, inside, strict=True)]
+                auroc = metrics.auroc([rows[n][1] for n in mine], read)
+                assert auroc is not None  # every judged set has both kinds of answer
+                aurocs.append(auroc)
+                skipped.append(1 - sum(inside) / len(mine))
+            out[dataset] = (statistics.fmean(aurocs), statistics.fmean(skipped))
+        return out
+
+    whole = score((0.0, 1.01))
+    grid = [(round(0.05 + 0.025 * i, 3), round(0.3 + 0.05 * j, 2)) for i in range(9) for j in range(7)]
+    rows_out, chosen = [], None
+    print(f"\ncascade bands, grouped 5-fold CV, {shuffles} shuffles: AUROC (share skipping direct); whole check "
+          + "  ".join(f"{d} {a:.3f}" for d, (a, _) in whole.items()))
+    for band in grid:
+        got = score(band)
+        ok = all(got[d][0] >= whole[d][0] - 0.005 for d in sets)
+        skip = statistics.fmean(s for _, s in got.values())
+        rows_out.append({"band": band, "ok": ok, "skip": skip, "sets": got})
+        print(f"  [{band[0]}, {band[1]}) {'ok' if ok else '  '} mean skip {skip:.2f}  "
+              + "  ".join(f"{d} {a:.3f} ({s:.2f})" for d, (a, s) in got.items()))
+        if ok and (chosen is None or skip > chosen[1]):
+            chosen = (band, skip)
+    print(f"chosen band: {chosen}; shipped: {list(CASCADE)}")
+    return {"whole": whole, "grid": rows_out, "chosen": chosen}
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ A fixed-latency OpenAI-compatible server (benchmarks/fixed_upstream.py) stands i
 loopback. The same answer, which makes the shipped weights ask all three judge parts (`direct`, a
 `restatement` of its changed copy, the spot check of its unsupported sentence), is checked `--checks` times
 with the judge's `concurrency` at 1 (each part waits for the one before, as before session 12, and as the
-embedded judge's client still queues them) and at the default 8 (the parts at once). Prints the median wall
+embedded judge's client still queues them) and at the default 8 (the parts at once). The cascade is off
+(`combined: {cascade: null}`): it would hold `direct` back until the others answer. Prints the median wall
 time per check in both modes and their ratio; writes benchmarks/results/combined_latency.json.
 
     python benchmarks/combined_latency.py [--latency-ms 300] [--checks 20]
@@ -35,7 +36,8 @@ ANSWER = "The bridge did not open in 1932. Its towers were painted by Gustave Ei
 
 def timed(base_url: str, concurrency: int, checks: int) -> tuple[list[float], int]:
     config = Config.model_validate({"judge": {"model": "openai/bench", "api_base": base_url, "api_key": "sk-bench",
-                                              "concurrency": concurrency, "cache": {"enabled": False}}})
+                                              "concurrency": concurrency, "cache": {"enabled": False}},
+                                    "combined": {"cascade": None}})  # every part asked, as an API judge would
     detector = build_detector(config, name="combined")
     rag = RagInput(question="Tell me about the bridge.", passages=PASSAGES)
 

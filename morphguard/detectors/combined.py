@@ -12,7 +12,8 @@ plausible in a whole answer. Their signals become features, and a logistic regre
 on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
 that the answer is hallucinated, so a threshold means the same here as in any other topic. The
 coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
-together with what they were fitted on. An answer that addresses its checker is raised to at least
+together with what they were fitted on. By default `direct` is asked last, and only for answers the other parts
+leave near the thresholds (`CASCADE`). An answer that addresses its checker is raised to at least
 `INSTRUCTION_FLOOR`.
 """
 
@@ -28,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
@@ -217,12 +218,38 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
     return Weights.model_validate(json.loads(text))
 
 
+# `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
+# little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
+# parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
+# without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
+# `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
+# always asking it (benchmarks/combined_designs.py, README "Session 16").
+CASCADE = (0.2, 0.45)
+
+
 class CombinedSettings(Section):
     """The `combined` config section."""
 
     weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
     model: str | None = None  # the judge's model for every judge part; None: the judge's default
     profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
+    # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
+    # by side, so there the cascade trades latency for a call saved)
+    cascade: tuple[float, float] | None = CASCADE
+    # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
+    # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
+    cascade_weights: str | None = None
+
+    @property
+    def cascaded(self) -> bool:
+        """Whether `direct` waits for the other parts (where the weights read it at all)."""
+        return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
+
+    @model_validator(mode="after")
+    def _band(self) -> CombinedSettings:
+        if self.cascade is not None and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
+            raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
+        return self
 
 
 class Combined:
@@ -232,39 +259,47 @@ class Combined:
         self.llm = llm  # the proxy's readiness probe looks for the judge here
         self.weights = load_weights(settings.weights, settings.profile)
         self.threshold = threshold
+        # The first stage's weights where a cascade holds `direct` back (CASCADE), and its band; None: all at once.
+        self.first = (load_weights(settings.cascade_weights, "fast")
+                      if settings.cascaded and "direct" in self.weights.features else None)
+        if self.first is not None and "direct" in self.first.features:
+            raise ValueError("combined.cascade_weights must be fitted without direct (eval --fit --detector "
+                             "restatement,spotcheck)")
+        self.band = settings.cascade or (0.0, 1.0)
+        read = self.weights.features | (self.first.features if self.first else set())
         self.grounding = Grounding(GroundingSettings())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
-                       if "direct" in self.weights.features else None)
+                       if "direct" in read else None)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
-                            if "restatement" in self.weights.features else None)
-        self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model))
-                          if "spotcheck" in self.weights.features else None)
+                            if "restatement" in read else None)
+        self.spotcheck = (SpotCheck(llm, SpotCheckSettings(model=settings.model)) if "spotcheck" in read else None)
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
                                               verify_models=(settings.model,)))
-                         if "factoid_max" in self.weights.features else None)
+                         if "factoid_max" in read else None)
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
         record = self.weights.reads_record(grounded.features)
+        held_back = self.first is not None and not record
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
-        # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py).
-        async def ask(part: Detector | None) -> Detection | None:  # None: not read by the weights, or a record
-            return None if part is None or record else await part.detect(rag, answer)
-
-        asking = [asyncio.ensure_future(ask(part)) for part in (self.direct, self.restatement, self.spotcheck,
-                                                                  self.factoids)]
-        try:
-            direct, restated, spotted, factoids = await asyncio.gather(*asking)
-        except BaseException:  # one part failed the check: the others' calls are not waited for
-            for task in asking:
-                task.cancel()
-            raise
-        values = (vocabulary_features(grounded.features) if record else
-                  features(direct.score if direct else None, restated.score if restated else None,
-                           [f.score for f in factoids.factoids] if factoids else None, grounded.features,
-                           spotted.score if spotted else None))
-        score = answer_probability(self.weights, values, grounded.features)
+        # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
+        # answer about a record asks none (Weights.record_calibration).
+        asked = {} if record else await _all_at_once(
+            {"direct": None if held_back else self.direct, "restatement": self.restatement,
+             "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
+        weights, first_stage = self.weights, None
+        if held_back:
+            assert self.first is not None
+            first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features)
+            if self.band[0] <= first_stage < self.band[1] and self.direct is not None:
+                asked["direct"] = await self.direct.detect(rag, answer)
+            else:
+                weights = self.first
+        direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
+                                                                        "factoids"))
+        values = vocabulary_features(grounded.features) if record else _values(asked, grounded.features)
+        score = answer_probability(weights, values, grounded.features)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:
@@ -285,10 +320,33 @@ class Combined:
             cost=Cost.of(stages, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(judged), unparseable_verdicts=unparseable),
             features=values,
-            settings={"contributions": self.weights.contributions(values, record),
+            settings={"contributions": weights.contributions(values, record),
                       "direct": direct.score if direct else None, "record": record,
+                      # the cascade's first verdict, without `direct` (None: no cascade, or a record)
+                      "first_stage": first_stage,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},
         )
+
+
+async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answer: str) -> dict[str, Detection]:
+    """What each part that is there found; if one fails, the others' calls are not waited for."""
+    named = [(name, part) for name, part in parts.items() if part is not None]
+    asking = [asyncio.ensure_future(part.detect(rag, answer)) for _, part in named]
+    try:
+        found = await asyncio.gather(*asking)
+    except BaseException:
+        for task in asking:
+            task.cancel()
+        raise
+    return {name: detection for (name, _), detection in zip(named, found, strict=True)}
+
+
+def _values(asked: Mapping[str, Detection], grounding: Mapping[str, float]) -> dict[str, float]:
+    """The features of what the judge parts that were asked said, with grounding's."""
+    direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck", "factoids"))
+    return features(direct.score if direct else None, restated.score if restated else None,
+                    [f.score for f in factoids.factoids] if factoids else None, grounding,
+                    spotted.score if spotted else None)
 
 
 def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid],
@@ -307,8 +365,11 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights, settings.profile)
-    return {"options": settings.model_dump(exclude={"weights", "profile"}),
+    cascade = settings.cascaded and "direct" in weights.features
+    return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights"}),
             "weights": weights.model_dump(exclude={"fitted_on"}),
+            **({"cascade": {"band": list(settings.cascade or ()), "weights": load_weights(
+                settings.cascade_weights, "fast").model_dump(exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
             "alignment": ALIGNMENT_VERSION}

@@ -95,12 +95,32 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
 
 
 def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
-    from morphguard.detectors.combined import load_weights
+    from morphguard.detectors.combined import Weights, load_weights
 
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
-    fresh = rescore.rescore(items, runner.load_outcomes(folder), weights, current, config.detector.threshold,
-                            parts={part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}, detector=name)
+    stored = runner.load_outcomes(folder)
+    parts = {part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}
+    threshold = config.detector.threshold
+
+    def scored(name: str, config: Config, weights: Weights) -> list[runner.Outcome]:
+        """Outcomes of `name` under `config` from this run: those stored current, and those rescored to it."""
+        now = fingerprint(config, name)
+        return ([o for o in stored if o.detector == name and o.fingerprint == now]
+                + rescore.rescore(items, stored, weights, now, threshold, parts=parts, detector=name))
+
+    if not settings.cascaded or "direct" not in weights.features:
+        fresh = rescore.rescore(items, stored, weights, current, threshold, parts=parts, detector=name)
+    elif settings.cascade_weights is not None:
+        raise MorphguardError("--rescore reads a cascade's first stage from combined:fast's outcomes; with "
+                              "combined.cascade_weights set, run the check afresh")
+    else:
+        # The cascade from the whole check's outcomes (every part asked) and the fast profile's (its first stage).
+        whole = scored(name, config.with_section("combined", settings.model_copy(update={"cascade": None})), weights)
+        first = scored("combined:fast", config, load_weights(None, "fast"))
+        done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
+        fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name)
+                 if o.key not in done]
     runner.append_outcomes(folder, fresh)
     print(f"rescored {len(fresh)} {name} outcomes from their stored judge scores", file=sys.stderr)
 

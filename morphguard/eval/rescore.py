@@ -101,3 +101,25 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
             "factoid_scores": ([] if record else [f * ratio for f in old.factoid_scores]) + [s.score for s in added],
             **cost})
     return list(fresh.values())
+
+
+def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[float, float], fingerprint: str,
+            threshold: float, detector: str = "combined") -> list[Outcome]:
+    """The cascade's outcomes (`detectors/combined.CASCADE`) for every answer that has both a `whole` outcome (every
+    part asked, the same weights) and a `first` one (the first stage's own: `combined:fast`, its weights and parts).
+    Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
+    cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
+    of both profiles reads exactly as a fresh cascade would with the same judge replies (the embedded judge answers
+    the parts one after the other either way). An answer about a structured record asks no judge part: the whole
+    outcome's, as the cascade scores it with the default's weights."""
+    firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
+    out = []
+    for full in whole:
+        stage = firsts.get((full.item_id, full.repeat))
+        if full.error is not None or stage is None or stage.score is None:
+            continue
+        about_record = not any(f in full.features for f in JUDGE_FEATURES)
+        chosen = full if about_record or band[0] <= stage.score < band[1] else stage
+        out.append(chosen.model_copy(update={"detector": detector, "fingerprint": fingerprint, "threshold": threshold,
+                                             "flagged": (chosen.score or 0.0) >= threshold}))
+    return out

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from morphguard.detectors import build_detector
-from morphguard.detectors.combined import Combined
+from morphguard.detectors.combined import Combined, CombinedSettings
 from morphguard.models import RagInput
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -94,10 +94,13 @@ def test_the_work_over_the_context_runs_off_the_event_loop(scripted_config, monk
     assert loops == [False, False]
 
 
-def test_the_combined_check_asks_its_judge_parts_at_once(scripted_config):
-    """With the shipped weights the combined check asks `direct`, `restatement` and the spot check; an API judge
-    answers them side by side (the embedded judge's client queues them instead)."""
-    from morphguard.detectors.combined import Combined
+def without_cascade(config):
+    return config.with_section("combined", CombinedSettings(cascade=None))
+
+
+def test_without_the_cascade_the_combined_check_asks_its_judge_parts_at_once(scripted_config):
+    """With the shipped weights and no cascade the combined check asks `direct`, `restatement` and the spot check
+    together; an API judge answers them side by side (the embedded judge's client queues them instead)."""
 
     def reply(body):
         stage = stage_of(body)
@@ -107,7 +110,7 @@ def test_the_combined_check_asks_its_judge_parts_at_once(scripted_config):
 
     answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
     with ScriptedLLM(reply, delay_s=0.5) as server:
-        detector = build_detector(scripted_config(server.base_url), name="combined")
+        detector = build_detector(without_cascade(scripted_config(server.base_url)), name="combined")
         assert isinstance(detector, Combined)
         result = run(detector, answer)
     stages = sorted(stage_of(r) for r in server.requests)
@@ -145,3 +148,49 @@ def test_the_fast_profile_never_asks_for_the_whole_answer_verdict(scripted_confi
         result = run(detector, answer)
     assert sorted(stage_of(r) for r in server.requests) == ["restatement", "spotcheck"]
     assert "direct" not in result.features and result.flagged
+
+
+def test_the_cascade_asks_direct_last_and_only_inside_its_band(scripted_config):
+    """By default the parts without `direct` answer first; `direct` is asked after them, and only when the fast
+    profile's probability falls in the band. Outside it the fast profile's verdict is the answer's; inside it the
+    answer scores as if every part had been asked at once."""
+
+    def reply(body):
+        if stage_of(body) == "direct":
+            return '{"verdict": "NO", "unsupported": []}'
+        return completion("NO", logprobs=p_no(0.3))
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+
+    def check(name, config):
+        with ScriptedLLM(reply, delay_s=0.2) as server:
+            result = run(build_detector(config(server.base_url), name=name), answer)
+        return result, [stage_of(r) for r in server.requests], server.max_in_flight
+
+    whole, _, _ = check("combined", lambda url: without_cascade(scripted_config(url)))
+    fast, _, _ = check("combined:fast", scripted_config)
+    default, stages, _ = check("combined", scripted_config)
+    first = default.settings["first_stage"]
+    assert first == pytest.approx(fast.score)
+    asked = 0.2 <= first < 0.45
+    assert ("direct" in stages) == asked and default.score == pytest.approx(whole.score if asked else fast.score)
+
+    def band(low, high):
+        return lambda url: scripted_config(url).with_section("combined", CombinedSettings(cascade=(low, high)))
+
+    inside, stages, in_flight = check("combined", band(0.0, 1.0))
+    assert stages[-1] == "direct" and sorted(stages[:-1]) == ["restatement", "spotcheck"] and in_flight == 2
+    assert inside.score == pytest.approx(whole.score) and inside.settings["direct"] is not None
+    outside, stages, _ = check("combined", band(0.0, 0.0))
+    assert "direct" not in stages and outside.score == pytest.approx(fast.score)
+    assert outside.settings["direct"] is None and "direct" not in outside.features
+
+
+def test_weights_of_ones_own_cascade_only_with_a_first_stage_of_ones_own():
+    """The shipped fast weights are the first stage of the shipped default only: a refitted `weights` file asks every
+    part at once unless `cascade_weights` names a first stage fitted on the same data."""
+    assert CombinedSettings().cascaded and not CombinedSettings(cascade=None).cascaded
+    assert not CombinedSettings(weights="mine.json").cascaded
+    assert CombinedSettings(weights="mine.json", cascade_weights="mine_fast.json").cascaded
+    with pytest.raises(ValueError, match="low <= high"):
+        CombinedSettings(cascade=(0.5, 0.2))

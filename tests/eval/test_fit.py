@@ -201,3 +201,36 @@ def test_answers_about_records_teach_their_own_channel_and_are_checked_without_t
         assert len(server.requests) == before  # no judge call for an answer about a record
     row = next(line for line in checked.stdout.splitlines() if line.startswith("| combined |"))
     assert "| 1.000 [1.00, 1.00] |" in row
+
+
+def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_path):
+    """`--rescore` reads the default's cascade from a finished run of the whole check (every part asked) and of the
+    fast profile, without the judge; a fresh run of the cascade with the same judge gives the same scores."""
+
+    def outcomes(folder, detector, fingerprint=None):  # the last line per answer
+        rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+        return {r["item_id"]: r for r in rows if r["detector"] == detector and r["fingerprint"] != fingerprint}
+
+    with ScriptedLLM(judge) as server:
+        both = run(tmp_path, server.base_url, "--detector", "combined,combined:fast",
+                   config={"combined": {"cascade": None}})
+        assert both.returncode == 0, both.stderr
+        asked = len(server.requests)
+        band = {"combined": {"cascade": [0.5, 1.0]}}  # the scripted judge's wrong answers inside, the right outside
+        rescored = run(tmp_path, server.base_url, "--detector", "combined", "--rescore", config=band)
+        assert rescored.returncode == 0, rescored.stderr
+        assert len(server.requests) == asked  # read from the stored outcomes, not the judge
+        fresh = run(tmp_path, server.base_url, "--detector", "combined", "--out", str(tmp_path / "fresh"), config=band)
+        assert fresh.returncode == 0, fresh.stderr
+    [folder] = (tmp_path / "runs" / "eval").iterdir()
+    first, again = outcomes(folder, "combined:fast"), outcomes(tmp_path / "fresh", "combined")
+    cascade = outcomes(folder, "combined")
+    whole = outcomes(folder, "combined", fingerprint=next(iter(again.values()))["fingerprint"])
+    assert len(again) == len(RECORDS) and cascade.keys() == again.keys() == whole.keys()
+    for item, row in again.items():
+        assert cascade[item]["fingerprint"] == row["fingerprint"] != whole[item]["fingerprint"]
+        assert cascade[item]["score"] == pytest.approx(row["score"])
+        skipped = first[item]["score"] < 0.5
+        assert ("direct" not in row["features"]) == skipped
+        assert row["score"] == pytest.approx(first[item]["score"] if skipped else whole[item]["score"])
+    assert {r["score"] < 0.5 for r in first.values()} == {True, False}  # both ways taken

@@ -1,6 +1,6 @@
 from morphguard.detectors.combined import Channel, Weights
 from morphguard.eval.datasets import Item
-from morphguard.eval.rescore import rescore
+from morphguard.eval.rescore import cascade, rescore
 from morphguard.eval.runner import Outcome, ScoredSpan
 
 ITEM = Item(id="a", task="QA", question="q", passages=["The clinic opens at nine."],
@@ -90,3 +90,19 @@ def test_a_profiles_own_outcomes_are_rescored_under_its_name():
     assert rescore([ITEM], [fast], WEIGHTS, "new", threshold=0.3) == []  # not the default's
     [fresh] = rescore([ITEM], [fast], WEIGHTS, "new", threshold=0.3, detector="combined:fast")
     assert fresh.detector == "combined:fast" and fresh.fingerprint == "new"
+
+
+def test_the_cascade_reads_the_fast_profiles_outcome_outside_its_band_and_the_whole_checks_inside():
+    whole = stored(score=0.35, fingerprint="whole", llm_calls=3, seconds=9.0)
+    record = stored(item_id="r", score=0.9, fingerprint="whole", llm_calls=0, features={"unsupported": 1.0})
+    firsts = [stored(detector="combined:fast", score=0.1, llm_calls=2, seconds=3.0, features={"restatement": 0.0},
+                     factoid_spans=[]),
+              stored(detector="combined:fast", item_id="r", score=0.1, llm_calls=0, features={"unsupported": 1.0})]
+    skipped, about_record = cascade([whole, record], firsts, (0.2, 0.45), "cascade", threshold=0.3)
+    assert (skipped.detector, skipped.fingerprint, skipped.score, skipped.llm_calls, skipped.seconds) == (
+        "combined", "cascade", 0.1, 2, 3.0)
+    assert skipped.factoid_spans == [] and not skipped.flagged
+    assert about_record.score == 0.9 and about_record.flagged  # no judge part asked: the default's weights score it
+    [asked] = cascade([whole], [firsts[0].model_copy(update={"score": 0.3})], (0.2, 0.45), "cascade", threshold=0.3)
+    assert (asked.score, asked.llm_calls, asked.seconds, asked.flagged) == (0.35, 3, 9.0, True)
+    assert cascade([whole], [], (0.2, 0.45), "cascade", threshold=0.3) == []  # no first stage: left for a fresh run

@@ -89,7 +89,8 @@ def test_claims_labels_every_claim_and_keeps_only_verbatim_evidence():
 
 
 def test_the_combined_check_ranks_the_contradiction_above_the_faithful_answer_and_explains_it():
-    config = with_detector("combined")
+    # every part asked (no cascade), so that the whole-answer verdict is there to explain the score
+    config = Config.model_validate({"detector": {"name": "combined"}, "combined": {"cascade": None}})
     wrong = detect(QUESTION, [CONTEXT], "Yes, ibuprofen is safe throughout pregnancy.", config=config)
     right = detect(QUESTION, [CONTEXT], "No. Ibuprofen is contraindicated in the third trimester of pregnancy.",
                    config=config)

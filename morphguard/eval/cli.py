@@ -103,11 +103,11 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
     parts = {part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}
     threshold = config.detector.threshold
 
-    def scored(name: str, config: Config, weights: Weights) -> list[runner.Outcome]:
-        """Outcomes of `name` under `config` from this run: those stored current, and those rescored to it."""
-        now = fingerprint(config, name)
-        return ([o for o in stored if o.detector == name and o.fingerprint == now]
-                + rescore.rescore(items, stored, weights, now, threshold, parts=parts, detector=name))
+    def scored(detector: str, under: Config, read_with: Weights) -> list[runner.Outcome]:
+        """This run's outcomes of `detector` configured as in `under`: those stored current, and those rescored."""
+        now = fingerprint(under, detector)
+        return ([o for o in stored if o.detector == detector and o.fingerprint == now]
+                + rescore.rescore(items, stored, read_with, now, threshold, parts=parts, detector=detector))
 
     if not settings.cascaded or "direct" not in weights.features:
         fresh = rescore.rescore(items, stored, weights, current, threshold, parts=parts, detector=name)

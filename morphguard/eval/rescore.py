@@ -16,7 +16,8 @@ one, and those of its spans that no stored span covers join them. Its calls and 
 run's, and stay as they were. Weights that leave out a part the stored outcome holds (the `fast` profile has no
 `direct`) cannot be read this way where that part said anything: its spans and time are mixed into the stored
 ones, so such an answer is left for a fresh run. A profile's own outcomes are read with its own weights
-(`--rescore --detector combined:fast`).
+(`--rescore --detector combined:fast`). The default's cascade, which asks `direct` only for some answers, is
+composed from the whole check's outcome and the fast profile's (`cascade`).
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     part asked, the same weights) and a `first` one (the first stage's own: `combined:fast`, its weights and parts).
     Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
     cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
-    of both profiles reads exactly as a fresh cascade would with the same judge replies (the embedded judge answers
-    the parts one after the other either way). An answer about a structured record asks no judge part: the whole
-    outcome's, as the cascade scores it with the default's weights."""
+    of both profiles reads as a fresh cascade would with the same judge replies (the embedded judge answers the parts
+    one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
+    README, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's, as the
+    cascade scores it with the default's weights."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []
     for full in whole:

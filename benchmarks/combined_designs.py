@@ -135,7 +135,7 @@ def main() -> None:
 def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets: list[str]
                 ) -> dict[float, dict[str, float]]:
     weights, first = load_weights(None), load_weights(None, "fast")
-    scored = [(_cascaded(weights, first, r[0], CASCADE), r[1], r[3]) for r in rows]
+    scored = [(cascaded(weights, first, r[0], CASCADE), r[1], r[3]) for r in rows]
     out = {}
     for tau in (0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 0.4, 0.5, 0.6):
         at = metrics.at_threshold([y for _, y, _ in scored], [p for p, _, _ in scored], tau).as_dict()
@@ -149,17 +149,17 @@ def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets
 Row = tuple[dict[str, float], bool, str, str]  # features, label, group, dataset
 
 
-def _without_direct(values: dict[str, float]) -> dict[str, float]:
+def without_direct(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if k != "direct"}
 
 
-def _cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tuple[float, float]) -> float:
+def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tuple[float, float]) -> float:
     """The probability as the cascade gives it (detectors/combined.Combined.detect): an answer about a record is read
     by the whole check's weights without any judge; otherwise the first stage's, unless its probability lies in the
     band. (Without the instruction floor, which raises both alike.)"""
     if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
         return whole.probability(values, whole.reads_record(values))
-    early = first.probability(_without_direct(values))
+    early = first.probability(without_direct(values))
     return whole.probability(values) if band[0] <= early < band[1] else early
 
 
@@ -179,9 +179,9 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
         for k in range(5):
             train = [r for r in rows + extra if fold[r[2]] != k and r[3] not in HELD_OUT]
             fitted = [fit.fit([f(r[0]) for r in train], [r[1] for r in train], [r[2] for r in train], {},
-                              [r[3] for r in train]) for f in (dict, _without_direct)]
+                              [r[3] for r in train]) for f in (dict, without_direct)]
             scores |= {n: (fitted[0].probability(r[0], fitted[0].reads_record(r[0])),
-                           fitted[1].probability(_without_direct(r[0])))
+                           fitted[1].probability(without_direct(r[0])))
                        for n, r in enumerate(rows) if fold[r[2]] == k and r[3] in sets}
         pairs.append(scores)
 

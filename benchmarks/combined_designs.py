@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 from pathlib import Path
@@ -72,6 +73,7 @@ def main() -> None:
     current = {part: fingerprint(Config(), part) for part in PARTS}
     rows: list[tuple[dict[str, float], bool, str, str]] = []  # features, label, group, dataset
     extra = []  # answers no judge has read: they teach the channels that need none
+    row_of: dict[str, int] = {}  # item id -> its row, for the judged sets
     for dataset in JUDGED + HELD_OUT + RECORDS:
         if dataset in HELD_OUT and dataset not in judged_sets:
             continue
@@ -87,9 +89,12 @@ def main() -> None:
             if folder is None:
                 raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
             outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
-            values, labels, groups = fit.rows(items, outcomes, PARTS)
-            rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
-            judged = set(groups)
+            for item in items:  # one at a time, to know the rows of a contrast pair's two answers
+                values, labels, groups = fit.rows([item], outcomes, PARTS)
+                if values:
+                    row_of[item.id] = len(rows)
+                    rows.append((values[0], labels[0], groups[0], dataset))
+                    judged.add(groups[0])
         if not dataset.startswith("contrast"):
             unread = [item for item in items if (item.group or item.id) not in judged]
             values, labels, groups = fit.rows(unread, [], parts=())
@@ -120,7 +125,10 @@ def main() -> None:
     print(f"{'design':72s} " + "  ".join(f"{d} (n {n}, {h} halluc.)".ljust(22) for d, (n, h) in counts.items()))
     for name, by in table.items():
         print(f"{name:72s} " + "  ".join(f"{by[d]['mean']:.3f} ± {by[d]['sd']:.3f}".ljust(22) for d in judged_sets))
-    bands = _cascade_bands(rows, extra, sources, args.shuffles, judged_sets)
+    twin = {i: i.removesuffix("/edited") + "/faithful" for i in row_of if i.endswith("/edited")}  # a contrast pair
+    pairs = {d: [(row_of[e], row_of[f]) for e, f in twin.items() if rows[row_of[e]][3] == d and f in row_of]
+             for d in judged_sets if d.startswith("contrast")}
+    bands = _cascade_bands(rows, extra, sources, args.shuffles, judged_sets, pairs)
     thresholds = _thresholds(rows, judged_sets)
     print(f"\nshipped weights and cascade {list(CASCADE)} on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():
@@ -163,17 +171,19 @@ def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tup
     return whole.probability(values) if band[0] <= early < band[1] else early
 
 
-def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str]
-                   ) -> dict[str, object]:
-    """Out-of-fold probabilities of the shipped design with and without `direct`; each band's AUROC per set and
-    share of answers that skip `direct`; the band the rule chooses (module docstring)."""
+def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str],
+                   pairs: dict[str, list[tuple[int, int]]]) -> dict[str, object]:
+    """Out-of-fold probabilities of the shipped design with and without `direct`; each band's AUROC per set, share
+    of answers that skip `direct` and, on a contrast set, share of pairs (rows: edited, faithful) whose edited answer
+    scores higher; the band the rule chooses (module docstring), and the one it would choose if no set's share of
+    pairs could fall by more than 0.01 either."""
     sets = [d for d in judged_sets if d not in RECORDS]
     folds_of = []
     for shuffle in range(shuffles):
         order = sources[:]
         random.Random(shuffle).shuffle(order)
         folds_of.append({g: n % 5 for n, g in enumerate(order)})
-    pairs: list[dict[int, tuple[float, float]]] = []  # per shuffle: row -> (whole, first stage)
+    per_shuffle: list[dict[int, tuple[float, float]]] = []  # row -> (whole, first stage)
     for fold in folds_of:
         scores: dict[int, tuple[float, float]] = {}
         for k in range(5):
@@ -183,39 +193,47 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
             scores |= {n: (fitted[0].probability(r[0], fitted[0].reads_record(r[0])),
                            fitted[1].probability(without_direct(r[0])))
                        for n, r in enumerate(rows) if fold[r[2]] == k and r[3] in sets}
-        pairs.append(scores)
+        per_shuffle.append(scores)
 
-    def score(band: tuple[float, float]) -> dict[str, tuple[float, float]]:  # per set: AUROC, share skipping direct
+    def score(band: tuple[float, float]) -> dict[str, tuple[float, float, float]]:
+        """Per set: AUROC, share skipping direct, share of pairs ranked right (nan where no pairs)."""
         out = {}
         for dataset in sets:
             mine = [n for n, r in enumerate(rows) if r[3] == dataset]
-            aurocs, skipped = [], []
-            for scores in pairs:
-                inside = [band[0] <= scores[n][1] < band[1] for n in mine]
-                read = [scores[n][0] if asked else scores[n][1] for n, asked in zip(mine, inside, strict=True)]
-                auroc = metrics.auroc([rows[n][1] for n in mine], read)
+            aurocs, skipped, ranked = [], [], []
+            for scores in per_shuffle:
+                read = {n: scores[n][0] if band[0] <= scores[n][1] < band[1] else scores[n][1] for n in mine}
+                auroc = metrics.auroc([rows[n][1] for n in mine], [read[n] for n in mine])
                 assert auroc is not None  # every judged set has both kinds of answer
                 aurocs.append(auroc)
-                skipped.append(1 - sum(inside) / len(mine))
-            out[dataset] = (statistics.fmean(aurocs), statistics.fmean(skipped))
+                skipped.append(sum(not band[0] <= scores[n][1] < band[1] for n in mine) / len(mine))
+                ranked += [1.0 if read[e] > read[f] else 0.5 if read[e] == read[f] else 0.0
+                           for e, f in pairs.get(dataset, [])]
+            out[dataset] = (statistics.fmean(aurocs), statistics.fmean(skipped),
+                            statistics.fmean(ranked) if ranked else math.nan)
         return out
 
     whole = score((0.0, 1.01))
     grid = [(round(0.05 + 0.025 * i, 3), round(0.3 + 0.05 * j, 2)) for i in range(9) for j in range(7)]
-    rows_out, chosen = [], None
-    print(f"\ncascade bands, grouped 5-fold CV, {shuffles} shuffles: AUROC (share skipping direct); whole check "
-          + "  ".join(f"{d} {a:.3f}" for d, (a, _) in whole.items()))
+    rows_out, chosen, keeping_pairs = [], None, None
+    print(f"\ncascade bands, grouped 5-fold CV, {shuffles} shuffles: AUROC (share skipping direct) [share of pairs "
+          "ranked right]; whole check " + "  ".join(f"{d} {a:.3f} [{p:.3f}]" for d, (a, _, p) in whole.items()))
     for band in grid:
         got = score(band)
         ok = all(got[d][0] >= whole[d][0] - 0.005 for d in sets)
-        skip = statistics.fmean(s for _, s in got.values())
-        rows_out.append({"band": band, "ok": ok, "skip": skip, "sets": got})
+        pairs_kept = ok and all(got[d][2] >= whole[d][2] - 0.01 for d in pairs)
+        skip = statistics.fmean(s for _, s, _ in got.values())
+        rows_out.append({"band": band, "ok": ok, "pairs_kept": pairs_kept, "skip": skip, "sets": got})
         print(f"  [{band[0]}, {band[1]}) {'ok' if ok else '  '} mean skip {skip:.2f}  "
-              + "  ".join(f"{d} {a:.3f} ({s:.2f})" for d, (a, s) in got.items()))
+              + "  ".join(f"{d} {a:.3f} ({s:.2f})" + ("" if math.isnan(p) else f" [{p:.3f}]")
+                          for d, (a, s, p) in got.items()))
         if ok and (chosen is None or skip > chosen[1]):
             chosen = (band, skip)
-    print(f"chosen band: {chosen}; shipped: {list(CASCADE)}")
-    return {"whole": whole, "grid": rows_out, "chosen": chosen}
+        if pairs_kept and (keeping_pairs is None or skip > keeping_pairs[1]):
+            keeping_pairs = (band, skip)
+    print(f"chosen band: {chosen}; shipped: {list(CASCADE)}; if no set's pairs may fall by more than 0.01 either: "
+          f"{keeping_pairs}")
+    return {"whole": whole, "grid": rows_out, "chosen": chosen, "keeping_pairs": keeping_pairs}
 
 
 if __name__ == "__main__":

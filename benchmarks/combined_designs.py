@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 from pathlib import Path
@@ -195,8 +194,8 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
                        for n, r in enumerate(rows) if fold[r[2]] == k and r[3] in sets}
         per_shuffle.append(scores)
 
-    def score(band: tuple[float, float]) -> dict[str, tuple[float, float, float]]:
-        """Per set: AUROC, share skipping direct, share of pairs ranked right (nan where no pairs)."""
+    def score(band: tuple[float, float]) -> dict[str, tuple[float, float, float | None]]:
+        """Per set: AUROC, share skipping direct, share of pairs ranked right (None where no pairs)."""
         out = {}
         for dataset in sets:
             mine = [n for n, r in enumerate(rows) if r[3] == dataset]
@@ -210,22 +209,23 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
                 ranked += [1.0 if read[e] > read[f] else 0.5 if read[e] == read[f] else 0.0
                            for e, f in pairs.get(dataset, [])]
             out[dataset] = (statistics.fmean(aurocs), statistics.fmean(skipped),
-                            statistics.fmean(ranked) if ranked else math.nan)
+                            statistics.fmean(ranked) if ranked else None)
         return out
 
     whole = score((0.0, 1.01))
     grid = [(round(0.05 + 0.025 * i, 3), round(0.3 + 0.05 * j, 2)) for i in range(9) for j in range(7)]
     rows_out, chosen, keeping_pairs = [], None, None
     print(f"\ncascade bands, grouped 5-fold CV, {shuffles} shuffles: AUROC (share skipping direct) [share of pairs "
-          "ranked right]; whole check " + "  ".join(f"{d} {a:.3f} [{p:.3f}]" for d, (a, _, p) in whole.items()))
+          "ranked right]; whole check " + "  ".join(f"{d} {a:.3f}" + ("" if p is None else f" [{p:.3f}]")
+                                                    for d, (a, _, p) in whole.items()))
     for band in grid:
         got = score(band)
         ok = all(got[d][0] >= whole[d][0] - 0.005 for d in sets)
-        pairs_kept = ok and all(got[d][2] >= whole[d][2] - 0.01 for d in pairs)
+        pairs_kept = ok and all((got[d][2] or 0.0) >= (whole[d][2] or 0.0) - 0.01 for d in pairs)
         skip = statistics.fmean(s for _, s, _ in got.values())
         rows_out.append({"band": band, "ok": ok, "pairs_kept": pairs_kept, "skip": skip, "sets": got})
         print(f"  [{band[0]}, {band[1]}) {'ok' if ok else '  '} mean skip {skip:.2f}  "
-              + "  ".join(f"{d} {a:.3f} ({s:.2f})" + ("" if math.isnan(p) else f" [{p:.3f}]")
+              + "  ".join(f"{d} {a:.3f} ({s:.2f})" + ("" if p is None else f" [{p:.3f}]")
                           for d, (a, s, p) in got.items()))
         if ok and (chosen is None or skip > chosen[1]):
             chosen = (band, skip)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CASCADE, CHANNELS, JUDGE_FEATURES, Weights, load_weights
+from morphguard.detectors.combined import CASCADE, CHANNELS, JUDGE_FEATURES, Weights, asks_direct, load_weights
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
@@ -167,7 +167,7 @@ def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tup
     if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
         return whole.probability(values, whole.reads_record(values))
     early = first.probability(without_direct(values))
-    return whole.probability(values) if band[0] <= early < band[1] else early
+    return whole.probability(values) if asks_direct(early, band) else early
 
 
 def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str],
@@ -201,11 +201,11 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
             mine = [n for n, r in enumerate(rows) if r[3] == dataset]
             aurocs, skipped, ranked = [], [], []
             for scores in per_shuffle:
-                read = {n: scores[n][0] if band[0] <= scores[n][1] < band[1] else scores[n][1] for n in mine}
+                read = {n: scores[n][0] if asks_direct(scores[n][1], band) else scores[n][1] for n in mine}
                 auroc = metrics.auroc([rows[n][1] for n in mine], [read[n] for n in mine])
                 assert auroc is not None  # every judged set has both kinds of answer
                 aurocs.append(auroc)
-                skipped.append(sum(not band[0] <= scores[n][1] < band[1] for n in mine) / len(mine))
+                skipped.append(sum(not asks_direct(scores[n][1], band) for n in mine) / len(mine))
                 ranked += [1.0 if read[e] > read[f] else 0.5 if read[e] == read[f] else 0.0
                            for e, f in pairs.get(dataset, [])]
             out[dataset] = (statistics.fmean(aurocs), statistics.fmean(skipped),

@@ -29,6 +29,8 @@ _QUALIFIER = re.compile(
     r"\b(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|mostly|likely|possibly|"
     r"partially|occasionally|rarely|some|may|might|about|around|roughly|up to|at least|at most|more than|"
     r"less than|fewer than|in some|in most|in rare)\b", re.I)
+# A bullet or "5." before an answer sentence, cut off before it is aligned. `_ITEM_NUMBER`'s wider shapes only keep a
+# number from being compared: cutting "1 Spray" could change which context sentence the answer copies.
 _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # The number of a list item, which states nothing: "1. Season", "2  Season", "3-Place", "1 Spray", "1To construct"
 # (a capital follows it; "40 patients were seen" opens with a claim).

@@ -227,6 +227,11 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 CASCADE = (0.2, 0.45)
 
 
+def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:
+    """Whether the cascade asks `direct` after its first stage gave this probability."""
+    return band[0] <= first_stage < band[1]
+
+
 class CombinedSettings(Section):
     """The `combined` config section."""
 
@@ -292,7 +297,7 @@ class Combined:
         if held_back:
             assert self.first is not None
             first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features)
-            if self.band[0] <= first_stage < self.band[1] and self.direct is not None:
+            if asks_direct(first_stage, self.band) and self.direct is not None:
                 asked["direct"] = await self.direct.detect(rag, answer)
             else:
                 weights = self.first

@@ -28,6 +28,7 @@ from morphguard.detectors.combined import (
     JUDGE_FEATURES,
     Weights,
     answer_probability,
+    asks_direct,
     features,
     vocabulary_features,
 )
@@ -121,7 +122,7 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
         if full.error is not None or stage is None or stage.score is None:
             continue
         about_record = not any(f in full.features for f in JUDGE_FEATURES)
-        chosen = full if about_record or band[0] <= stage.score < band[1] else stage
+        chosen = full if about_record or asks_direct(stage.score, band) else stage
         out.append(chosen.model_copy(update={"detector": detector, "fingerprint": fingerprint, "threshold": threshold,
                                              "flagged": (chosen.score or 0.0) >= threshold}))
     return out

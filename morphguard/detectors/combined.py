@@ -4,8 +4,8 @@ Up to five parts look at the answer: `grounding` (no call: content words the con
 copied sentences changed where a copy goes wrong, JSON record fields stated against their value,
 instructions to the checker) and, when the weights were fitted with them, `direct` (one call: is the
 whole answer supported?), `restatement` (one short call per changed copy, none for most answers: does the
-copy say what its source says?), `spotcheck` (one short call, none where every content word is the
-context's: does the context state the sentence grounding trusts least?) and the judge's per-factoid check
+copy say what its source says?), `spotcheck` (one short call: does the context state the sentence
+grounding trusts least, or, where it trusts every word, the fullest sentence?) and the judge's per-factoid check
 (`metarag:factoids`, one call per factoid). They fail on different answers: the words of a negated or
 swapped claim are all in the context, while the small judge waves through invented detail it finds
 plausible in a whole answer. Their signals become features, and a logistic regression fitted
@@ -223,8 +223,8 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
 # without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py, README "Session 16").
-CASCADE = (0.2, 0.45)
+# always asking it (benchmarks/combined_designs.py, README "Session 16" and "Session 17").
+CASCADE = (0.25, 0.35)
 
 
 def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:

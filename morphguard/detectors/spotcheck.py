@@ -6,8 +6,13 @@ asked about a whole answer against a whole context waves most of it through, but
 beside a few context sentences well enough. So the answer sentences with the most unsupported weight
 (numbers and names weighing more, as in grounding; at most `max_calls`, the worst first) each go to the
 judge with the context cut to the sentences most relevant to it (`focus`). A sentence's score is the
-judge's probability of NO, the answer's the highest. An answer whose content words the context all
-uses costs no call and scores 0, as do sentences that state nothing ("Here is a summary in 60 words:").
+judge's probability of NO, the answer's the highest. Sentences that state nothing ("Here is a summary in
+60 words:") are never judged.
+
+An answer whose content words the context all uses still gets one call, on its sentence with the most content
+words: a negated claim or a name moved from elsewhere in the context is made of the context's words, and such
+an answer is usually short, so one sentence is most of it. Before this (version 1) it cost no call and scored 0,
+and the combined check's first stage read it with no judge at all.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
+
+
+PLAN_VERSION = 2  # of `SpotCheck.plan`'s choice of sentences: a change makes earlier eval results stale
 
 
 class SpotCheckSettings(Section):
@@ -47,12 +55,17 @@ class SpotCheck:
 
     def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, str]]:
         """The sentences to judge, each with the context cut for it: those with unsupported words that state
-        something, the most unsupported weight first."""
-        candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in ungrounded(answer, rag.passages)
-                      if r.unsupported and statements(answer[r.start:r.end])]
+        something, the most unsupported weight first; where there are none, the stating sentence with the most
+        content words."""
+        stating = [r for r in ungrounded(answer, rag.passages) if statements(answer[r.start:r.end])]
+        candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in stating if r.unsupported]
         candidates.sort(key=lambda c: (-c[0], c[1]))
+        chosen = [(start, end) for _, start, end in candidates[: self.settings.max_calls]]
+        if not chosen and stating:
+            fullest = max(stating, key=lambda r: (r.content, -r.start))
+            chosen = [(fullest.start, fullest.end)]
         return [(start, end, numbered(focus([answer[start:end]], rag.passages, self.settings.context_budget)))
-                for _, start, end in candidates[: self.settings.max_calls]]
+                for start, end in chosen]
 
     async def _judge(self, sentence: str, passages: str, stage: StageCost) -> float:
         messages = [
@@ -83,5 +96,6 @@ class SpotCheck:
 register(DetectorSpec(
     name="spotcheck", settings=SpotCheckSettings, models=lambda settings: [settings.model],
     prompts=lambda settings: ["spotcheck_system", "spotcheck_user"],
-    fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2, "grounding": GROUNDING_VERSION},
+    fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2, "grounding": GROUNDING_VERSION,
+                                  "plan": PLAN_VERSION},
     build=lambda settings, threshold, llm: SpotCheck(llm, settings, threshold)))

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from morphguard.detectors import build_detector
-from morphguard.detectors.combined import Combined, CombinedSettings
+from morphguard.detectors.combined import CASCADE, Combined, CombinedSettings
 from morphguard.models import RagInput
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
@@ -48,10 +48,25 @@ def test_only_the_least_grounded_sentence_goes_to_the_judge_with_the_context_it_
     assert result.cost.llm_calls == 1
 
 
-def test_an_answer_in_the_contexts_own_words_costs_no_call(scripted_config):
+def test_an_answer_in_the_contexts_own_words_gets_one_call_on_its_fullest_sentence(scripted_config):
+    """Every word of a negated claim is the context's: the judge still reads the answer's sentence with the most
+    content words (here the negated one), and only that one."""
+    answer = "The bridge opened in 1932. The bridge did not carry four lanes of traffic."
+    with ScriptedLLM(lambda body: completion("NO", logprobs=p_no(0.9))) as server:
+        result = run(build_detector(scripted_config(server.base_url), name="spotcheck"), answer)
+    (request,) = server.requests
+    judged = "The bridge did not carry four lanes of traffic."
+    assert _tag(request["messages"][-1]["content"], "statement") == judged
+    assert "four lanes of traffic" in request["messages"][-1]["content"]
+    assert result.score == pytest.approx(0.9) and result.flagged and result.cost.llm_calls == 1
+    (factoid,) = result.factoids
+    assert answer[factoid.start:factoid.end] == judged
+
+
+def test_an_answer_that_states_nothing_costs_no_call(scripted_config):
     with ScriptedLLM(lambda body: completion("NO")) as server:
         result = run(build_detector(scripted_config(server.base_url), name="spotcheck"),
-                     "Here is what the passages say: The bridge opened in 1932. It carries four lanes of traffic.")
+                     "Here is what the passages say:")
     assert server.requests == [] and result.score == 0.0 and result.cost.llm_calls == 0
 
 
@@ -172,7 +187,7 @@ def test_the_cascade_asks_direct_last_and_only_inside_its_band(scripted_config):
     default, stages, _ = check("combined", scripted_config)
     first = default.settings["first_stage"]
     assert first == pytest.approx(fast.score)
-    asked = 0.2 <= first < 0.45
+    asked = CASCADE[0] <= first < CASCADE[1]
     assert ("direct" in stages) == asked and default.score == pytest.approx(whole.score if asked else fast.score)
 
     def band(low, high):

@@ -65,8 +65,9 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         learned = Weights.model_validate_json(weights.read_text())
         assert learned.fitted_on["items"] == 16 and learned.fitted_on["hallucinated"] == 8
         # the dataset's other answers teach the channels that need no judge: read, not judged. Each judged answer
-        # costs a direct call; the 8 wrong ones a restatement (a changed copy) and a spot check (an unsupported name)
-        assert learned.fitted_on["items_without_judge"] == 8 and calls == 16 + 8 + 8
+        # costs a direct call and a spot check (of its sentence with an unsupported name, or, in a faithful answer,
+        # of its fullest sentence); the 8 wrong ones also a restatement (a changed copy)
+        assert learned.fitted_on["items_without_judge"] == 8 and calls == 16 + 16 + 8
         assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement", "spotcheck"}  # shipped parts
         # the swapped city is a name the context lacks, a changed copy and the judge's NO on the whole answer and on
         # the sentence: each raises its channel

@@ -39,6 +39,7 @@ from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
+from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
@@ -377,7 +378,7 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
                 settings.cascade_weights, "fast").model_dump(exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
-            "alignment": ALIGNMENT_VERSION}
+            "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN}
 
 
 register(DetectorSpec(

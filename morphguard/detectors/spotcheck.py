@@ -32,7 +32,6 @@ from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-
 PLAN_VERSION = 2  # of `SpotCheck.plan`'s choice of sentences: a change makes earlier eval results stale
 
 

@@ -102,6 +102,11 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
     stored = runner.load_outcomes(folder)
     parts = {part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}
     threshold = config.detector.threshold
+    if partial := rescore.unfinished(stored, name, parts):
+        raise MorphguardError("--rescore: " + "; ".join(
+            f"{part} has run under its current settings on {done} of the {total} answers to rescore"
+            for part, (done, total) in partial.items()) + "; finish that run (eval --detector " + ",".join(partial)
+            + ") first, or the report would mix its old and new scores")
 
     def scored(detector: str, under: Config, read_with: Weights) -> list[runner.Outcome]:
         """This run's outcomes of `detector` configured as in `under`: those stored current, and those rescored."""

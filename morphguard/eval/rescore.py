@@ -42,6 +42,21 @@ from morphguard.models import RagInput
 OWN_OUTCOME = ("restatement", "spotcheck")
 
 
+def unfinished(stored: Sequence[Outcome], detector: str, parts: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """The parts in `OWN_OUTCOME` whose run under the current settings (`parts`) covers some, but not all, of the
+    answers that have a stored outcome of `detector` to rescore: {part: (answers covered, answers to rescore)}.
+    A rescore then would read the new score where that run has reached and the stored one elsewhere, mixing two
+    settings of one part in one report. (A part with no current outcome at all is read from the stored outcomes,
+    as one whose settings have not changed.)"""
+    wanted = {o.item_id for o in stored if o.detector == detector and o.error is None}
+    out = {}
+    for part, now in parts.items():
+        covered = {o.item_id for o in stored if o.detector == part and o.error is None and o.fingerprint == now}
+        if part in OWN_OUTCOME and covered and wanted - covered:
+            out[part] = (len(wanted & covered), len(wanted))
+    return out
+
+
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
             threshold: float, parts: Mapping[str, str] | None = None, detector: str = "combined") -> list[Outcome]:
     """New outcomes of `detector` (the combined check, or one of its profiles: `combined:fast`) for every stored one

@@ -1,6 +1,6 @@
 from morphguard.detectors.combined import Channel, Weights
 from morphguard.eval.datasets import Item
-from morphguard.eval.rescore import cascade, rescore
+from morphguard.eval.rescore import cascade, rescore, unfinished
 from morphguard.eval.runner import Outcome, ScoredSpan
 
 ITEM = Item(id="a", task="QA", question="q", passages=["The clinic opens at nine."],
@@ -106,3 +106,15 @@ def test_the_cascade_reads_the_fast_profiles_outcome_outside_its_band_and_the_wh
     [asked] = cascade([whole], [firsts[0].model_copy(update={"score": 0.3})], (0.2, 0.45), "cascade", threshold=0.3)
     assert (asked.score, asked.llm_calls, asked.seconds, asked.flagged) == (0.35, 3, 9.0, True)
     assert cascade([whole], [], (0.2, 0.45), "cascade", threshold=0.3) == []  # no first stage: left for a fresh run
+
+
+def test_a_part_run_again_on_only_some_answers_is_reported_so_that_no_rescore_mixes_its_settings():
+    """A part rerun under new settings that has reached some answers but not all: rescoring then would read its new
+    score on some answers and the stored one on the rest."""
+    other = Item(id="b", task="QA", question="q", passages=ITEM.passages, answer=ITEM.answer, hallucinated=False)
+    spot = Outcome(detector="spotcheck", repeat=0, item_id="a", task="QA", hallucinated=True, score=0.9,
+                   fingerprint="s2", llm_calls=1, seconds=2.5)
+    run = [stored(), stored(item_id=other.id), spot]
+    assert unfinished(run, "combined", {"spotcheck": "s2"}) == {"spotcheck": (1, 2)}
+    assert unfinished(run + [spot.model_copy(update={"item_id": "b"})], "combined", {"spotcheck": "s2"}) == {}
+    assert unfinished(run, "combined", {"spotcheck": "s3"}) == {}  # no current outcome: settings unchanged

@@ -32,8 +32,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, model_validator
 
 from morphguard.config import Section
+from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
+from morphguard.detectors.focus import statements
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
@@ -59,6 +61,17 @@ WEIGHT_FILES = {"": "combined.json", "fast": "combined_fast.json"}
 # benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
 DIRECT_CONTEXT_BUDGET = 16_000
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
+# A short answer (at most `SHORT_ANSWER` stating sentences) that copies a context sentence at least this closely but
+# changes it where a copy goes wrong (a negation, a number, a name, a dropped qualifier; detectors/alignment.py) is
+# raised to at least `CHANGED_COPY_FLOOR`, so that both thresholds flag it. The fitted channels cannot learn this:
+# they are fitted on whole answers, where those changes also turn up in faithful paraphrases, and gave the name and
+# qualifier kinds no weight. On the fit halves (README, "Session 17") such answers are 44 of the short contrast
+# set's 80 edited answers and 2 of its 80 faithful ones, and 2 of the 305 RAGTruth QA and Summary answers (faithful);
+# closeness 0.6 caught 9 more edits but cost Summary 0.029 AUROC. 0.3 is the least floor that lifts an answer
+# scored near 0 above the general threshold.
+SHORT_ANSWER = 2
+CHANGED_COPY_CLOSENESS = 0.8
+CHANGED_COPY_FLOOR = 0.3
 
 
 def features(direct: float | None, restatement: float | None, factoid_scores: Sequence[float] | None,
@@ -202,12 +215,23 @@ class Weights(BaseModel):
         return out
 
 
-def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float]) -> float:
-    """What the weights make of the features, raised for an answer that tells its checker what to conclude:
-    such an answer is suspect whatever the parts say (noisy-OR keeps those answers in the order the evidence
-    puts them)."""
+def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float],
+                       answer: str) -> float:
+    """What the weights make of the features, raised for an answer that tells its checker what to conclude (such
+    an answer is suspect whatever the parts say) and for a short answer that is a changed copy (`CHANGED_COPY_FLOOR`).
+    Each floor is joined by noisy-OR, which keeps the raised answers in the order the evidence puts them."""
     score = weights.probability(values, weights.reads_record(grounding))
-    return 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR) if grounding.get("instruction") else score
+    if grounding.get("instruction"):
+        score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
+    if short_changed_copy(answer, grounding):
+        score = 1.0 - (1.0 - score) * (1.0 - CHANGED_COPY_FLOOR)
+    return score
+
+
+def short_changed_copy(answer: str, grounding: Mapping[str, float]) -> bool:
+    """Whether `answer` is short and copies a context sentence closely with a change (`CHANGED_COPY_FLOOR`)."""
+    closest = max(grounding.get(f"{kind}_conflict", 0.0) for kind in CONFLICT_KINDS)
+    return closest >= CHANGED_COPY_CLOSENESS and len(statements(answer, SHORT_ANSWER + 1)) <= SHORT_ANSWER
 
 
 def load_weights(path: str | None, profile: str = "") -> Weights:
@@ -297,7 +321,8 @@ class Combined:
         weights, first_stage = self.weights, None
         if held_back:
             assert self.first is not None
-            first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features)
+            first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features,
+                                             answer)
             if asks_direct(first_stage, self.band) and self.direct is not None:
                 asked["direct"] = await self.direct.detect(rag, answer)
             else:
@@ -305,7 +330,7 @@ class Combined:
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
         values = vocabulary_features(grounded.features) if record else _values(asked, grounded.features)
-        score = answer_probability(weights, values, grounded.features)
+        score = answer_probability(weights, values, grounded.features, answer)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:
@@ -378,7 +403,8 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
                 settings.cascade_weights, "fast").model_dump(exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
-            "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN}
+            "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
+            "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR]}
 
 
 register(DetectorSpec(

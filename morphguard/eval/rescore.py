@@ -89,7 +89,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
                   features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))
-        score = answer_probability(weights, values, grounded)
+        score = answer_probability(weights, values, grounded, item.answer)
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
         kept = [] if record else old.factoid_spans

@@ -209,3 +209,27 @@ def test_weights_of_ones_own_cascade_only_with_a_first_stage_of_ones_own():
     assert CombinedSettings(weights="mine.json", cascade_weights="mine_fast.json").cascaded
     with pytest.raises(ValueError, match="low <= high"):
         CombinedSettings(cascade=(0.5, 0.2))
+
+
+def test_a_short_answer_that_changes_a_close_copy_is_flagged_whatever_the_parts_say(scripted_config):
+    """A one-sentence answer that copies a context sentence but negates it is raised to at least the changed-copy
+    floor, so both thresholds flag it even when every judge part says YES; a long answer with the same copy, or a
+    faithful short copy, is not raised."""
+    from morphguard.detectors.combined import CHANGED_COPY_FLOOR, short_changed_copy
+    from morphguard.detectors.grounding import Grounding, GroundingSettings
+
+    negated = "The bridge did not open in 1932."
+    with ScriptedLLM(lambda body: '{"verdict": "YES", "unsupported": []}' if stage_of(body) == "direct"
+                     else completion("YES", logprobs=p_no(0.02))) as server:
+        config = scripted_config(server.base_url)
+        raised = run(build_detector(config, name="combined"), negated)
+        faithful = run(build_detector(config, name="combined"), "The bridge opened in 1932.")
+    assert raised.score >= CHANGED_COPY_FLOOR > faithful.score and raised.flagged and not faithful.flagged
+
+    def grounded(answer):
+        return Grounding(GroundingSettings()).measure(RagInput(question=QUESTION, passages=PASSAGES), answer).features
+
+    assert short_changed_copy(negated, grounded(negated))
+    long = (negated + " It carries four lanes of traffic. Its towers are 134 metres tall."
+            " The harbour has two ferry terminals.")
+    assert not short_changed_copy(long, grounded(long))

@@ -14,7 +14,7 @@ that the answer is hallucinated, so a threshold means the same here as in any ot
 coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
 together with what they were fitted on. By default `direct` is asked last, and only for answers the other parts
 leave near the thresholds (`CASCADE`). An answer that addresses its checker is raised to at least
-`INSTRUCTION_FLOOR`.
+`INSTRUCTION_FLOOR`, and a short answer that is a close changed copy to at least `CHANGED_COPY_FLOOR`.
 """
 
 from __future__ import annotations

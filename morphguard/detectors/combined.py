@@ -216,14 +216,15 @@ class Weights(BaseModel):
 
 
 def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float],
-                       answer: str) -> float:
+                       short_copy: bool) -> float:
     """What the weights make of the features, raised for an answer that tells its checker what to conclude (such
-    an answer is suspect whatever the parts say) and for a short answer that is a changed copy (`CHANGED_COPY_FLOOR`).
-    Each floor is joined by noisy-OR, which keeps the raised answers in the order the evidence puts them."""
+    an answer is suspect whatever the parts say) and for a short answer that is a changed copy (`short_copy`, from
+    `short_changed_copy`). Each floor is joined by noisy-OR, which keeps the raised answers in the order the evidence
+    puts them."""
     score = weights.probability(values, weights.reads_record(grounding))
     if grounding.get("instruction"):
         score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
-    if short_changed_copy(answer, grounding):
+    if short_copy:
         score = 1.0 - (1.0 - score) * (1.0 - CHANGED_COPY_FLOOR)
     return score
 
@@ -310,6 +311,9 @@ class Combined:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         grounded = await self.grounding.detect(rag, answer)
+        # Counting the stating sentences reads the whole answer (a tenth of a second for a hostile 2 MB one): off the
+        # event loop, as grounding is, and once for both stages.
+        short_copy = await asyncio.to_thread(short_changed_copy, answer, grounded.features)
         record = self.weights.reads_record(grounded.features)
         held_back = self.first is not None and not record
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
@@ -322,7 +326,7 @@ class Combined:
         if held_back:
             assert self.first is not None
             first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features,
-                                             answer)
+                                             short_copy)
             if asks_direct(first_stage, self.band) and self.direct is not None:
                 asked["direct"] = await self.direct.detect(rag, answer)
             else:
@@ -330,7 +334,7 @@ class Combined:
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
         values = vocabulary_features(grounded.features) if record else _values(asked, grounded.features)
-        score = answer_probability(weights, values, grounded.features, answer)
+        score = answer_probability(weights, values, grounded.features, short_copy)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:

@@ -30,6 +30,7 @@ from morphguard.detectors.combined import (
     answer_probability,
     asks_direct,
     features,
+    short_changed_copy,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -89,7 +90,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
                   features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))
-        score = answer_probability(weights, values, grounded, item.answer)
+        score = answer_probability(weights, values, grounded, short_changed_copy(item.answer, grounded))
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
         kept = [] if record else old.factoid_spans

@@ -2,13 +2,15 @@
 
 `results.jsonl` in the run folder gets one line per (detector, repeat, item), appended and flushed as
 each check completes, so a killed run resumes where it stopped. Lines with an error are retried on resume;
-a line cut short by a kill is ignored. `run.json` pins the dataset, sample and seed of the folder, so a
-different run is never mixed into it.
+a line cut short by a kill is ignored. `run.json` pins the dataset, sample and seed of the folder and a digest
+of what its items say, so a different run is never mixed into it: an item rebuilt with other words under the same
+id (a change to the contrast set's edits, say) would otherwise be reported with the outcomes of its old text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -78,17 +80,31 @@ def append_outcomes(folder: Path, outcomes: Sequence[Outcome]) -> None:
             sink.write(outcome.model_dump_json() + "\n")
 
 
+def content(items: Sequence[Item]) -> str:
+    """A digest of what the items say: what the detectors read, and the labels the report scores them by."""
+    said = [[i.id, i.question, i.passages, i.answer, i.hallucinated, [s.model_dump() for s in i.spans or []]]
+            for i in items]
+    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode()).hexdigest()
+
+
+# Pinned since a later version: a folder written before it was pinned lacks the key and is taken as it stands (with
+# the key added), as that version took it.
+_ADOPTED = ("content",)
+
+
 def prepare_folder(folder: Path, run: Mapping[str, object]) -> None:
     """Create the run folder, or check that an existing one holds the same dataset sample."""
     folder.mkdir(parents=True, exist_ok=True)
     pinned = folder / RUN
     if pinned.exists():
         before = json.loads(pinned.read_text(encoding="utf-8"))
-        if before != dict(run):
+        older = {k: run[k] for k in _ADOPTED if k in run and k not in before}
+        if {**before, **older} != dict(run):
             changed = sorted(k for k in set(before) | set(run) if before.get(k) != run.get(k))
             raise MorphguardError(f"{folder} holds a different run ({', '.join(changed)} differ); "
                                   f"choose another --out or delete it")
-        return
+        if not older:
+            return
     tmp = pinned.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(run), indent=2), encoding="utf-8")
     tmp.replace(pinned)

@@ -58,3 +58,17 @@ def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tm
         assert morphguard_eval(tmp_path, server.base_url).returncode == 0
         other = morphguard_eval(tmp_path, server.base_url, "--limit", "2")
     assert other.returncode == 2 and "holds a different run" in other.stderr
+
+
+def test_eval_refuses_a_folder_whose_items_now_say_something_else(tmp_path):
+    with ScriptedLLM(direct_judge) as server:
+        assert morphguard_eval(tmp_path, server.base_url).returncode == 0
+        calls = len(server.requests)
+        # The same ids, one answer rebuilt with other words: its stored verdict is about text no longer there.
+        RECORDS[1]["answer"], before = "The Eiffel Tower is in Rome.", RECORDS[1]["answer"]
+        try:
+            changed = morphguard_eval(tmp_path, server.base_url)
+        finally:
+            RECORDS[1]["answer"] = before
+    assert changed.returncode == 2 and "holds a different run (content differ)" in changed.stderr
+    assert len(server.requests) == calls and "Traceback" not in changed.stderr

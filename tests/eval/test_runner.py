@@ -82,3 +82,14 @@ def test_results_under_other_settings_are_stale_and_run_again(tmp_path):
     outcomes = run({"c": changed}, tmp_path, fingerprints={"c": "settings-2"})
     assert same.seen == [] and len(changed.seen) == 4
     assert {o.fingerprint for o in outcomes} == {"settings-2"}
+
+
+def test_a_folder_pinned_before_its_content_was_takes_the_digest_and_then_holds_to_it(tmp_path):
+    rewritten = [ITEMS[0].model_copy(update={"answer": "something else"}), *ITEMS[1:]]
+    older = {"dataset": "d", "seed": 0, "items": [i.id for i in ITEMS]}
+    runner.prepare_folder(tmp_path, older)  # as a version that pinned no content wrote it
+    runner.prepare_folder(tmp_path, {**older, "content": runner.content(ITEMS)})
+    assert json.loads((tmp_path / runner.RUN).read_text())["content"] == runner.content(ITEMS)
+    assert runner.content(rewritten) != runner.content(ITEMS)
+    with pytest.raises(MorphguardError, match=r"different run \(content differ\)"):
+        runner.prepare_folder(tmp_path, {**older, "content": runner.content(rewritten)})

@@ -164,8 +164,11 @@ def evaluate(config: Config, dataset: str, names: Sequence[str], *, half: str | 
         raise MorphguardError(f"dataset {dataset} has no items")
     label = re.sub(r"[^A-Za-z0-9_.-]+", "_", dataset) + (f"-{half}" if half else "")
     folder = out or Path("runs") / "eval" / f"{label}-n{len(items)}-seed{seed}"
-    runner.prepare_folder(folder, {"dataset": dataset, "half": half, "seed": seed, "items": [i.id for i in items],
-                                   "content": runner.content(items)})
+    rebuilt = runner.prepare_folder(folder, {"dataset": dataset, "half": half, "seed": seed,
+                                             "items": [i.id for i in items], "content": runner.content(items)})
+    if rebuilt:
+        print(f"{len(rebuilt)} items say something else than when {folder} last ran; their outcomes were dropped "
+              "and they are checked again", file=sys.stderr)
     # Repeats must reach the judge: without this every repeat would be served from the response cache.
     config = config.model_copy(update={"judge": config.judge.model_copy(
         update={"cache": config.judge.cache.model_copy(update={"enabled": False})})})

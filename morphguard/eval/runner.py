@@ -2,9 +2,10 @@
 
 `results.jsonl` in the run folder gets one line per (detector, repeat, item), appended and flushed as
 each check completes, so a killed run resumes where it stopped. Lines with an error are retried on resume;
-a line cut short by a kill is ignored. `run.json` pins the dataset, sample and seed of the folder and a digest
-of what its items say, so a different run is never mixed into it: an item rebuilt with other words under the same
-id (a change to the contrast set's edits, say) would otherwise be reported with the outcomes of its old text.
+a line cut short by a kill is ignored. `run.json` pins the dataset, sample and seed of the folder, so a
+different run is never mixed into it, and a digest of what each item says: an item rebuilt with other words under
+the same id (a change to the contrast set's edits, say) loses its outcomes and is checked again, rather than being
+reported with the verdicts on its old text.
 """
 
 from __future__ import annotations
@@ -80,34 +81,46 @@ def append_outcomes(folder: Path, outcomes: Sequence[Outcome]) -> None:
             sink.write(outcome.model_dump_json() + "\n")
 
 
-def content(items: Sequence[Item]) -> str:
-    """A digest of what the items say: what the detectors read, and the labels the report scores them by."""
-    said = [[i.id, i.question, i.passages, i.answer, i.hallucinated, [s.model_dump() for s in i.spans or []]]
-            for i in items]
-    return hashlib.sha256(json.dumps(said, ensure_ascii=False).encode()).hexdigest()
+def content(items: Sequence[Item]) -> dict[str, str]:
+    """Per item, a digest of what it says: what the detectors read, and the labels the report scores it by."""
+    return {i.id: hashlib.sha256(json.dumps(
+        [i.question, i.passages, i.answer, i.hallucinated, [s.model_dump() for s in i.spans or []]],
+        ensure_ascii=False).encode()).hexdigest()[:16] for i in items}
 
 
-# Pinned since a later version: a folder written before it was pinned lacks the key and is taken as it stands (with
-# the key added), as that version took it.
-_ADOPTED = ("content",)
-
-
-def prepare_folder(folder: Path, run: Mapping[str, object]) -> None:
-    """Create the run folder, or check that an existing one holds the same dataset sample."""
+def prepare_folder(folder: Path, run: Mapping[str, object]) -> list[str]:
+    """Create the run folder, or check that an existing one holds the same dataset sample. Where `run` pins the
+    items' `content` and an item now says something else under the same id, that item's outcomes are stale: they
+    are dropped, so that it is checked again. Returns the ids of the items so rebuilt."""
     folder.mkdir(parents=True, exist_ok=True)
     pinned = folder / RUN
+    rebuilt: list[str] = []
     if pinned.exists():
         before = json.loads(pinned.read_text(encoding="utf-8"))
-        older = {k: run[k] for k in _ADOPTED if k in run and k not in before}
-        if {**before, **older} != dict(run):
-            changed = sorted(k for k in set(before) | set(run) if before.get(k) != run.get(k))
+        # A folder written before content was pinned lacks it and is taken as it stands, as that version took it.
+        said, now = before.pop("content", None), dict(run).pop("content", None)
+        rest = {k: v for k, v in run.items() if k != "content"}
+        if before != rest:
+            changed = sorted(k for k in set(before) | set(rest) if before.get(k) != rest.get(k))
             raise MorphguardError(f"{folder} holds a different run ({', '.join(changed)} differ); "
                                   f"choose another --out or delete it")
-        if not older:
-            return
+        if said == now or now is None:
+            return rebuilt
+        rebuilt = [i for i, digest in (said or {}).items() if now.get(i) != digest]
+        if rebuilt:
+            _drop(folder, set(rebuilt))
     tmp = pinned.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(run), indent=2), encoding="utf-8")
     tmp.replace(pinned)
+    return rebuilt
+
+
+def _drop(folder: Path, items: set[str]) -> None:
+    """Rewrite the folder's outcomes without those of `items` (a kill mid-way leaves the old file whole)."""
+    kept = [o for o in load_outcomes(folder) if o.item_id not in items]
+    tmp = folder / (RESULTS + ".tmp")
+    tmp.write_text("".join(o.model_dump_json() + "\n" for o in kept), encoding="utf-8")
+    tmp.replace(folder / RESULTS)
 
 
 async def run(

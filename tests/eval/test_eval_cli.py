@@ -60,15 +60,18 @@ def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tm
     assert other.returncode == 2 and "holds a different run" in other.stderr
 
 
-def test_eval_refuses_a_folder_whose_items_now_say_something_else(tmp_path):
+def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     with ScriptedLLM(direct_judge) as server:
         assert morphguard_eval(tmp_path, server.base_url).returncode == 0
         calls = len(server.requests)
         # The same ids, one answer rebuilt with other words: its stored verdict is about text no longer there.
-        RECORDS[1]["answer"], before = "The Eiffel Tower is in Rome.", RECORDS[1]["answer"]
+        RECORDS[0]["answer"], before = "The Eiffel Tower is in Berlin.", RECORDS[0]["answer"]
         try:
             changed = morphguard_eval(tmp_path, server.base_url)
         finally:
-            RECORDS[1]["answer"] = before
-    assert changed.returncode == 2 and "holds a different run (content differ)" in changed.stderr
-    assert len(server.requests) == calls and "Traceback" not in changed.stderr
+            RECORDS[0]["answer"] = before
+    assert changed.returncode == 0, changed.stderr
+    assert "1 items say something else" in changed.stderr
+    assert len(server.requests) == calls + 1 and "Berlin" in server.requests[-1]["messages"][-1]["content"]
+    # r0 now states the wrong city under a faithful label: the report scores the new verdict, not the old one
+    assert "| direct | 0.275 | 0.667 | 1.000 | 0.800 |" in changed.stdout

@@ -84,12 +84,14 @@ def test_results_under_other_settings_are_stale_and_run_again(tmp_path):
     assert {o.fingerprint for o in outcomes} == {"settings-2"}
 
 
-def test_a_folder_pinned_before_its_content_was_takes_the_digest_and_then_holds_to_it(tmp_path):
-    rewritten = [ITEMS[0].model_copy(update={"answer": "something else"}), *ITEMS[1:]]
-    older = {"dataset": "d", "seed": 0, "items": [i.id for i in ITEMS]}
-    runner.prepare_folder(tmp_path, older)  # as a version that pinned no content wrote it
-    runner.prepare_folder(tmp_path, {**older, "content": runner.content(ITEMS)})
-    assert json.loads((tmp_path / runner.RUN).read_text())["content"] == runner.content(ITEMS)
-    assert runner.content(rewritten) != runner.content(ITEMS)
-    with pytest.raises(MorphguardError, match=r"different run \(content differ\)"):
-        runner.prepare_folder(tmp_path, {**older, "content": runner.content(rewritten)})
+def test_an_item_rebuilt_under_the_same_id_loses_its_outcomes_and_runs_again(tmp_path):
+    pinned = {"dataset": "d", "seed": 0, "items": [i.id for i in ITEMS]}
+    runner.prepare_folder(tmp_path, pinned)  # as a version that pinned no content wrote the folder
+    run({"c": Counting()}, tmp_path)
+    assert runner.prepare_folder(tmp_path, {**pinned, "content": runner.content(ITEMS)}) == []  # taken as it stands
+    rewritten = [ITEMS[0], ITEMS[1].model_copy(update={"answer": "something else"}), *ITEMS[2:]]
+    assert runner.prepare_folder(tmp_path, {**pinned, "content": runner.content(rewritten)}) == ["i1"]
+    assert {o.item_id for o in runner.load_outcomes(tmp_path)} == {"i0", "i2", "i3"}
+    again = Counting()
+    outcomes = asyncio.run(runner.run(rewritten, {"c": again}, tmp_path))
+    assert again.seen == ["something else"] and len(outcomes) == 4

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from morphguard.detectors.spans import sentences
+from morphguard.detectors.words import IGNORED
 from morphguard.eval.datasets import Item, Span
 
 KINDS = ("negation", "number", "entity", "qualifier", "added", "instruction")
@@ -30,6 +31,9 @@ _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")  # not
 _QUALIFIERS = re.compile(r"\s+(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|"
                          r"mostly|likely|possibly|partially|occasionally|rarely|up to|at least|at most|"
                          r"more than|less than|fewer than|some)\b", re.I)
+# A sentence about the sources or one that opens a list ("Based on the passages, here are some ways:") states no claim
+# about the world: negated, it reads as nonsense rather than as a contradiction of the context.
+_NO_CLAIM = re.compile(r"\b(?:passages?|context|sources?|documents?|provided?|provides)\b|:\s*$", re.I)
 _LIST_MARKER = re.compile(r"\d{1,3}[.)]\s")
 _LIST_OPENING = re.compile(r"^\s*(?:\d{1,3}[.)]|[-*•])\s+")
 _INSTRUCTIONS = (
@@ -50,13 +54,14 @@ def _replace(text: str, start: int, end: int, new: str) -> tuple[str, Span]:
 
 
 def _negation(item: Item, rank: int) -> tuple[str, Span] | None:
-    found = _NEGATED.search(item.answer)
-    if found:
-        return _replace(item.answer, found.start(), found.end(), found.group(1))
-    for match in _AUXILIARY.finditer(item.answer):
-        if match.group(2):  # "is not" → "is"
-            return _replace(item.answer, match.start(), match.end(), match.group(1))
-        return _replace(item.answer, match.start(), match.end(), f"{match.group(1)} not")
+    """The first claim's contracted negation undone, or else its first auxiliary negated ("is not" → "is")."""
+    claims = [(s, e) for s, e in sentences(item.answer) if not _NO_CLAIM.search(item.answer[s:e])]
+    for pattern in (_NEGATED, _AUXILIARY):
+        for s, e in claims:
+            match = pattern.search(item.answer, s, e)
+            if match:
+                new = match.group(1) if pattern is _NEGATED or match.group(2) else f"{match.group(1)} not"
+                return _replace(item.answer, match.start(), match.end(), new)
     return None
 
 
@@ -82,9 +87,11 @@ def _number(item: Item, rank: int) -> tuple[str, Span] | None:
 
 
 def _entity(item: Item, rank: int) -> tuple[str, Span] | None:
-    # Another name the sentence does not already use, and not a part of this one ("Paris" for "Paris Hilton").
+    # Another name the sentence does not already use, and not a part of this one ("Paris" for "Paris Hilton"). A
+    # capital after a line break or a quote is no name ("The", "It"): such a swap makes nonsense, not a false claim.
     return _swap(item, rank, _NAME,
-                 lambda old, new, sentence: new not in sentence and old not in new and new not in old)
+                 lambda old, new, sentence: new not in sentence and old not in new and new not in old
+                 and old.lower() not in IGNORED and new.lower() not in IGNORED)
 
 
 def _qualifier(item: Item, rank: int) -> tuple[str, Span] | None:

@@ -25,6 +25,18 @@ def test_each_kind_of_edit_changes_a_claim_and_marks_it():
     assert added[span.start:span.end] == "Rain is not common in the north of the island in May."
 
 
+def test_edits_change_claims_not_talk_about_the_sources_or_capitals_that_name_nothing():
+    item = faithful("Based on the passages provided, the steps are as follows:\n1. Ibuprofen is avoided late in "
+                    "pregnancy, says Smith.",
+                    "Smith and Jones wrote on pain.\nThe drug is avoided late in pregnancy, says Smith.")
+    negated, span = contrast._negation(item, 0)
+    assert negated[span.start:span.end] == "1. Ibuprofen is not avoided late in pregnancy, says Smith."
+    # "The" opens a line of the context: capitalised, but no name to swap in
+    for rank in range(4):
+        assert contrast._entity(item, rank)[0].endswith("says Jones.")
+    assert contrast._negation(faithful("The passages do not say.", "Nothing."), 0) is None
+
+
 def test_pairs_are_deterministic_kept_together_and_cover_every_kind():
     items = datasets.load("contrast-qa")
     assert [i.id for i in items] == [i.id for i in datasets.load("contrast-qa")]

@@ -98,13 +98,13 @@ def prepare_folder(folder: Path, run: Mapping[str, object]) -> list[str]:
     if pinned.exists():
         before = json.loads(pinned.read_text(encoding="utf-8"))
         # A folder written before content was pinned lacks it and is taken as it stands, as that version took it.
-        said, now = before.pop("content", None), dict(run).pop("content", None)
+        said, now = before.pop("content", None), run.get("content")
         rest = {k: v for k, v in run.items() if k != "content"}
         if before != rest:
             changed = sorted(k for k in set(before) | set(rest) if before.get(k) != rest.get(k))
             raise MorphguardError(f"{folder} holds a different run ({', '.join(changed)} differ); "
                                   f"choose another --out or delete it")
-        if said == now or now is None:
+        if said == now or not isinstance(now, dict):
             return rebuilt
         rebuilt = [i for i, digest in (said or {}).items() if now.get(i) != digest]
         if rebuilt:

@@ -87,6 +87,9 @@ def main() -> None:
                          key=lambda f: int(f.name.removeprefix(f"{dataset}-fit-n").split("-")[0]))
             if folder is None:
                 raise SystemExit(f"no fit-half run of {dataset} in {args.runs}: run the evals in the docstring first")
+            if changed := runner.rebuilt(folder, items):
+                raise SystemExit(f"{len(changed)} items of {folder} say something else than when it ran: run its eval "
+                                 "in the docstring again first")
             outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
             for item in items:  # one at a time, to know the rows of a contrast pair's two answers
                 values, labels, groups = fit.rows([item], outcomes, PARTS)

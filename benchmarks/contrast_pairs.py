@@ -35,6 +35,9 @@ def main() -> None:
                  key=lambda f: int(f.name.removeprefix(f"{args.dataset}-{args.half}-n").split("-")[0]))
     if folder is None:
         raise SystemExit(f"no {args.half}-half run of {args.dataset} in {args.runs}: run the eval in the docstring")
+    items = datasets.load_half(args.dataset, args.half)
+    if changed := runner.rebuilt(folder, items):
+        raise SystemExit(f"{len(changed)} items of {folder} say something else than when it ran: run its eval again")
     current = {part: fingerprint(Config(), part) for part in PARTS}
     outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
     whole, first = load_weights(None), load_weights(None, "fast")
@@ -42,7 +45,7 @@ def main() -> None:
                 f"cascade {list(CASCADE)}": lambda v: cascaded(whole, first, v, CASCADE),
                 "combined:fast": lambda v: first.probability(without_direct(v))}
     scores: dict[str, dict[str, float]] = defaultdict(dict)
-    for item in datasets.load_half(args.dataset, args.half):
+    for item in items:
         values, _, _ = fit.rows([item], outcomes, PARTS)
         for name, read in readings.items():
             scores[name] |= {item.id: read(values[0])} if values else {}

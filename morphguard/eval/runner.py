@@ -106,13 +106,25 @@ def prepare_folder(folder: Path, run: Mapping[str, object]) -> list[str]:
                                   f"choose another --out or delete it")
         if said == now or not isinstance(now, dict):
             return rebuilt
-        rebuilt = [i for i, digest in (said or {}).items() if now.get(i) != digest]
+        rebuilt = _changed(said or {}, now)
         if rebuilt:
             _drop(folder, set(rebuilt))
     tmp = pinned.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(run), indent=2), encoding="utf-8")
     tmp.replace(pinned)
     return rebuilt
+
+
+def _changed(said: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    return [i for i, digest in said.items() if i in now and now[i] != digest]
+
+
+def rebuilt(folder: Path, items: Sequence[Item]) -> list[str]:
+    """The ids of `items` whose text differs from what the folder's outcomes were made on, for readers of a folder
+    that do not go through `morphguard eval` (which checks such items again); none where it pins no content."""
+    pinned = folder / RUN
+    said = json.loads(pinned.read_text(encoding="utf-8")).get("content") if pinned.exists() else None
+    return _changed(said or {}, content(items))
 
 
 def _drop(folder: Path, items: set[str]) -> None:

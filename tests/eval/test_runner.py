@@ -90,7 +90,9 @@ def test_an_item_rebuilt_under_the_same_id_loses_its_outcomes_and_runs_again(tmp
     run({"c": Counting()}, tmp_path)
     assert runner.prepare_folder(tmp_path, {**pinned, "content": runner.content(ITEMS)}) == []  # taken as it stands
     rewritten = [ITEMS[0], ITEMS[1].model_copy(update={"answer": "something else"}), *ITEMS[2:]]
+    assert runner.rebuilt(tmp_path, rewritten) == ["i1"]  # what a script reading the folder directly is told
     assert runner.prepare_folder(tmp_path, {**pinned, "content": runner.content(rewritten)}) == ["i1"]
+    assert runner.rebuilt(tmp_path, rewritten) == []
     assert {o.item_id for o in runner.load_outcomes(tmp_path)} == {"i0", "i2", "i3"}
     again = Counting()
     outcomes = asyncio.run(runner.run(rewritten, {"c": again}, tmp_path))

@@ -94,7 +94,7 @@ def prepare_folder(folder: Path, run: Mapping[str, object]) -> list[str]:
     are dropped, so that it is checked again. Returns the ids of the items so rebuilt."""
     folder.mkdir(parents=True, exist_ok=True)
     pinned = folder / RUN
-    rebuilt: list[str] = []
+    stale: list[str] = []
     if pinned.exists():
         before = json.loads(pinned.read_text(encoding="utf-8"))
         # A folder written before content was pinned lacks it and is taken as it stands, as that version took it.
@@ -105,14 +105,14 @@ def prepare_folder(folder: Path, run: Mapping[str, object]) -> list[str]:
             raise MorphguardError(f"{folder} holds a different run ({', '.join(changed)} differ); "
                                   f"choose another --out or delete it")
         if said == now or not isinstance(now, dict):
-            return rebuilt
-        rebuilt = _changed(said or {}, now)
-        if rebuilt:
-            _drop(folder, set(rebuilt))
+            return stale
+        stale = _changed(said or {}, now)
+        if stale:
+            _drop(folder, set(stale))
     tmp = pinned.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(run), indent=2), encoding="utf-8")
     tmp.replace(pinned)
-    return rebuilt
+    return stale
 
 
 def _changed(said: Mapping[str, str], now: Mapping[str, str]) -> list[str]:

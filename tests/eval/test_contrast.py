@@ -28,10 +28,10 @@ def test_each_kind_of_edit_changes_a_claim_and_marks_it():
 def test_edits_change_claims_not_talk_about_the_sources_or_capitals_that_name_nothing():
     item = faithful("Based on the passages provided, the steps are as follows:\n1. Ibuprofen is avoided late in "
                     "pregnancy, says Smith.",
-                    "Smith and Jones wrote on pain.\nThe drug is avoided late in pregnancy, says Smith.")
+                    "Smith and Jones wrote on pain.\n- The drug is avoided late in pregnancy, says Smith.")
     negated, span = contrast._negation(item, 0)
     assert negated[span.start:span.end] == "1. Ibuprofen is not avoided late in pregnancy, says Smith."
-    # "The" opens a line of the context: capitalised, but no name to swap in
+    # "The" opens a list item of the context: capitalised, and not after a full stop, but no name to swap in
     for rank in range(4):
         assert contrast._entity(item, rank)[0].endswith("says Jones.")
     assert contrast._negation(faithful("The passages do not say.", "Nothing."), 0) is None

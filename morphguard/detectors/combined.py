@@ -249,8 +249,8 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
 # without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py, README "Session 16" to "Session 18").
-CASCADE = (0.25, 0.45)
+# always asking it (benchmarks/combined_designs.py, README "Session 16" to "Session 19").
+CASCADE = (0.225, 0.3)
 
 
 def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:

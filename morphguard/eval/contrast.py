@@ -87,16 +87,37 @@ def _number(item: Item, rank: int) -> tuple[str, Span] | None:
 
 
 def _entity(item: Item, rank: int) -> tuple[str, Span] | None:
-    # Another name the sentence does not already use, and not a part of this one ("Paris" for "Paris Hilton"). A
-    # capital after a line break or a quote is no name ("The", "It"): such a swap makes nonsense, not a false claim.
+    # Another name the sentence does not already use, and not a part of this one ("Paris" for "Paris Hilton") nor
+    # the same one spelt otherwise ("Water Pik" for "Waterpik", which would label a faithful answer wrong). A capital
+    # after a line break or a quote is no name ("The", "It"): such a swap makes nonsense, not a false claim.
     return _swap(item, rank, _NAME,
-                 lambda old, new, sentence: new not in sentence and old not in new and new not in old
-                 and old.lower() not in IGNORED and new.lower() not in IGNORED)
+                 lambda old, new, sentence: new not in sentence and old.lower() not in IGNORED
+                 and new.lower() not in IGNORED and _letters(old) not in _letters(new)
+                 and _letters(new) not in _letters(old))
+
+
+def _letters(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 def _qualifier(item: Item, rank: int) -> tuple[str, Span] | None:
-    found = _QUALIFIERS.search(item.answer)
-    return _replace(item.answer, found.start(), found.end(), "") if found else None
+    """The first qualifier of a claim that the context puts on the same words ("up to 200 mg"): dropped, the claim
+    says more than its source. A hedge of the answer's own ("here are some ways", "typically" where the context
+    states it plainly) is no limit of the source's, and without it the answer may be truer to the context."""
+    context = _flat(" ".join(item.passages))
+    for s, e in sentences(item.answer):
+        if _NO_CLAIM.search(item.answer[s:e]):
+            continue
+        for found in _QUALIFIERS.finditer(item.answer, s, e):
+            following = item.answer[found.end():e].split()[:1]
+            stated = _flat(found.group() + " " + following[0].strip(".,;:!?\"')")) if following else ""
+            if stated and re.search(rf"\b{re.escape(stated)}\b", context):
+                return _replace(item.answer, found.start(), found.end(), "")
+    return None
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.lower().split())
 
 
 def _twisted(item: Item) -> tuple[str, str] | None:

@@ -52,7 +52,7 @@ def test_explicit_context_is_checked_and_stripped_before_forwarding(annotate_pro
     verdict = verdict_of(completion)
     assert verdict["checked"] and verdict["context_source"] == "explicit"
     assert verdict["score"] == 0.0 and not verdict["flagged"] and verdict["action"] == "pass"
-    assert (verdict["profile"], verdict["topic"], verdict["threshold"]) == ("general", "pregnancy", 0.2)
+    assert (verdict["profile"], verdict["topic"], verdict["threshold"]) == ("general", "pregnancy", 0.175)
     assert completion.choices[0].message.content == PASSAGE
     assert completion.system_fingerprint == "fp_fake_unknown_field_kept"  # unknown fields survive
     rag_calls = [r for r in upstream_requests(provider) if r["body"]["model"] == "faithful"]

@@ -37,6 +37,18 @@ def test_edits_change_claims_not_talk_about_the_sources_or_capitals_that_name_no
     assert contrast._negation(faithful("The passages do not say.", "Nothing."), 0) is None
 
 
+def test_a_dropped_qualifier_is_the_sources_and_a_swapped_name_is_another_name():
+    item = faithful("Here are some ways to use it. It typically eases pain, at up to 200 mg a day.",
+                    "It eases pain. Take up to 200 mg a day.")
+    # "some" hedges no claim and the context states no "typically": dropping either makes no error
+    assert contrast._qualifier(item, 0)[0] == "Here are some ways to use it. It typically eases pain, at 200 mg a day."
+    assert contrast._qualifier(faithful("It typically eases pain.", "It eases pain."), 0) is None
+    item = faithful("A water pick, also known as a Waterpik, cleans teeth.",
+                    "The Waterpik, sold as the Water Pik or Pik, cleans teeth. Dr Brown tested it.")
+    for rank in range(4):  # the same device spelt otherwise is no swap
+        assert "Brown" in contrast._entity(item, rank)[0]
+
+
 def test_pairs_are_deterministic_kept_together_and_cover_every_kind():
     items = datasets.load("contrast-qa")
     assert [i.id for i in items] == [i.id for i in datasets.load("contrast-qa")]

@@ -41,7 +41,7 @@ def test_eval_writes_the_report_and_a_second_run_reuses_every_result(tmp_path):
         second = morphguard_eval(tmp_path, server.base_url)
     assert first.returncode == 0, first.stderr
     assert calls == 4 and len(server.requests) == 4  # the rerun asked the judge nothing
-    assert "| direct | 0.275 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 [1.00, 1.00] | 1.000 | 0.000 |" in first.stdout
+    assert "| direct | 0.300 | 1.000 | 1.000 | 1.000 | 1.000 | 1.000 [1.00, 1.00] | 1.000 | 0.000 |" in first.stdout
     assert "| length |" in first.stdout and second.stdout == first.stdout
     run = tmp_path / "run"
     assert {"report.md", "report.json", "roc.png", "pr.png", "scores.png", "spans.html", "results.jsonl"} <= {
@@ -74,4 +74,4 @@ def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     assert "1 items say something else" in changed.stderr
     assert len(server.requests) == calls + 1 and "Berlin" in server.requests[-1]["messages"][-1]["content"]
     # r0 now states the wrong city under a faithful label: the report scores the new verdict, not the old one
-    assert "| direct | 0.275 | 0.667 | 1.000 | 0.800 |" in changed.stdout
+    assert "| direct | 0.300 | 0.667 | 1.000 | 0.800 |" in changed.stdout

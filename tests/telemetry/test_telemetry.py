@@ -134,7 +134,7 @@ def test_an_inline_check_is_a_span_tree_under_the_callers_trace(llm, tmp_path):
     (guard,) = by_name(spans, "apply_guardrail morphguard")
     assert guard.parent.span_id == chat.context.span_id
     assert guard.attributes[names.GUARDRAIL_DECISION] == "warn" and guard.attributes[names.ACTION] == "annotate"
-    assert guard.attributes[names.TOPIC] == "pregnancy" and guard.attributes[names.THRESHOLD] == 0.2
+    assert guard.attributes[names.TOPIC] == "pregnancy" and guard.attributes[names.THRESHOLD] == 0.175
     assert guard.attributes[names.SCORE] == 1.0 and guard.attributes[names.REQUEST_ID] == verdict["request_id"]
     # the check's span lies within the request, though the chat span ends when the upstream answered
     assert chat.end_time < guard.end_time

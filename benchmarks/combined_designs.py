@@ -21,7 +21,9 @@ at each τ on the judged fit-half answers (pooled, and recall per set). Between 
 profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the fast probability
 outside the band, the whole check's inside. The band chosen is the one that skips `direct` for the largest mean
 share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole check's. The
-thresholds are those of the shipped cascade. Writes benchmarks/results/combined_designs.json.
+thresholds are those of the shipped cascade. No fit-half context here is short enough for the cascade to ask `direct`
+at once (`SHORT_CONTEXT`; the script stops if one is), so the band alone decides. Writes
+benchmarks/results/combined_designs.json.
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ from pathlib import Path
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CASCADE, CHANNELS, JUDGE_FEATURES, Weights, asks_direct, load_weights
+from morphguard.detectors.combined import (
+    CASCADE,
+    CHANNELS,
+    JUDGE_FEATURES,
+    SHORT_CONTEXT,
+    Weights,
+    asks_direct,
+    load_weights,
+    short_context,
+)
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
@@ -77,6 +88,9 @@ def main() -> None:
         if dataset in HELD_OUT and dataset not in judged_sets:
             continue
         items = datasets.load_half(dataset, "fit")
+        if any(short_context(item.passages, SHORT_CONTEXT) for item in items):
+            raise SystemExit(f"{dataset} has contexts short enough for the cascade to ask direct at once, which the "
+                             "bands below do not model (detectors/combined.SHORT_CONTEXT)")
         judged: set[str] = set()
         if dataset in RECORDS:
             values, labels, groups = fit.rows(items, [], parts=())
@@ -163,14 +177,15 @@ def without_direct(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if k != "direct"}
 
 
-def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tuple[float, float]) -> float:
+def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tuple[float, float],
+             at_once: bool = False) -> float:
     """The probability as the cascade gives it (detectors/combined.Combined.detect): an answer about a record is read
     by the whole check's weights without any judge; otherwise the first stage's, unless its probability lies in the
-    band. (Without the instruction floor, which raises both alike.)"""
+    band or the context is short (`at_once`: `SHORT_CONTEXT`). (Without the floors, which raise both alike.)"""
     if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
         return whole.probability(values, whole.reads_record(values))
     early = first.probability(without_direct(values))
-    return whole.probability(values) if asks_direct(early, band) else early
+    return whole.probability(values) if at_once or asks_direct(early, band) else early
 
 
 def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str],

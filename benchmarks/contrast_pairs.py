@@ -1,5 +1,6 @@
 """How often the edited answer of a contrast pair outscores its faithful twin, by kind of edit, with and without
-the cascade: the shipped weights asking every part, the cascade (detectors/combined.CASCADE), the fast profile.
+the cascade: the shipped weights asking every part, the cascade (detectors/combined.CASCADE, and every part at once
+over a context of at most `SHORT_CONTEXT` characters, as in `contrast-brief`), the fast profile.
 
 AUROC compares every answer with every other; a pair compares an answer with its own minimal edit, which is
 what the hidden contradiction cases test. Reads the judge parts' stored outcomes of a finished run (nothing
@@ -21,7 +22,7 @@ from combined_designs import PARTS, cascaded, without_direct
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CASCADE, load_weights
+from morphguard.detectors.combined import CASCADE, SHORT_CONTEXT, load_weights, short_context
 from morphguard.eval import datasets, fit, runner
 
 
@@ -41,14 +42,15 @@ def main() -> None:
     current = {part: fingerprint(Config(), part) for part in PARTS}
     outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
     whole, first = load_weights(None), load_weights(None, "fast")
-    readings = {"every part asked": lambda v: whole.probability(v),
-                f"cascade {list(CASCADE)}": lambda v: cascaded(whole, first, v, CASCADE),
-                "combined:fast": lambda v: first.probability(without_direct(v))}
+    readings = {"every part asked": lambda v, short: whole.probability(v),
+                f"cascade {list(CASCADE)}": lambda v, short: cascaded(whole, first, v, CASCADE, at_once=short),
+                "combined:fast": lambda v, short: first.probability(without_direct(v))}
     scores: dict[str, dict[str, float]] = defaultdict(dict)
     for item in items:
         values, _, _ = fit.rows([item], outcomes, PARTS)
+        short = short_context(item.passages, SHORT_CONTEXT)
         for name, read in readings.items():
-            scores[name] |= {item.id: read(values[0])} if values else {}
+            scores[name] |= {item.id: read(values[0], short)} if values else {}
     kinds: dict[str, list[str]] = defaultdict(list)  # kind -> edited ids whose twin was scored too
     for item_id in scores["every part asked"]:
         twin = item_id.removesuffix("/edited") + "/faithful"

@@ -13,8 +13,9 @@ on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them 
 that the answer is hallucinated, so a threshold means the same here as in any other topic. The
 coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
 together with what they were fitted on. By default `direct` is asked last, and only for answers the other parts
-leave near the thresholds (`CASCADE`). An answer that addresses its checker is raised to at least
-`INSTRUCTION_FLOOR`, and a short answer that is a close changed copy to at least `CHANGED_COPY_FLOOR`.
+leave near the thresholds (`CASCADE`), or at once where the context is short (`SHORT_CONTEXT`). An answer that
+addresses its checker is raised to at least `INSTRUCTION_FLOOR`, and a short answer that is a close changed copy to
+at least `CHANGED_COPY_FLOOR`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
@@ -252,6 +253,18 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
 # always asking it (benchmarks/combined_designs.py, README "Session 16" to "Session 19").
 CASCADE = (0.225, 0.3)
+# The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
+# Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
+# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters; never taught to the weights)
+# the check then takes a median 5.7 s against 2.3 s with the band alone, and ranks better (README, "Session 20").
+# No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
+# than the band on the fit halves, so the limit stays below them.
+SHORT_CONTEXT = 700
+
+
+def short_context(passages: Sequence[str], limit: int) -> bool:
+    """Whether the context is short enough (`SHORT_CONTEXT`) for the cascade to ask `direct` at once."""
+    return sum(len(p) for p in passages) <= limit
 
 
 def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:
@@ -268,6 +281,9 @@ class CombinedSettings(Section):
     # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
     # by side, so there the cascade trades latency for a call saved)
     cascade: tuple[float, float] | None = CASCADE
+    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`);
+    # 0: the band alone decides
+    short_context: int = Field(SHORT_CONTEXT, ge=0)
     # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
     # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
     cascade_weights: str | None = None
@@ -298,6 +314,7 @@ class Combined:
             raise ValueError("combined.cascade_weights must be fitted without direct (eval --fit --detector "
                              "restatement,spotcheck)")
         self.band = settings.cascade or (0.0, 1.0)
+        self.short_context = settings.short_context
         read = self.weights.features | (self.first.features if self.first else set())
         self.grounding = Grounding(GroundingSettings())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
@@ -316,7 +333,7 @@ class Combined:
         # event loop, as grounding is, and once for both stages.
         short_copy = await asyncio.to_thread(short_changed_copy, answer, grounded.features)
         record = self.weights.reads_record(grounded.features)
-        held_back = self.first is not None and not record
+        held_back = self.first is not None and not record and not short_context(rag.passages, self.short_context)
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
         # answer about a record asks none (Weights.record_calibration).
@@ -402,10 +419,12 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights, settings.profile)
     cascade = settings.cascaded and "direct" in weights.features
-    return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights"}),
+    return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights",
+                                                    "short_context"}),
             "weights": weights.model_dump(exclude={"fitted_on"}),
-            **({"cascade": {"band": list(settings.cascade or ()), "weights": load_weights(
-                settings.cascade_weights, "fast").model_dump(exclude={"fitted_on"})}} if cascade else {}),
+            **({"cascade": {"band": list(settings.cascade or ()), "short_context": settings.short_context,
+                            "weights": load_weights(settings.cascade_weights, "fast").model_dump(
+                                exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION,
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,

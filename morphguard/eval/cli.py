@@ -95,7 +95,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
 
 
 def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
-    from morphguard.detectors.combined import Weights, load_weights
+    from morphguard.detectors.combined import Weights, load_weights, short_context
 
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
@@ -124,8 +124,9 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
         whole = scored(name, config.with_section("combined", settings.model_copy(update={"cascade": None})), weights)
         first = scored("combined:fast", config, load_weights(None, "fast"))
         done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
-        fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name)
-                 if o.key not in done]
+        at_once = {item.id for item in items if short_context(item.passages, settings.short_context)}
+        fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name,
+                                            at_once=at_once) if o.key not in done]
     runner.append_outcomes(folder, fresh)
     print(f"rescored {len(fresh)} {name} outcomes from their stored judge scores", file=sys.stderr)
 

@@ -10,6 +10,8 @@ pair is kept together, so length and vocabulary tell the two apart at chance by 
 Deterministic: the same data gives the same set, no randomness and no model. The edited sentence is the
 gold span. Pairs keep their RAGTruth source as group, so `half_of` puts both on the same side. The short form
 (`contrast-short`) cuts each pair to the sentence the edit changed, as the hidden hand-written cases are short.
+The brief form (`contrast-brief`) also cuts the context, to the sentences that bear on the faithful sentence
+(`BRIEF_CONTEXT`): a hand-written case quotes a paragraph, not a retrieved page.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator
 
+from morphguard.detectors.focus import focus
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED
 from morphguard.eval.datasets import Item, Span
 
 KINDS = ("negation", "number", "entity", "qualifier", "added", "instruction")
+BRIEF_CONTEXT = 500  # characters of context in the brief form: a paragraph
 
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|will|should|does|do|did|has|have|had|must)\b( not\b)?", re.I)
 _NEGATED = re.compile(r"\b(is|are|was|were|does|do|did|has|have|had)n't\b", re.I)
@@ -166,10 +170,12 @@ def _rank(item_id: str) -> int:
     return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:4], "big")
 
 
-def build(items: Iterable[Item], short: bool = False) -> Iterator[Item]:
+def build(items: Iterable[Item], short: bool = False, brief: bool = False) -> Iterator[Item]:
     """Two items for every faithful answer some edit applies to: the answer as written, and the edit.
-    `short`: each answer cut to the one sentence the edit changed (see `_shorten`)."""
-    prefix = "contrast-short" if short else "contrast"
+    `short`: each answer cut to the one sentence the edit changed (see `_shorten`); `brief`: that, and the context
+    cut to the sentences most relevant to the faithful one (`_brief`)."""
+    short = short or brief
+    prefix = "contrast-brief" if brief else "contrast-short" if short else "contrast"
     for item in items:
         if item.hallucinated:
             continue
@@ -186,7 +192,8 @@ def build(items: Iterable[Item], short: bool = False) -> Iterator[Item]:
             else:  # an instruction is appended to both answers: only the negation differs
                 faithful = item.answer.rstrip() + instruction
             key = item.id.removeprefix("ragtruth/")
-            common = {"task": item.task, "question": item.question, "passages": item.passages,
+            passages = _brief(item.passages, faithful.removesuffix(instruction)) if brief else item.passages
+            common = {"task": item.task, "question": item.question, "passages": passages,
                       "group": item.group or item.id}
             yield Item(id=f"{prefix}/{key}/{kind}/faithful", answer=faithful, hallucinated=False, spans=[],
                        **common)
@@ -212,3 +219,10 @@ def _shorten(item: Item, kind: str, edited: str, span: Span, instruction: str) -
         changed = body[start:end + len(body) - len(item.answer.rstrip())]
     original, changed = (_LIST_OPENING.sub("", text).rstrip() for text in (original, changed))
     return original + instruction, changed + instruction, Span(start=0, end=len(changed))
+
+
+def _brief(passages: list[str], sentence: str) -> list[str]:
+    """The context sentences most relevant to `sentence`, at most `BRIEF_CONTEXT` characters in context order
+    (`focus`, without its marks of a gap); a passage that keeps none is dropped."""
+    kept = [text.replace(" … ", " ").removeprefix("… ") for text in focus([sentence], passages, BRIEF_CONTEXT)]
+    return [text for text in kept if text.strip()]

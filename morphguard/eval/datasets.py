@@ -63,9 +63,9 @@ def default_data_dir() -> Path:
 
 
 def load(name: str, data_dir: Path | None = None, config: Config | None = None) -> list[Item]:
-    """`ragtruth`, `ragtruth-qa|summary|data2txt`, the same for `contrast` and `contrast-short` (eval/contrast.py),
-    `halueval`, `faithbench`, `reviews` (the review console's judgements, from the config's audit store) or
-    `jsonl:PATH`."""
+    """`ragtruth`, `ragtruth-qa|summary|data2txt`, the same for `contrast`, `contrast-short` and `contrast-brief`
+    (eval/contrast.py), `halueval`, `faithbench`, `reviews` (the review console's judgements, from the config's audit
+    store) or `jsonl:PATH`."""
     data_dir = data_dir or default_data_dir()
     if name == "reviews":
         return load_reviews(config or Config())
@@ -75,17 +75,18 @@ def load(name: str, data_dir: Path | None = None, config: Config | None = None) 
         return list(load_ragtruth(data_dir / "ragtruth" / "test_all.jsonl"))
     if name.startswith("ragtruth-") and name.removeprefix("ragtruth-") in _RAGTRUTH_TASKS:
         return list(load_ragtruth(data_dir / "ragtruth" / f"test_{name.removeprefix('ragtruth-')}.jsonl"))
-    for base, short in (("contrast-short", True), ("contrast", False)):
+    for base in ("contrast-brief", "contrast-short", "contrast"):
         if name == base or name.startswith(f"{base}-") and name.removeprefix(f"{base}-") in _RAGTRUTH_TASKS:
             from morphguard.eval import contrast  # it builds on this module's items
 
-            return list(contrast.build(load(name.replace(base, "ragtruth"), data_dir), short=short))
+            return list(contrast.build(load(name.replace(base, "ragtruth"), data_dir), short=base == "contrast-short",
+                                       brief=base == "contrast-brief"))
     if name == "halueval":
         return list(load_halueval(data_dir / "halueval" / "RUCAIBox_HaluEval" / "generation" / "qa"
                                   / "qa_one-turn_data.json"))
     if name == "faithbench":
         return list(load_faithbench(data_dir / "faithbench" / "vectara_FaithBench" / "data_for_release"))
-    names = [f"{base}{t}" for base in ("ragtruth", "contrast", "contrast-short")
+    names = [f"{base}{t}" for base in ("ragtruth", "contrast", "contrast-short", "contrast-brief")
              for t in ("", *(f"-{t}" for t in _RAGTRUTH_TASKS))]
     names += ["halueval", "faithbench", "reviews", "jsonl:PATH"]
     raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(names)}")

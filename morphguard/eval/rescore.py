@@ -22,7 +22,7 @@ composed from the whole check's outcome and the fast profile's (`cascade`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from morphguard.detectors.combined import (
     JUDGE_FEATURES,
@@ -122,7 +122,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
 
 
 def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[float, float], fingerprint: str,
-            threshold: float, detector: str = "combined") -> list[Outcome]:
+            threshold: float, detector: str = "combined", at_once: Collection[str] = ()) -> list[Outcome]:
     """The cascade's outcomes (`detectors/combined.CASCADE`) for every answer that has both a `whole` outcome (every
     part asked, the same weights) and a `first` one (the first stage's own: `combined:fast`, its weights and parts).
     Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
@@ -130,7 +130,8 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     of both profiles reads as a fresh cascade would with the same judge replies (the embedded judge answers the parts
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
     README, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's, as the
-    cascade scores it with the default's weights."""
+    cascade scores it with the default's weights. So is an answer in `at_once` (item ids whose context is short,
+    `detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []
     for full in whole:
@@ -138,7 +139,7 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
         if full.error is not None or stage is None or stage.score is None:
             continue
         about_record = not any(f in full.features for f in JUDGE_FEATURES)
-        chosen = full if about_record or asks_direct(stage.score, band) else stage
+        chosen = full if about_record or full.item_id in at_once or asks_direct(stage.score, band) else stage
         out.append(chosen.model_copy(update={"detector": detector, "fingerprint": fingerprint, "threshold": threshold,
                                              "flagged": (chosen.score or 0.0) >= threshold}))
     return out

@@ -201,6 +201,36 @@ def test_the_cascade_asks_direct_last_and_only_inside_its_band(scripted_config):
     assert outside.settings["direct"] is None and "direct" not in outside.features
 
 
+def test_over_a_short_context_the_cascade_asks_direct_at_once_wherever_its_first_stage_lies(scripted_config):
+    """Where the whole context is at most `short_context` characters, `direct` reads it in a few seconds, so the
+    default asks every part at once, even for an answer its band would let pass without `direct`."""
+
+    def reply(body):
+        if stage_of(body) == "direct":
+            return '{"verdict": "NO", "unsupported": []}'
+        return completion("NO", logprobs=p_no(0.3))
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    short = PASSAGES[:1]  # 92 characters
+
+    def check(settings):
+        with ScriptedLLM(reply, delay_s=0.2) as server:
+            config = scripted_config(server.base_url).with_section("combined", settings)
+            detector = build_detector(config, name="combined")
+            result = asyncio.run(detector.detect(RagInput(question=QUESTION, passages=short), answer))
+        return result, sorted(stage_of(r) for r in server.requests), server.max_in_flight
+
+    skipped = CombinedSettings(cascade=(0.0, 0.0))  # a band no first stage falls in
+    at_once, stages, in_flight = check(skipped)
+    assert stages == ["direct", "restatement", "spotcheck"] and in_flight == 3
+    assert at_once.settings["first_stage"] is None and at_once.settings["direct"] is not None
+    whole, _, _ = check(CombinedSettings(cascade=None))
+    assert at_once.score == pytest.approx(whole.score)
+    band_alone, stages, _ = check(skipped.model_copy(update={"short_context": 91}))  # one character short of it
+    assert "direct" not in stages and band_alone.settings["first_stage"] is not None
+    assert CombinedSettings().short_context >= len(short[0])  # the default counts it as short
+
+
 def test_weights_of_ones_own_cascade_only_with_a_first_stage_of_ones_own():
     """The shipped fast weights are the first stage of the shipped default only: a refitted `weights` file asks every
     part at once unless `cascade_weights` names a first stage fitted on the same data."""

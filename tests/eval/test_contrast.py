@@ -101,3 +101,25 @@ def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
     assert sum(len(i.answer) for i in short) < sum(len(i.answer) for i in long) / 3
     labels = [i.hallucinated for i in short]
     assert abs(metrics.auroc(labels, [len(i.answer) for i in short]) - 0.5) < 0.1
+
+
+def test_the_brief_form_puts_the_short_pairs_over_a_paragraph_of_their_own_context():
+    """`contrast-brief`: the short pairs as they are, each over the few context sentences that bear on its faithful
+    sentence, quoted as written, the same for both answers of a pair."""
+    item = faithful("Paracetamol is preferred for pain in pregnancy.",
+                    "Ibuprofen is avoided in the third trimester. " * 3
+                    + " ".join(f"Ward {n} has {n + 10} beds." for n in range(40))
+                    + " Paracetamol is preferred for pain relief during pregnancy.")
+    cut = contrast._brief(item.passages, item.answer)
+    assert cut[0].endswith("Paracetamol is preferred for pain relief during pregnancy.")
+    assert "Ward 39 has" not in cut[0] and "…" not in cut[0] and len(cut[0]) <= contrast.BRIEF_CONTEXT
+    brief, short = datasets.load("contrast-brief-qa"), datasets.load("contrast-short-qa")
+    assert [i.id.replace("contrast-brief/", "contrast-short/") for i in brief] == [i.id for i in short]
+    assert [(i.answer, i.hallucinated, i.spans, datasets.half_of(i)) for i in brief] == [
+        (i.answer, i.hallucinated, i.spans, datasets.half_of(i)) for i in short]
+    for n in range(0, len(brief), 2):
+        assert brief[n].passages == brief[n + 1].passages  # one context for both answers of a pair
+    for cut_item, whole_item in zip(brief, short, strict=True):
+        context = " ".join(whole_item.passages)
+        assert 0 < sum(len(p) for p in cut_item.passages) <= contrast.BRIEF_CONTEXT
+        assert all(p[a:b] in context for p in cut_item.passages for a, b in sentences(p))

@@ -26,6 +26,7 @@ from morphguard.detectors.words import IGNORED
 from morphguard.eval.datasets import Item, Span
 
 KINDS = ("negation", "number", "entity", "qualifier", "added", "instruction")
+FORMS = ("contrast", "contrast-short", "contrast-brief")  # whole answers; the changed sentence; that over a paragraph
 BRIEF_CONTEXT = 500  # characters of context in the brief form: a paragraph
 
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|will|should|does|do|did|has|have|had|must)\b( not\b)?", re.I)
@@ -170,12 +171,14 @@ def _rank(item_id: str) -> int:
     return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:4], "big")
 
 
-def build(items: Iterable[Item], short: bool = False, brief: bool = False) -> Iterator[Item]:
-    """Two items for every faithful answer some edit applies to: the answer as written, and the edit.
-    `short`: each answer cut to the one sentence the edit changed (see `_shorten`); `brief`: that, and the context
-    cut to the sentences most relevant to the faithful one (`_brief`)."""
-    short = short or brief
-    prefix = "contrast-brief" if brief else "contrast-short" if short else "contrast"
+def build(items: Iterable[Item], form: str = "contrast") -> Iterator[Item]:
+    """Two items for every faithful answer some edit applies to: the answer as written, and the edit. `form` (one of
+    `FORMS`, also the ids' prefix): `contrast-short` cuts each answer to the one sentence the edit changed (see
+    `_shorten`); `contrast-brief` does that and cuts the context to the sentences most relevant to the faithful one
+    (`_brief`)."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}")
+    short, brief = form != "contrast", form == "contrast-brief"
     for item in items:
         if item.hallucinated:
             continue
@@ -195,9 +198,9 @@ def build(items: Iterable[Item], short: bool = False, brief: bool = False) -> It
             passages = _brief(item.passages, faithful.removesuffix(instruction)) if brief else item.passages
             common = {"task": item.task, "question": item.question, "passages": passages,
                       "group": item.group or item.id}
-            yield Item(id=f"{prefix}/{key}/{kind}/faithful", answer=faithful, hallucinated=False, spans=[],
+            yield Item(id=f"{form}/{key}/{kind}/faithful", answer=faithful, hallucinated=False, spans=[],
                        **common)
-            yield Item(id=f"{prefix}/{key}/{kind}/edited", answer=edited, hallucinated=True, spans=[span],
+            yield Item(id=f"{form}/{key}/{kind}/edited", answer=edited, hallucinated=True, spans=[span],
                        **common)
             break
 

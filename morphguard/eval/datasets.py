@@ -79,8 +79,7 @@ def load(name: str, data_dir: Path | None = None, config: Config | None = None) 
         if name == base or name.startswith(f"{base}-") and name.removeprefix(f"{base}-") in _RAGTRUTH_TASKS:
             from morphguard.eval import contrast  # it builds on this module's items
 
-            return list(contrast.build(load(name.replace(base, "ragtruth"), data_dir), short=base == "contrast-short",
-                                       brief=base == "contrast-brief"))
+            return list(contrast.build(load(name.replace(base, "ragtruth"), data_dir), form=base))
     if name == "halueval":
         return list(load_halueval(data_dir / "halueval" / "RUCAIBox_HaluEval" / "generation" / "qa"
                                   / "qa_one-turn_data.json"))

@@ -105,12 +105,32 @@ def postgres_server() -> Iterator[str]:
     process = subprocess.Popen([*as_owner, str(postgres), "-D", str(data), "-p", str(port), "-k", str(folder),
                                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
                                stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"postgresql://morphguard@127.0.0.1:{port}/postgres"
     try:
         _wait_for_port(port, process, log)
-        yield f"postgresql://morphguard@127.0.0.1:{port}/postgres"
+        _wait_for_postgres(url, process, log)
+        yield url
     finally:
         stop(process)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait_for_postgres(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+    """Until the server takes a session: it listens before it has finished starting up, and refuses sessions then
+    ("the database system is starting up")."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited:\n{log.read_text()}")
+        try:
+            psycopg.connect(url, connect_timeout=5).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def fresh_database(server_url: str, name: str) -> str:

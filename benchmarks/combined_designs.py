@@ -93,7 +93,7 @@ def main() -> None:
                              "bands below do not model (detectors/combined.SHORT_CONTEXT)")
         judged: set[str] = set()
         if dataset in RECORDS:
-            values, labels, groups = fit.rows(items, [], parts=())
+            values, labels, groups, _ = fit.rows(items, [], parts=())
             rows += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
             continue
         if dataset in judged_sets:
@@ -106,14 +106,14 @@ def main() -> None:
                                  "in the docstring again first")
             outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
             for item in items:  # one at a time, to know the rows of a contrast pair's two answers
-                values, labels, groups = fit.rows([item], outcomes, PARTS)
+                values, labels, groups, _ = fit.rows([item], outcomes, PARTS)
                 if values:
                     row_of[item.id] = len(rows)
                     rows.append((values[0], labels[0], groups[0], dataset))
                     judged.add(groups[0])
         if not dataset.startswith("contrast"):
             unread = [item for item in items if (item.group or item.id) not in judged]
-            values, labels, groups = fit.rows(unread, [], parts=())
+            values, labels, groups, _ = fit.rows(unread, [], parts=())
             extra += [(v, y, g, dataset) for v, y, g in zip(values, labels, groups, strict=True)]
 
     sources = sorted({g for _, _, g, _ in rows} | {g for _, _, g, _ in extra})
@@ -185,7 +185,7 @@ def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tup
     if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
         return whole.probability(values, whole.reads_record(values))
     early = first.probability(without_direct(values))
-    return whole.probability(values) if at_once or asks_direct(early, band) else early
+    return whole.probability(values, short=at_once) if at_once or asks_direct(early, band) else early
 
 
 def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffles: int, judged_sets: list[str],

@@ -42,12 +42,12 @@ def main() -> None:
     current = {part: fingerprint(Config(), part) for part in PARTS}
     outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
     whole, first = load_weights(None), load_weights(None, "fast")
-    readings = {"every part asked": lambda v, short: whole.probability(v),
+    readings = {"every part asked": lambda v, short: whole.probability(v, short=short),
                 f"cascade {list(CASCADE)}": lambda v, short: cascaded(whole, first, v, CASCADE, at_once=short),
                 "combined:fast": lambda v, short: first.probability(without_direct(v))}
     scores: dict[str, dict[str, float]] = defaultdict(dict)
     for item in items:
-        values, _, _ = fit.rows([item], outcomes, PARTS)
+        values, _, _, _ = fit.rows([item], outcomes, PARTS)
         short = short_context(item.passages, SHORT_CONTEXT)
         for name, read in readings.items():
             scores[name] |= {item.id: read(values[0], short)} if values else {}

@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
     evaluate.add_argument("--dataset", "-d", required=True,
-                          help="comma-separated: ragtruth, contrast, contrast-short (each also "
+                          help="comma-separated: ragtruth, contrast, contrast-short, contrast-brief (each also "
                                "-qa|-summary|-data2txt), halueval, faithbench, reviews or jsonl:PATH")
     evaluate.add_argument("--detector", default=None,
                           help="comma-separated detector names, e.g. combined,grounding,length or metarag:paper "
@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="with --fit: more datasets (comma-separated, the same --half) that teach only the "
                                "channels that need no judge; no judge runs on them (of a dataset also judged, "
                                "a sample: the answers outside the sample)")
+    evaluate.add_argument("--recalibrate", action="store_true",
+                          help="with --fit: keep the configured weights' channels and fit only their calibrations "
+                               "(over long contexts, short ones, records: each the data has enough answers for)")
     evaluate.add_argument("--rescore", action="store_true",
                           help="score the combined check anew with the current weights from the run's stored "
                                "judge scores, without calling the judge (e.g. after --fit)")

@@ -13,7 +13,8 @@ on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them 
 that the answer is hallucinated, so a threshold means the same here as in any other topic. The
 coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
 together with what they were fitted on. By default `direct` is asked last, and only for answers the other parts
-leave near the thresholds (`CASCADE`), or at once where the context is short (`SHORT_CONTEXT`). An answer that
+leave near the thresholds (`CASCADE`), or at once where the context is short (`SHORT_CONTEXT`), where a calibration
+of its own turns the channels' verdict into a probability (`Weights.short_calibration`). An answer that
 addresses its checker is raised to at least `INSTRUCTION_FLOOR`, and a short answer that is a close changed copy to
 at least `CHANGED_COPY_FLOOR`.
 """
@@ -186,6 +187,12 @@ class Weights(BaseModel):
     # scored by the channels that need no judge, with a calibration of their own, and the judge is not asked.
     # None: every answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
+    # Answers over a short context (`SHORT_CONTEXT`: a paragraph, not a retrieved page), where every part reads the
+    # whole context and the channels' verdict means more than over a long one: on the short-context fit halves
+    # (HaluEval, the brief contrast pairs) the long contexts' calibration ranked the answers well but flagged only 20
+    # of 45 swapped names at the general threshold (README, "Session 21"). Fitted on such answers alone, the channels
+    # kept (`eval --fit --recalibrate`). None: they take `calibration`.
+    short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
 
     @property
@@ -203,9 +210,17 @@ class Weights(BaseModel):
         """Noisy-OR of the channels: the answer is faithful only if no channel finds an error."""
         return 1.0 - math.prod(1.0 - channel.probability(values) for channel in self._channels(record).values())
 
-    def probability(self, values: Mapping[str, float], record: bool = False) -> float:
-        slope, intercept = self.record_calibration if record and self.record_calibration else self.calibration
+    def probability(self, values: Mapping[str, float], record: bool = False, short: bool = False) -> float:
+        """The calibrated probability of an answer (about a record, over a short context, or neither)."""
+        slope, intercept = self._calibration_for(record, short)
         return _sigmoid(slope * log_odds(self.either(values, record)) + intercept)
+
+    def _calibration_for(self, record: bool, short: bool) -> tuple[float, float]:
+        if record and self.record_calibration:
+            return self.record_calibration
+        if short and self.short_calibration:
+            return self.short_calibration
+        return self.calibration
 
     def contributions(self, values: Mapping[str, float], record: bool = False) -> dict[str, float]:
         """Each channel's probability, and how much each feature moved that channel's log-odds
@@ -218,12 +233,12 @@ class Weights(BaseModel):
 
 
 def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float],
-                       short_copy: bool) -> float:
-    """What the weights make of the features, raised for an answer that tells its checker what to conclude (such
-    an answer is suspect whatever the parts say) and for a short answer that is a changed copy (`short_copy`, from
-    `short_changed_copy`). Each floor is joined by noisy-OR, which keeps the raised answers in the order the evidence
-    puts them."""
-    score = weights.probability(values, weights.reads_record(grounding))
+                       short_copy: bool, short: bool = False) -> float:
+    """What the weights make of the features (over a short context if `short`, from `short_context`), raised for an
+    answer that tells its checker what to conclude (such an answer is suspect whatever the parts say) and for a short
+    answer that is a changed copy (`short_copy`, from `short_changed_copy`). Each floor is joined by noisy-OR, which
+    keeps the raised answers in the order the evidence puts them."""
+    score = weights.probability(values, weights.reads_record(grounding), short)
     if grounding.get("instruction"):
         score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
     if short_copy:
@@ -255,10 +270,12 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 CASCADE = (0.225, 0.3)
 # The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
 # Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
-# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters; never taught to the weights)
-# the check then takes a median 5.7 s against 2.3 s with the band alone, and ranks better (README, "Session 20").
+# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters; the weights had learnt nothing
+# from it then) the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (README,
+# "Session 20").
 # No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
-# than the band on the fit halves, so the limit stays below them.
+# than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
+# short-context calibration reads (`Weights.short_calibration`).
 SHORT_CONTEXT = 700
 
 
@@ -281,8 +298,8 @@ class CombinedSettings(Section):
     # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
     # by side, so there the cascade trades latency for a call saved)
     cascade: tuple[float, float] | None = CASCADE
-    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`);
-    # 0: the band alone decides
+    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`) and
+    # the weights' `short_calibration` reads the answer; 0: the band alone decides, and one calibration reads all
     short_context: int = Field(SHORT_CONTEXT, ge=0)
     # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
     # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
@@ -333,7 +350,8 @@ class Combined:
         # event loop, as grounding is, and once for both stages.
         short_copy = await asyncio.to_thread(short_changed_copy, answer, grounded.features)
         record = self.weights.reads_record(grounded.features)
-        held_back = self.first is not None and not record and not short_context(rag.passages, self.short_context)
+        short = short_context(rag.passages, self.short_context)
+        held_back = self.first is not None and not record and not short
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
         # answer about a record asks none (Weights.record_calibration).
@@ -352,7 +370,7 @@ class Combined:
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
         values = vocabulary_features(grounded.features) if record else _values(asked, grounded.features)
-        score = answer_probability(weights, values, grounded.features, short_copy)
+        score = answer_probability(weights, values, grounded.features, short_copy, short)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:
@@ -422,7 +440,10 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights",
                                                     "short_context"}),
             "weights": weights.model_dump(exclude={"fitted_on"}),
-            **({"cascade": {"band": list(settings.cascade or ()), "short_context": settings.short_context,
+            # what a short context is: it decides which calibration reads the answer and whether the cascade holds
+            # `direct` back (None: it decides neither)
+            "short_context": settings.short_context if cascade or weights.short_calibration else None,
+            **({"cascade": {"band": list(settings.cascade or ()),
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
                                 exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),

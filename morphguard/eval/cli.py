@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
-from morphguard.detectors.combined import PARTS, SHIPPED_PARTS
+from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, short_context
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
 
@@ -36,6 +36,10 @@ def run_eval(args: argparse.Namespace, config: Config) -> int:
              if n.strip()]
     if args.fit_without_judge and not args.fit:
         raise MorphguardError("--fit-without-judge adds datasets to --fit: give --fit too")
+    if args.recalibrate and not args.fit:
+        raise MorphguardError("--recalibrate says how --fit fits: give --fit too")
+    if args.recalibrate and args.fit_without_judge:
+        raise MorphguardError("--fit-without-judge teaches channels, which --recalibrate keeps as they are")
     if args.fit and not set(PARTS).intersection(names):
         raise MorphguardError(f"--fit needs one or more of the combined check's judge parts among the detectors: "
                               f"{', '.join(PARTS)}")
@@ -69,34 +73,41 @@ def _propose_thresholds(args: argparse.Namespace, config: Config, runs: list[Eva
 def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation], names: list[str],
                  datasets_used: list[str]) -> None:
     parts = [p for p in PARTS if p in names]
-    values: list[dict[str, float]] = []
-    labels: list[bool] = []
-    groups: list[str] = []
-    sources: list[str] = []
-    for run, dataset in zip(runs, datasets_used, strict=True):
-        v, y, g = fit.rows(run.items, run.outcomes, parts)
-        values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
+    _, settings = resolve(config, "combined")
+    found = [(fit.rows(run.items, run.outcomes, parts, settings.short_context), dataset)
+             for run, dataset in zip(runs, datasets_used, strict=True)]
     unjudged = [d.strip() for d in (args.fit_without_judge or "").split(",") if d.strip()]
     sampled = {i.id for run in runs for i in run.items}  # a dataset both judged (a sample) and not: the rest of it
     for dataset in unjudged:
         rest = [i for i in datasets.load_half(dataset, args.half, args.data_dir, config) if i.id not in sampled]
-        v, y, g = fit.rows(rest, [], parts=())
-        values, labels, groups, sources = values + v, labels + y, groups + g, sources + [dataset] * len(y)
+        found.append((fit.rows(rest, [], (), settings.short_context), dataset))
+    values = [v for (rows, _) in found for v in rows[0]]
+    labels = [y for (rows, _) in found for y in rows[1]]
+    groups = [g for (rows, _) in found for g in rows[2]]
+    short = [s for (rows, _) in found for s in rows[3]]
+    sources = [dataset for (rows, dataset) in found for _ in rows[1]]
     about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
+             "short_context": settings.short_context,
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
-    weights = fit.fit(values, labels, groups, about, sources)
+    if args.recalibrate:
+        weights = fit.recalibrate(load_weights(settings.weights, settings.profile), values, labels, about, sources,
+                                  short)
+        done = weights.fitted_on["recalibrated"]
+        said = (f"calibrations ({', '.join(done['calibrations'])}) fitted on {done['items']} items "
+                f"({done['hallucinated']} hallucinated, {done['items_over_short_context']} over a short context), "
+                "channels kept")
+    else:
+        weights = fit.fit(values, labels, groups, about, sources, short=short)
+        fitted = weights.fitted_on
+        said = (f"weights fitted on {fitted['items']} items ({fitted['hallucinated']} hallucinated)"
+                + (f" and, for the channels without a judge, {fitted['items_without_judge']} more "
+                   f"({fitted['hallucinated_without_judge']} hallucinated)" if unjudged else ""))
     args.fit.parent.mkdir(parents=True, exist_ok=True)
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    fitted = weights.fitted_on
-    print(f"wrote {args.fit}: weights fitted on {fitted['items']} items ({fitted['hallucinated']} hallucinated)"
-          + (f" and, for the channels without a judge, {fitted['items_without_judge']} more "
-             f"({fitted['hallucinated_without_judge']} hallucinated)" if unjudged else "")
-          + "; use it with combined.weights in the config", file=sys.stderr)
+    print(f"wrote {args.fit}: {said}; use it with combined.weights in the config", file=sys.stderr)
 
 
 def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
-    from morphguard.detectors.combined import Weights, load_weights, short_context
-
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
     stored = runner.load_outcomes(folder)
@@ -112,10 +123,12 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
         """This run's outcomes of `detector` configured as in `under`: those stored current, and those rescored."""
         now = fingerprint(under, detector)
         return ([o for o in stored if o.detector == detector and o.fingerprint == now]
-                + rescore.rescore(items, stored, read_with, now, threshold, parts=parts, detector=detector))
+                + rescore.rescore(items, stored, read_with, now, threshold, parts=parts, detector=detector,
+                                  short_limit=settings.short_context))
 
     if not settings.cascaded or "direct" not in weights.features:
-        fresh = rescore.rescore(items, stored, weights, current, threshold, parts=parts, detector=name)
+        fresh = rescore.rescore(items, stored, weights, current, threshold, parts=parts, detector=name,
+                                short_limit=settings.short_context)
     elif settings.cascade_weights is not None:
         raise MorphguardError("--rescore reads a cascade's first stage from combined:fast's outcomes; with "
                               "combined.cascade_weights set, run the check afresh")

@@ -20,12 +20,14 @@ from morphguard.detectors.combined import (
     JUDGE_FEATURES,
     PARTS,
     RECORD_ONLY,
+    SHORT_CONTEXT,
     UNJUDGED_CHANNELS,
     Channel,
     Weights,
     features,
     log_odds,
     reads,
+    short_context,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -38,16 +40,17 @@ if TYPE_CHECKING:  # numpy, SciPy and scikit-learn come with the `eval` extra; o
     import numpy as np
 
 
-def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS
-         ) -> tuple[list[dict[str, float]], list[bool], list[str]]:
-    """Features, labels and groups of every item all `parts` have scored (first repeat); with no parts, of
-    every item, with the features that need no judge only."""
+def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS,
+         short_limit: int = SHORT_CONTEXT) -> tuple[list[dict[str, float]], list[bool], list[str], list[bool]]:
+    """Features, labels and groups of every item all `parts` have scored (first repeat), and whether its context
+    is short (up to `short_limit` characters, `combined.short_context`); with no parts, of every item, with the
+    features that need no judge only."""
     by_item: dict[str, dict[str, Outcome]] = defaultdict(dict)
     for o in outcomes:
         if o.repeat == 0 and o.error is None and o.detector in parts:
             by_item[o.item_id][o.detector] = o
     grounding = Grounding(GroundingSettings())
-    values, labels, groups = [], [], []
+    values, labels, groups, short = [], [], [], []
     for item in items:
         scored = by_item.get(item.id, {})
         if len(scored) < len(parts):
@@ -63,7 +66,8 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
             values.append(features(direct, restated, factoids, grounded, spotted))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
-    return values, labels, groups
+        short.append(short_context(item.passages, short_limit))
+    return values, labels, groups, short
 
 
 def _teaches(channel: str, source: str) -> bool:
@@ -75,7 +79,8 @@ def _teaches(channel: str, source: str) -> bool:
 
 def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], about: dict[str, Any],
         sources: list[str] | None = None, channels: Mapping[str, Sequence[str]] = CHANNELS,
-        teaches: Callable[[str, str], bool] | None = None, records_apart: bool = True) -> Weights:
+        teaches: Callable[[str, str], bool] | None = None, records_apart: bool = True,
+        short: list[bool] | None = None) -> Weights:
     """Weights for `values` (one row of features per item; rows that lack the judge's features teach only the
     channels that need none). `sources` names each row's dataset: every dataset then weighs the same in each
     fit, so that a small one is not drowned by a larger one; within a dataset the classes keep the rates
@@ -83,7 +88,9 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
     `records_apart`, each channel learns only from the answers it reads at check time (`detectors.combined.reads`:
     the judge is not asked about an answer about a structured record, and the record's channel reads no
     prose), and the answers about records get a calibration of their own. `channels`, `teaches` and
-    `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others."""
+    `records_apart` default to the shipped design; benchmarks/combined_designs.py compares others. `short` says
+    whose context is short: those answers get a calibration of their own (`Weights.short_calibration`) where there
+    are enough of them (`_calibrate`)."""
     sources = sources or [""] * len(labels)
     record = [records_apart and row.get("record_fields", 0.0) > 0 for row in values]
     judged = [i for i, row in enumerate(values) if any(f in row for f in JUDGE_FEATURES) and not record[i]]
@@ -116,21 +123,72 @@ def fit(values: list[dict[str, float]], labels: list[bool], groups: list[str], a
                                   "add a dataset such as ragtruth-qa, or more with --fit-without-judge")
         fitted[name], strengths[name] = _channel(names, [values[i] for i in taught], [labels[i] for i in taught],
                                                  [groups[i] for i in taught], share(taught))
-    # The noisy-OR is calibrated on the answers every part has read; the records' on every answer about one.
     joint = Weights(channels=fitted, record_calibration=(1.0, 0.0) if records_apart else None)  # slopes come next
-    calibration = _calibration([log_odds(joint.either(values[i])) for i in judged], judged_labels, share(judged))
+    short = short or [False] * len(labels)
+    calibrated, _ = _calibrate(joint, values, labels, record, short, share)
     about_records = [i for i in range(len(values)) if record[i]]
-    record_calibration = None
-    if about_records and len({labels[i] for i in about_records}) == 2 and set(RECORD_ONLY) <= fitted.keys():
-        record_calibration = _calibration([log_odds(joint.either(values[i], record=True)) for i in about_records],
-                                          [labels[i] for i in about_records], share(about_records))
-    return Weights(channels=fitted, calibration=calibration, record_calibration=record_calibration,
-                   fitted_on={**about, "items": len(judged), "hallucinated": judged_labels.count(True),
-                              "items_without_judge": len(values) - len(judged),
-                              "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),
-                              "items_about_records": len(about_records),
-                              "hallucinated_about_records": sum(labels[i] for i in about_records),
-                              "C": strengths})
+    return calibrated.model_copy(update={"fitted_on": {
+        **about, "items": len(judged), "hallucinated": judged_labels.count(True),
+        "items_without_judge": len(values) - len(judged),
+        "hallucinated_without_judge": labels.count(True) - judged_labels.count(True),
+        "items_about_records": len(about_records), "hallucinated_about_records": sum(labels[i] for i in about_records),
+        "items_over_short_context": sum(short[i] for i in judged), "C": strengths}})
+
+
+def recalibrate(weights: Weights, values: list[dict[str, float]], labels: list[bool], about: dict[str, Any],
+                sources: list[str] | None = None, short: list[bool] | None = None) -> Weights:
+    """`weights` with their channels as they are and their calibrations fitted anew on `values` (`eval --fit
+    --recalibrate`): each calibration the data has enough answers for (`_calibrate`), the others kept. Two numbers
+    per calibration rather than a dozen per fit, so a few dozen labelled answers of one's own (reviewed decisions,
+    say) can move where a threshold falls without teaching the channels their noise."""
+    sources = sources or [""] * len(labels)
+    short = short or [False] * len(labels)
+    rates = {source: _rate(labels, sources, source) for source in set(sources)}
+    calibrated, which = _calibrate(
+        weights, values, labels, [weights.reads_record(row) for row in values], short,
+        lambda rows: _representative([sources[i] for i in rows], [labels[i] for i in rows], rates), keep=weights)
+    if not which:
+        raise MorphguardError(f"--recalibrate needs at least {MIN_CALIBRATION} hallucinated and {MIN_CALIBRATION} "
+                              "faithful answers of one kind (over a long context, over a short one, or about a "
+                              "record), scored by every judge part the weights read")
+    return calibrated.model_copy(update={"fitted_on": {**weights.fitted_on, "recalibrated": {
+        **about, "calibrations": which, "items": len(labels), "hallucinated": sum(labels),
+        "items_over_short_context": sum(short)}}})
+
+
+MIN_CALIBRATION = 5  # fewest answers of each label a calibration learns from where another could stand in
+
+
+def _calibrate(joint: Weights, values: list[dict[str, float]], labels: list[bool], record: list[bool],
+               short: list[bool], share: Callable[[list[int]], np.ndarray], keep: Weights | None = None
+               ) -> tuple[Weights, list[str]]:
+    """`joint` with its calibrations fitted, each a logistic over the noisy-OR's log-odds of its own answers, and
+    the names of those fitted. The records' on every answer about one; the short contexts' on the answers over one
+    that every part has read, if there are `MIN_CALIBRATION` of each label; the default on the others every part
+    has read (on all of those if the long contexts are too few). Where there are too few answers for one
+    calibration, `keep`'s stands; without `keep` the records' and short contexts' are then left out (they fall back
+    on the default) and the default is fitted on what there is."""
+    def enough(rows: list[int]) -> bool:
+        return min(sum(labels[i] for i in rows), sum(not labels[i] for i in rows)) >= MIN_CALIBRATION
+
+    def fitted(rows: list[int], about_record: bool = False) -> tuple[float, float]:
+        return _calibration([log_odds(joint.either(values[i], record=about_record)) for i in rows],
+                            [labels[i] for i in rows], share(rows))
+
+    read = [i for i in range(len(values)) if not record[i] and joint.features <= values[i].keys()]
+    longer, over_short = [i for i in read if not short[i]], [i for i in read if short[i]]
+    about_records = [i for i in range(len(values)) if record[i]]
+    can_read_records = set(RECORD_ONLY) <= joint.channels.keys() and len({labels[i] for i in about_records}) == 2
+    found = {
+        "calibration": (fitted(longer) if enough(longer) else fitted(read) if keep is None else None),
+        "record_calibration": (fitted(about_records, about_record=True)
+                               if can_read_records and (keep is None or enough(about_records)) else None),
+        "short_calibration": fitted(over_short) if enough(over_short) else None,
+    }
+    kept = keep or Weights(channels=joint.channels)
+    return (joint.model_copy(update={name: value if value is not None else getattr(kept, name)
+                                     for name, value in found.items()}),
+            [name for name, value in found.items() if value is not None])
 
 
 def _calibration(log_odds_: list[float], labels: list[bool], weight: np.ndarray) -> tuple[float, float]:

@@ -31,6 +31,7 @@ from morphguard.detectors.combined import (
     asks_direct,
     features,
     short_changed_copy,
+    short_context,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -59,11 +60,13 @@ def unfinished(stored: Sequence[Outcome], detector: str, parts: Mapping[str, str
 
 
 def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, fingerprint: str,
-            threshold: float, parts: Mapping[str, str] | None = None, detector: str = "combined") -> list[Outcome]:
+            threshold: float, parts: Mapping[str, str] | None = None, detector: str = "combined",
+            short_limit: int = 0) -> list[Outcome]:
     """New outcomes of `detector` (the combined check, or one of its profiles: `combined:fast`) for every stored one
     made under another fingerprint whose judge scores cover what `weights` needs; items that already have a
     current outcome are left alone. `parts`: the current fingerprint of each part in `OWN_OUTCOME`; only its
-    outcomes under that fingerprint are read (none without)."""
+    outcomes under that fingerprint are read (none without). `short_limit`: the check's `combined.short_context`,
+    which says whose context is short (`Weights.short_calibration`)."""
     by_id = {i.id: i for i in items}
     current = {o.key for o in stored if o.detector == detector and o.fingerprint == fingerprint}
     needed = [f for f in JUDGE_FEATURES if f in weights.features]
@@ -90,7 +93,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
                   features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))
-        score = answer_probability(weights, values, grounded, short_changed_copy(item.answer, grounded))
+        score = answer_probability(weights, values, grounded, short_changed_copy(item.answer, grounded),
+                                   short_context(item.passages, short_limit))
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
         kept = [] if record else old.factoid_spans
@@ -131,15 +135,21 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
     README, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's, as the
     cascade scores it with the default's weights. So is an answer in `at_once` (item ids whose context is short,
-    `detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once."""
+    `detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once. Neither has a first stage,
+    so neither needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []
     for full in whole:
-        stage = firsts.get((full.item_id, full.repeat))
-        if full.error is not None or stage is None or stage.score is None:
+        if full.error is not None:
             continue
         about_record = not any(f in full.features for f in JUDGE_FEATURES)
-        chosen = full if about_record or full.item_id in at_once or asks_direct(stage.score, band) else stage
+        stage = firsts.get((full.item_id, full.repeat))
+        if about_record or full.item_id in at_once:  # no first stage: the check never computes one
+            chosen = full
+        elif stage is None or stage.score is None:
+            continue
+        else:
+            chosen = full if asks_direct(stage.score, band) else stage
         out.append(chosen.model_copy(update={"detector": detector, "fingerprint": fingerprint, "threshold": threshold,
                                              "flagged": (chosen.score or 0.0) >= threshold}))
     return out

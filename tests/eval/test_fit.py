@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from morphguard.detectors.combined import Channel, Weights
+from morphguard.detectors.combined import Channel, Weights, load_weights
 from morphguard.errors import MorphguardError
 from morphguard.eval import fit, metrics
 from tests.detectors.scripted_judge import _tag, stage_of
@@ -141,6 +141,57 @@ def test_weights_give_probabilities_and_explain_them():
     assert abs(calibrated.probability({"a": 0.0, "b": 1.0}) - 0.5) < 1e-9  # log-odds of 0.75, less log 3
 
 
+def test_answers_over_a_short_context_get_a_calibration_of_their_own_which_recalibrating_fits_alone():
+    def row(direct: float) -> dict[str, float]:
+        return {"direct": direct, "restatement": 0.0, "unsupported": 0.0, "unsupported_numbers": 0.0,
+                "unsupported_names": 0.0, "negation_conflict": 0.0}
+
+    # Over long contexts the judge's NO is right two times in three; over short ones, every time.
+    long_rows = [row(float(n % 2)) for n in range(60)]
+    long_labels = [bool(n % 2) == (n % 3 != 0) for n in range(60)]
+    short_rows = [row(float(n % 2)) for n in range(40)]
+    short_labels = [bool(n % 2) for n in range(40)]
+    values, labels = long_rows + short_rows, long_labels + short_labels
+    groups = [f"g{n % 10}" for n in range(100)]
+    short = [False] * 60 + [True] * 40
+    sources = ["ragtruth-qa"] * 60 + ["halueval"] * 40
+    both = fit.fit(values, labels, groups, {}, sources, short=short)
+    assert both.fitted_on["items_over_short_context"] == 40
+    said_no, said_yes = row(1.0), row(0.0)
+    assert both.probability(said_no, short=True) > both.probability(said_no) > 0.5  # surer where it is right
+    assert both.probability(said_yes, short=True) < both.probability(said_yes) < 0.5
+    # the default calibration is the long contexts' alone: recalibrating on them gives it back
+    assert fit.recalibrate(both, long_rows, long_labels, {}, sources[:60]).calibration == pytest.approx(
+        both.calibration, abs=1e-3)
+    without = both.model_copy(update={"short_calibration": None})
+    assert without.probability(said_no, short=True) == without.probability(said_no)  # none: the default stands
+
+    # Recalibrating on the short answers alone keeps the channels and the default calibration, and fits the short one.
+    again = fit.recalibrate(without, short_rows, short_labels, {"datasets": ["mine"]}, sources[60:], [True] * 40)
+    assert again.channels == without.channels and again.calibration == without.calibration
+    assert again.short_calibration == pytest.approx(both.short_calibration, abs=1e-3)
+    assert again.fitted_on["recalibrated"]["calibrations"] == ["short_calibration"]
+    with pytest.raises(MorphguardError, match="--recalibrate needs at least 5 hallucinated and 5 faithful"):
+        fit.recalibrate(without, short_rows[:8], short_labels[:8], {}, short=[True] * 8)
+
+
+def test_recalibrating_from_the_command_line_keeps_the_shipped_channels_and_refuses_too_few_answers(tmp_path):
+    weights = tmp_path / "weights.json"
+    every_context_short = {"combined": {"short_context": 39}}  # the landmarks' contexts have 37 to 39 characters
+    with ScriptedLLM(judge) as server:
+        done = run(tmp_path, server.base_url, "--fit", str(weights), "--recalibrate", config=every_context_short)
+        assert done.returncode == 0, done.stderr
+        few = run(tmp_path, server.base_url, "--fit", str(tmp_path / "few.json"), "--recalibrate", "--limit", "6",
+                  config=every_context_short)
+    learned, shipped = Weights.model_validate_json(weights.read_text()), load_weights(None)
+    assert learned.channels == shipped.channels and learned.calibration == shipped.calibration
+    assert learned.short_calibration != shipped.short_calibration
+    assert learned.fitted_on["recalibrated"]["items_over_short_context"] == len(RECORDS)
+    assert learned.fitted_on["datasets"] == shipped.fitted_on["datasets"]  # what the channels learnt from stays said
+    assert few.returncode == 2 and "--recalibrate needs at least 5 hallucinated" in few.stderr
+    assert not (tmp_path / "few.json").exists()
+
+
 def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overconfident_ones():
     labels = [True] * 3 + [False] * 7
     assert metrics.calibration_error(labels, [0.3] * 10) < 1e-9
@@ -207,7 +258,8 @@ def test_answers_about_records_teach_their_own_channel_and_are_checked_without_t
 def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_path):
     """`--rescore` reads the default's cascade from a finished run of the whole check (every part asked) and of the
     fast profile, without the judge; a fresh run of the cascade with the same judge gives the same scores. Where the
-    context is short (`combined.short_context`) both ask every part at once, wherever the first stage lies."""
+    context is short (`combined.short_context`) both ask every part at once, wherever the first stage lies, and read
+    the answer with the short contexts' calibration."""
 
     def outcomes(folder, detector, fingerprint=None):  # the last line per answer
         rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
@@ -215,7 +267,7 @@ def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_p
 
     with ScriptedLLM(judge) as server:
         both = run(tmp_path, server.base_url, "--detector", "combined,combined:fast",
-                   config={"combined": {"cascade": None}})
+                   config={"combined": {"cascade": None, "short_context": 38}})
         assert both.returncode == 0, both.stderr
         asked = len(server.requests)
         # The scripted judge's wrong answers inside the band, the right ones outside; the contexts about Rome and
@@ -240,3 +292,19 @@ def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_p
     # each way taken: skipped, asked in the band, asked at once for a short context the band would have skipped
     assert {(r["score"] < 0.5, i.startswith(("Rome", "Paris"))) for i, r in first.items()} == {
         (True, False), (False, False), (True, True), (False, True)}
+
+    # Rescored where every context counts as short (the default limit, 700), the whole check reads each answer with
+    # the short contexts' calibration, as a fresh run does: the Rome and Paris answers as before, the others anew.
+    with ScriptedLLM(judge) as server:
+        wide = {"combined": {"cascade": None}}
+        assert run(tmp_path, server.base_url, "--detector", "combined", "--rescore", config=wide).returncode == 0
+        assert not server.requests
+        assert run(tmp_path, server.base_url, "--detector", "combined", "--out", str(tmp_path / "wide"),
+                   config=wide).returncode == 0
+    rescored, fresh_wide = outcomes(folder, "combined"), outcomes(tmp_path / "wide", "combined")
+    assert rescored.keys() == fresh_wide.keys() == whole.keys()
+    for item, row in fresh_wide.items():
+        assert rescored[item]["fingerprint"] == row["fingerprint"]
+        assert rescored[item]["score"] == pytest.approx(row["score"])
+        short = item.startswith(("Rome", "Paris"))
+        assert (row["score"] == pytest.approx(whole[item]["score"])) == short

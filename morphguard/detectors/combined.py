@@ -429,8 +429,9 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
     scores it the same way from the spot check's own outcome)."""
     worst = max((f.score for f in ungrounded), default=0.0)
     top = max((f.score for f in judged), default=0.0)
+    # each share taken first: the top span then gets the probability itself, never a rounding above it
     return ([f.model_copy(update={"score": probability * (f.score / top if top else 1.0)}) for f in judged]
-            + [f.model_copy(update={"score": probability * f.score / worst}) for f in ungrounded if worst]
+            + [f.model_copy(update={"score": probability * (f.score / worst)}) for f in ungrounded if worst]
             + [f.model_copy(update={"score": probability * f.score}) for f in spotted if f.score > 0])
 
 

@@ -102,7 +102,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         new = [f for f in measured.factoids if f.start is not None and f.end is not None
                and not any(s.start < f.end and f.start < s.end for s in kept)]
         worst = max((f.score for f in measured.factoids), default=0.0)
-        added = [ScoredSpan(start=f.start, end=f.end, score=score * f.score / worst) for f in new if worst]
+        added = [ScoredSpan(start=f.start, end=f.end, score=score * (f.score / worst)) for f in new if worst]
         # A part read from its own outcome points where it pointed, scored as `combined` scores its spans.
         added += [] if record else [ScoredSpan(start=s.start, end=s.end, score=score * s.score)
                                     for p, part in rerun.items() for s in part.factoid_spans if s.score > 0

@@ -393,6 +393,7 @@ class Combined:
             features=values,
             settings={"contributions": weights.contributions(values, record),
                       "direct": direct.score if direct else None, "record": record,
+                      "short_context": short,  # which calibration read it (Weights.short_calibration)
                       # the cascade's first verdict, without `direct` (None: no cascade, or a record)
                       "first_stage": first_stage,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},

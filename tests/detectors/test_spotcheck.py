@@ -224,10 +224,12 @@ def test_over_a_short_context_the_cascade_asks_direct_at_once_wherever_its_first
     at_once, stages, in_flight = check(skipped)
     assert stages == ["direct", "restatement", "spotcheck"] and in_flight == 3
     assert at_once.settings["first_stage"] is None and at_once.settings["direct"] is not None
+    assert at_once.settings["short_context"]  # and the short contexts' calibration read it
     whole, _, _ = check(CombinedSettings(cascade=None))
     assert at_once.score == pytest.approx(whole.score)
     band_alone, stages, _ = check(skipped.model_copy(update={"short_context": 91}))  # one character short of it
     assert "direct" not in stages and band_alone.settings["first_stage"] is not None
+    assert not band_alone.settings["short_context"]
     assert CombinedSettings().short_context >= len(short[0])  # the default counts it as short
 
 

@@ -139,8 +139,9 @@ def recalibrate(weights: Weights, values: list[dict[str, float]], labels: list[b
                 sources: list[str] | None = None, short: list[bool] | None = None) -> Weights:
     """`weights` with their channels as they are and their calibrations fitted anew on `values` (`eval --fit
     --recalibrate`): each calibration the data has enough answers for (`_calibrate`), the others kept. Two numbers
-    per calibration rather than a dozen per fit, so a few dozen labelled answers of one's own (reviewed decisions,
-    say) can move where a threshold falls without teaching the channels their noise."""
+    per calibration rather than a dozen per fit, so a few dozen labelled answers of one's own (a fair sample of what
+    the check reads, not flagged answers alone) can move where a threshold falls without teaching the channels their
+    noise."""
     sources = sources or [""] * len(labels)
     short = short or [False] * len(labels)
     rates = {source: _rate(labels, sources, source) for source in set(sources)}

@@ -44,7 +44,7 @@ def main() -> None:
     whole, first = load_weights(None), load_weights(None, "fast")
     readings = {"every part asked": lambda v, short: whole.probability(v, short=short),
                 f"cascade {list(CASCADE)}": lambda v, short: cascaded(whole, first, v, CASCADE, at_once=short),
-                "combined:fast": lambda v, short: first.probability(without_direct(v))}
+                "combined:fast": lambda v, short: first.probability(without_direct(v), short=short)}
     scores: dict[str, dict[str, float]] = defaultdict(dict)
     for item in items:
         values, _, _, _ = fit.rows([item], outcomes, PARTS)

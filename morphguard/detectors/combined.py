@@ -280,7 +280,8 @@ SHORT_CONTEXT = 700
 
 
 def short_context(passages: Sequence[str], limit: int) -> bool:
-    """Whether the context is short enough (`SHORT_CONTEXT`) for the cascade to ask `direct` at once."""
+    """Whether the context is short (`SHORT_CONTEXT`): the cascade then asks `direct` at once, and the weights'
+    `short_calibration` reads the answer."""
     return sum(len(p) for p in passages) <= limit
 
 

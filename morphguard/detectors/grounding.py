@@ -27,6 +27,7 @@ from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, strongest
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.records import check_records, clause_around
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import sentences
@@ -142,7 +143,7 @@ class Grounding:
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self.weight(r.unsupported))))
         for m in misread:  # the clause that states the field, not just its words
-            start, end = clause_around(answer, m.start, m.end)
+            start, end = (m.start, m.end) if m.exact else clause_around(answer, m.start, m.end)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",
                                     score=self._score(self.settings.conflict_weight),
                                     evidence=[m.evidence] if m.evidence else []))
@@ -180,5 +181,5 @@ VERSION = 6  # of the word lists and matching rules above: a change makes earlie
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],
     fingerprint=lambda settings: {"options": settings.model_dump(), "version": VERSION,
-                                  "alignment": ALIGNMENT_VERSION},
+                                  "alignment": ALIGNMENT_VERSION, "records": RECORDS_VERSION},
     build=lambda settings, threshold, llm: Grounding(settings, threshold)))

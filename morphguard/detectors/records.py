@@ -6,8 +6,7 @@ leaves empty (`null`). Every word of such a claim is in the context, so `groundi
 name and value can. A field is mentioned where an answer sentence uses all the words of its name (camel humps,
 without a prefix several fields share, such as `Restaurants` in `RestaurantsTakeOut`), and the mention is
 negative when a negation stands near it in the same clause. A mention is a conflict when its polarity
-disagrees with the value, or when the value is null. Opening hours get one more rule: "open every day" where
-the record lists fewer than seven days.
+disagrees with the value, or when the value is null. Opening hours are read against the record's by `hours`.
 """
 
 from __future__ import annotations
@@ -18,9 +17,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from morphguard.detectors.hours import misstated, schedule
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import HUMP, NEGATIONS, keys
 from morphguard.models import Evidence
+
+VERSION = 2  # of the rules here and in `hours` (2: opening hours read day by day): a change makes eval results stale
 
 # Bounds on what a hostile context can make this cost (it runs on every checked answer): a context larger than
 # MAX_RECORD_CHARS is not read as a record, only the first MAX_FIELDS distinct fields are kept, and at most
@@ -43,8 +45,6 @@ BE = frozenset({"is", "are", "was", "were", "be", "been"})
 BE_NOT = frozenset({"isn't", "aren't", "wasn't", "weren't"})
 UNAVAILABLE = frozenset({"unavailable", "absent", "lacking"})
 DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-EVERY_DAY = re.compile(r"\b(?:seven|7) days|\bevery day\b|\bdaily\b|\ball week\b"
-                       r"|\bmonday\s*(?:to|through|-|–)\s*sunday\b", re.IGNORECASE)
 FALSE_WORDS = frozenset({"no", "none", "false"})
 TRUE_WORDS = frozenset({"yes", "true", "free", "paid"})
 
@@ -60,12 +60,11 @@ class Field:
 
 @dataclass(frozen=True)
 class RecordConflict:
-    start: int  # where the answer mentions the field
+    start: int  # where the answer mentions the field, or (`exact`) the whole claim
     end: int
     field: str
-    value: bool | None  # what the record says (None: nothing)
-    stated: bool  # what the answer says
     evidence: Evidence | None  # the field in the context
+    exact: bool = False  # start:end is the claim itself; a field's mention is only a word of its clause
 
 
 def _records(passages: list[str]) -> Iterator[object]:
@@ -108,18 +107,19 @@ def fields(passages: list[str]) -> list[Field]:
     return _read(list(_records(passages)))[0]
 
 
-def _read(records: list[object]) -> tuple[list[Field], set[str], str]:
-    """The records' yes/no fields, the weekdays they list opening hours for, and the key those hours sit under."""
+def _read(records: list[object]) -> tuple[list[Field], dict[str, object], str]:
+    """The records' yes/no fields, the opening hours by weekday (only where a single record lists any: whose
+    hours a claim is about is unclear otherwise), and the key those hours sit under."""
     leaves = [(path, value) for record in records for path, value in _leaves(record, ()) if path]
     humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves}
     # A first hump that begins several names is a namespace (`Restaurants`, `Business`), not part of what they say.
     prefixes = Counter(h[0].lower() for h in humps.values() if len(h) > 1)
     found: dict[tuple[tuple[str, ...], bool | None, bool], Field] = {}
-    days: set[str] = set()
+    listed: dict[str, object] = {}
     hours = ""
     for path, value in leaves:
         if path[-1].lower() in DAYS:
-            days.add(path[-1].lower())
+            listed.setdefault(path[-1], value)
             hours = hours or (path[-2] if len(path) > 1 else path[-1])
         readable, truth = _truth(value)
         if not readable:
@@ -131,7 +131,8 @@ def _read(records: list[object]) -> tuple[list[Field], set[str], str]:
         field = Field(".".join(path), wanted, keys("".join(parts))[0], truth, path[-1][:1].isupper())
         if wanted and len(found) < MAX_FIELDS:  # the same words and value under two paths are one field
             found.setdefault((wanted, truth, field.capitalised), field)
-    return list(found.values()), days, hours
+    with_hours = sum(any(p[-1].lower() in DAYS for p, _ in _leaves(r, ()) if p) for r in records)
+    return list(found.values()), listed if with_hours == 1 else {}, hours
 
 
 def _mentions(stems: list[str | None], places: list[int], field: Field) -> Iterator[tuple[int, int]]:
@@ -199,15 +200,16 @@ def check_records(answer: str, passages: list[str]) -> RecordCheck:
     against them."""
     said = [p for p in passages if p and not p.isspace()]
     records = list(_records(said))
-    known, days, hours = _read(records)
+    known, listed, hours = _read(records)
     only = bool(said) and len(records) == len(said)
-    return RecordCheck(len(known), only, _conflicts(answer, passages, known, days, hours))
+    return RecordCheck(len(known), only, _conflicts(answer, passages, known, listed, hours))
 
 
-def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[str], hours: str
+def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dict[str, object], hours: str
                ) -> list[RecordConflict]:
-    """The answer's statements against the record: at most one per field and sentence."""
-    if not known and not days:  # a context of prose: nothing to read the answer against
+    """The answer's statements against the record: at most one per field and sentence, and each claim about
+    opening hours that the record's contradict."""
+    if not known and not listed:  # a context of prose: nothing to read the answer against
         return []
     # A sentence looks only at the fields whose rarest word (or whole name) it uses.
     frequency = Counter(word for field in known for word in set(field.words))
@@ -216,13 +218,16 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[s
         for word in {min(field.words, key=frequency.__getitem__), field.whole}:
             by_word.setdefault(word, []).append(field)
     checks = 0
-    found: list[RecordConflict] = []
     cited: dict[str, Evidence | None] = {}  # each field's place in the context, looked up once
 
     def evidence(name: str) -> Evidence | None:
         if name not in cited:
             cited[name] = _evidence(passages, name)
         return cited[name]
+
+    found = [RecordConflict(m.start, m.end, f"{hours}.{m.day}" if m.day else hours,
+                            evidence(f"{hours}.{m.day}" if m.day else hours), exact=True)
+             for m in misstated(answer, schedule(listed))]
 
     for start, end in sentences(answer):
         matches = list(PIECE.finditer(answer, start, end))
@@ -244,12 +249,9 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], days: set[s
             for first, last in _mentions(stems if field.capitalised else named, places, field):
                 stated = not _negated(pieces, first, last)
                 if field.value is None or stated != field.value:
-                    found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name, field.value,
-                                                stated, evidence(field.name)))
+                    found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name,
+                                                evidence(field.name)))
                     break
-        every_day = EVERY_DAY.search(answer, start, end)
-        if days and len(days) < len(DAYS) and every_day:
-            found.append(RecordConflict(every_day.start(), every_day.end(), hours, False, True, evidence(hours)))
     return sorted(found, key=lambda c: (c.start, c.field))
 
 

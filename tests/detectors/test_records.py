@@ -56,7 +56,8 @@ def test_a_capitalised_word_is_a_name_not_a_lower_case_field():
 
 
 def test_open_every_day_where_the_record_lists_fewer_days():
-    assert stated("It is open seven days a week.") == [("hours", "seven days")]
+    # the first day the claim gets wrong names the field, and the whole claim is the span
+    assert stated("It is open seven days a week.") == [("Wednesday", "seven days a week")]
     every = json.dumps({"hours": {day: "9:0-17:0" for day in
                                   ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")}})
     assert check_records("It is open seven days a week.", [every]).conflicts == []

@@ -1,0 +1,252 @@
+"""Opening hours: what an answer says about when a place is open, read against a record's `hours`. No LLM call.
+
+A business record lists its hours per weekday (`"Monday": "17:0-21:0"`); answers written from it restate them as
+days and times ("open Monday to Saturday from 5 PM to 9 PM") and err by stretching a range over a day with other
+hours, or over a day the record leaves out. Every word and number of such a claim is in the record, so counting
+unsupported words cannot see it. A day listed as `0:0-0:0` counts as closed, as RAGTruth's annotators read it:
+on its Data2txt fit half an answer calling such a day closed is never marked, one calling it open is.
+
+In each answer sentence the day expressions (a day, a range "Tuesday to Friday", a list, "weekends", "every day")
+and the times (a range "11:30 AM - 8 PM", or one end: "until 2 pm") are paired in the order the sentence uses:
+days then their times, or times then their days. A claim is misstated when
+- a time is stated for a day the record keeps closed, or differs from the day's own (a time written without
+  AM/PM may be either),
+- an opening is stated for a closed day ("open Monday through Sunday"), or a closing for an open one ("closed
+  on Mondays"),
+- a time range with no day matches none of the record's days.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from morphguard.detectors.spans import sentences
+
+DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+WEEK = frozenset(range(7))
+REACH = 200  # characters either side of a day expression in which its clause is looked for
+# "every day" forms in lower case only: "Our Daily Bread" is a name.
+_DAY = re.compile(r"\b(?:(monday|tuesday|wednesday|thursday|friday|saturday|sunday)s?"
+                  r"|(?-i:(Mon|Tues?|Wed|Thu(?:rs?)?|Fri|Sat|Sun))\b\.?"
+                  r"|(weekdays?)|((?:the )?weekends?)"
+                  r"|(?-i:((?:seven|7) days(?: a week)?|every day|daily|all week)))\b", re.IGNORECASE)
+_ABBREVIATIONS = {"mon": 0, "tue": 1, "tues": 1, "wed": 2, "thu": 3, "thur": 3, "thurs": 3, "fri": 4, "sat": 5,
+                  "sun": 6}
+# A clock time: "11:30", "5 pm", "5:30 p.m.", "noon". A bare number is a time only as one end of a range whose
+# other end is written as one ("4 to 10 pm").
+_TIME = re.compile(r"(?<![\d.:,$])(\d{1,2})(?::(\d{1,2}))?(?![\d,])(?!\.\d)(?:\s*([ap])(?:\.\s?m\.|\s?m\b))?"
+                   r"|\b(noon|midnight)\b", re.IGNORECASE)
+_RANGE_JOIN = re.compile(r"\s*(?:-|–|—|to|until|till|through|thru)\s*", re.IGNORECASE)
+_DAY_RANGE = re.compile(r"\s*(?:-|–|—|to|through|thru|until)\s*", re.IGNORECASE)
+_DAY_LIST = re.compile(r"\s*(?:,|and|&|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
+_CLOSE_ONLY = re.compile(r"(?:until|till|closes?|closing|closures?)\s+(?:at\s+)?$", re.IGNORECASE)
+_OPEN_ONLY = re.compile(r"(?:opens?|opening)\s+(?:at\s+)?$", re.IGNORECASE)
+_CLOSED = re.compile(r"\bclosed\b|\bnot open\b", re.IGNORECASE)
+_OPEN = re.compile(r"\bopen|\boperat|\bhours\b|\bserv(?:es|ing)\b", re.IGNORECASE)
+_CLAUSE_END = re.compile(r"[;:]|,\s*(?:but|while|with|and)\b|\b(?:but|while|with|except)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Misstated:
+    start: int
+    end: int
+    day: str | None  # the first day the claim gets wrong, e.g. "Monday" (None: a time stated for no day)
+
+
+@dataclass(frozen=True)
+class _Days:
+    start: int
+    end: int
+    days: frozenset[int]
+
+
+@dataclass(frozen=True)
+class _Times:
+    start: int
+    end: int
+    opens: frozenset[int] | None  # the minutes after midnight it may mean (None: not stated)
+    closes: frozenset[int] | None
+
+
+def schedule(hours: Mapping[str, object]) -> dict[int, tuple[int, int] | None]:
+    """Each weekday the record lists: its (opening, closing) minutes, or None where it is closed. A day the
+    record leaves out is missing."""
+    out: dict[int, tuple[int, int] | None] = {}
+    for name, value in hours.items():
+        if not isinstance(name, str) or name.lower() not in DAYS:
+            continue
+        times = re.fullmatch(r"\s*(\d{1,2}):(\d{1,2})\s*-\s*(\d{1,2}):(\d{1,2})\s*", str(value))
+        if times is None:
+            continue
+        h1, m1, h2, m2 = (int(g) for g in times.groups())
+        opening, closing = (h1 * 60 + m1) % 1440, (h2 * 60 + m2) % 1440
+        out[DAYS.index(name.lower())] = None if opening == closing == 0 else (opening, closing)
+    return out
+
+
+def misstated(answer: str, hours: Mapping[int, tuple[int, int] | None]) -> list[Misstated]:
+    """The answer's claims about when the place is open that the record's hours contradict."""
+    if not hours:
+        return []
+    found = []
+    for start, end in sentences(answer):
+        for days, times, closed in _claims(answer, start, end):
+            wrong = _wrong_day(days, times, closed, hours)
+            if wrong is not False:
+                spans = [p for p in (days, times) if p is not None]
+                found.append(Misstated(min(p.start for p in spans), max(p.end for p in spans),
+                                       None if wrong is None else DAYS[wrong].title()))
+    return found
+
+
+def _wrong_day(days: _Days | None, times: _Times | None, closed: bool, hours: Mapping[int, tuple[int, int] | None]
+               ) -> int | None | bool:
+    """The first day the claim gets wrong, None for a wrong time stated for no day, False when nothing is wrong.
+    A day the record leaves out is closed."""
+    if days is None:  # a time range with no day: wrong only where no day has it
+        assert times is not None and times.opens is not None and times.closes is not None
+        return False if any(h is not None and h[0] in times.opens and h[1] in times.closes
+                            for h in hours.values()) else None
+    for day in sorted(days.days):
+        listed = hours.get(day)
+        if closed:
+            if listed is not None:
+                return day
+            continue
+        if listed is None:
+            return day
+        if times is not None and (times.opens is not None and listed[0] not in times.opens
+                                  or times.closes is not None and listed[1] not in times.closes):
+            return day
+    return False
+
+
+def _claims(answer: str, start: int, end: int) -> Iterator[tuple[_Days | None, _Times | None, bool]]:
+    """(days, times, whether the days are said to be closed) for each claim of a sentence."""
+    items: list[_Days | _Times] = sorted([*_day_groups(answer, start, end), *_times(answer, start, end)],
+                                         key=lambda p: p.start)
+    # Days then their times, or times then their days: whichever order pairs more of the sentence's items
+    days_first = max((True, False), key=lambda order: (len(_pairs(answer, items, order)),
+                                                       order == isinstance(items[0], _Days) if items else False))
+    paired = _pairs(answer, items, days_first)
+    taken = {id(p) for pair in paired for p in pair}
+    for days, times in paired:
+        yield days, times, False
+    for item in items:
+        if id(item) in taken:
+            continue
+        if isinstance(item, _Days):
+            clause = _clause(answer, item, start, end)
+            if _CLOSED.search(clause):
+                yield item, None, True
+            elif _OPEN.search(clause) or len(item.days) == 7:
+                yield item, None, False
+        elif item.opens is not None and item.closes is not None:
+            yield None, item, False
+
+
+def _pairs(answer: str, items: list[_Days | _Times], days_first: bool) -> list[tuple[_Days, _Times]]:
+    """Adjacent (days, times) in the given order, nothing between them that ends a clause."""
+    out = []
+    i = 0
+    while i + 1 < len(items):
+        item, following = items[i], items[i + 1]
+        if (isinstance(item, _Days) == days_first and isinstance(following, _Days) != days_first
+                and not _CLAUSE_END.search(answer, item.end, following.start)):
+            out.append((item, following) if days_first else (following, item))
+            i += 2
+        else:
+            i += 1
+    return out  # type: ignore[return-value]
+
+
+def _clause(answer: str, item: _Days, start: int, end: int) -> str:
+    """The clause around a day expression, looking at most REACH characters each way (so that a hostile
+    sentence of many day names costs time in proportion to its length)."""
+    start, end = max(start, item.start - REACH), min(end, item.end + REACH)
+    before = max((m.end() for m in _CLAUSE_END.finditer(answer, start, item.start)), default=start)
+    after = next((m.start() for m in _CLAUSE_END.finditer(answer, item.end, end)), end)
+    return answer[before:after]
+
+
+def _day_groups(answer: str, start: int, end: int) -> Iterator[_Days]:
+    """Day expressions, ranges and lists joined: "Tuesday to Thursday and Saturday" is one group."""
+    group: _Days | None = None
+    single: int | None = None  # the group's last day when it was named alone: a range may start there
+    for match in _DAY.finditer(answer, start, end):
+        days = _days_of(match)
+        between = answer[group.end:match.start()] if group else ""
+        alone = next(iter(days)) if len(days) == 1 else None
+        if group and single is not None and alone is not None and _DAY_RANGE.fullmatch(between):
+            span = frozenset((single + k) % 7 for k in range((alone - single) % 7 + 1))
+            group, single = _Days(group.start, match.end(), group.days | span), None
+            continue
+        if group and _DAY_LIST.fullmatch(between):
+            group = _Days(group.start, match.end(), group.days | days)
+        else:
+            if group:
+                yield group
+            group = _Days(match.start(), match.end(), days)
+        single = alone
+    if group:
+        yield group
+
+
+def _days_of(match: re.Match[str]) -> frozenset[int]:
+    name, short, weekday, weekend, _every = match.groups()
+    if name:
+        return frozenset({DAYS.index(name.lower())})
+    if short:
+        return frozenset({_ABBREVIATIONS[short.lower()]})
+    if weekday:
+        return frozenset(range(5))
+    if weekend:
+        return frozenset({5, 6})
+    return WEEK
+
+
+def _times(answer: str, start: int, end: int) -> Iterator[_Times]:
+    """Time ranges, and single times that say only when the place opens or closes."""
+    found = [(m.start(), m.end(), _minutes(m)) for m in _TIME.finditer(answer, start, end)]
+    i = 0
+    while i < len(found):
+        a_start, a_end, a = found[i]
+        if i + 1 < len(found) and _RANGE_JOIN.fullmatch(answer, a_end, found[i + 1][0]):
+            b_start, b_end, b = found[i + 1]
+            if a[1] or b[1]:  # at least one end written as a clock time
+                yield _Times(a_start, b_end, *_meridiem(a, b))
+                i += 2
+                continue
+        lead_start = max(start, a_start - 20)
+        lead = answer[lead_start:a_start]
+        if a[1] and (said := _CLOSE_ONLY.search(lead) or _OPEN_ONLY.search(lead)):
+            closing = said.re is _CLOSE_ONLY
+            yield _Times(lead_start + said.start(), a_end, None if closing else a[0], a[0] if closing else None)
+        i += 1
+
+
+def _minutes(match: re.Match[str]) -> tuple[frozenset[int], bool, str | None]:
+    """(the minutes it may mean, whether it is written as a clock time, its a/p if any)."""
+    hour, minute, half, word = match.groups()
+    if word:
+        return frozenset({720 if word.lower() == "noon" else 0}), True, None
+    h, m = int(hour), int(minute or 0)
+    if half:
+        return frozenset({((h % 12) + (12 if half.lower() == "p" else 0)) * 60 + m}), True, half.lower()
+    if h == 0 or h > 12:
+        return frozenset({(h * 60 + m) % 1440}), minute is not None, None
+    return frozenset({(h % 12) * 60 + m, (h % 12 + 12) * 60 + m}), minute is not None, None
+
+
+def _meridiem(a: tuple[frozenset[int], bool, str | None], b: tuple[frozenset[int], bool, str | None]
+              ) -> tuple[frozenset[int], frozenset[int]]:
+    """A range's two ends, an end without AM/PM reading as the other's where that puts opening first ("7:30 to
+    1:30 pm": AM), as the opposite otherwise."""
+    (opens, _, a_half), (closes, _, b_half) = a, b
+    if a_half is None and b_half is not None and len(opens) == 2:
+        close = next(iter(closes))
+        same = [t for t in opens if (t >= 720) == (b_half == "p")]
+        opens = frozenset(same) if same and same[0] < close else opens - frozenset(same)
+    return opens, closes

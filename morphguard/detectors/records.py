@@ -22,7 +22,8 @@ from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import HUMP, NEGATIONS, keys
 from morphguard.models import Evidence
 
-VERSION = 2  # of the rules here and in `hours` (2: opening hours read day by day): a change makes eval results stale
+VERSION = 2  # of the rules here and in `hours` (2: hours read day by day; what is said to be unknown is no claim)
+# A change makes earlier eval results stale.
 
 # Bounds on what a hostile context can make this cost (it runs on every checked answer): a context larger than
 # MAX_RECORD_CHARS is not read as a record, only the first MAX_FIELDS distinct fields are kept, and at most
@@ -45,6 +46,14 @@ BE = frozenset({"is", "are", "was", "were", "be", "been"})
 BE_NOT = frozenset({"isn't", "aren't", "wasn't", "weren't"})
 UNAVAILABLE = frozenset({"unavailable", "absent", "lacking"})
 DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# A statement that the record is silent on a field ("reservations are not mentioned", "the data does not include
+# WiFi or parking") claims nothing about it; "does not provide WiFi" does, so "provide" is not among the verbs.
+UNSAID = re.compile(r"\b(?:is|are|was|were|be)\s+not\s+(?:mentioned|specified|listed|stated|given|indicated|disclosed"
+                    r"|known|clear)\b|\b(?:does|do|did)\s*(?:not|n't)\s+(?:mention|include|specify|state|indicate|list"
+                    r"|say)\b|\bno\s+(?:information|mention|details?|indication)\b|\bunknown\b|\bunclear\b"
+                    r"|\bunspecified\b", re.IGNORECASE)
+# Where a sentence turns to another claim: what is said to be unknown before it says nothing about what follows.
+TURNS = re.compile(r"\b(?:but|however|while|although|though|whereas|yet)\b|;", re.IGNORECASE)
 FALSE_WORDS = frozenset({"no", "none", "false"})
 TRUE_WORDS = frozenset({"yes", "true", "free", "paid"})
 
@@ -230,6 +239,8 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dic
              for m in misstated(answer, schedule(listed))]
 
     for start, end in sentences(answer):
+        turns = [start, *(m.end() for m in TURNS.finditer(answer, start, end)), end]
+        unsaid = [(a, b) for a, b in zip(turns, turns[1:], strict=False) if UNSAID.search(answer, a, b)]
         matches = list(PIECE.finditer(answer, start, end))
         pieces = [m.group().lower().replace("’", "'") for m in matches]
         stems: list[str | None] = [None if p in CLAUSE_ENDS else keys(p)[-1] for p in pieces]
@@ -247,6 +258,8 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dic
             if checks > MAX_CHECKS:
                 return sorted(found, key=lambda c: (c.start, c.field))
             for first, last in _mentions(stems if field.capitalised else named, places, field):
+                if any(a <= matches[first].start() < b for a, b in unsaid):
+                    continue
                 stated = not _negated(pieces, first, last)
                 if field.value is None or stated != field.value:
                     found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name,

@@ -50,6 +50,14 @@ def test_a_field_the_record_leaves_empty_is_unsupported_either_way():
     assert stated("It is good for groups.") == [("RestaurantsGoodForGroups", "good for groups")]
 
 
+def test_saying_the_record_is_silent_on_a_field_claims_nothing_about_it():
+    assert stated("Whether it is good for groups is not mentioned in the data.") == []
+    assert stated("The data does not include outdoor seating or whether it is good for groups.") == []
+    # "does not provide" states the field; a turn of the sentence starts a claim of its own
+    assert stated("It does not provide take-out.") == [("RestaurantsTakeOut", "take-out")]
+    assert stated("Groups are unknown, but it offers outdoor seating.") == [("OutdoorSeating", "outdoor seating")]
+
+
 def test_a_capitalised_word_is_a_name_not_a_lower_case_field():
     assert stated("The deli is at 12 State Street.") == []
     assert stated("Parking is on the street.") == [("street", "street")]

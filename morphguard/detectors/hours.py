@@ -13,14 +13,19 @@ days then their times, or times then their days. A claim is misstated when
   AM/PM may be either),
 - an opening is stated for a closed day ("open Monday through Sunday"), or a closing for an open one ("closed
   on Mondays"),
-- a time range with no day matches none of the record's days.
+- a time range with no day matches none of the record's days,
+- some days are said to have longer hours ("extended hours on weekends") than they have, on average, against
+  the other days,
+- the record has a field for its hours and leaves it empty.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 
 from morphguard.detectors.spans import sentences
 
@@ -45,6 +50,8 @@ _CLOSE_ONLY = re.compile(r"(?:until|till|closes?|closing|closures?)\s+(?:at\s+)?
 _OPEN_ONLY = re.compile(r"(?:opens?|opening)\s+(?:at\s+)?$", re.IGNORECASE)
 _CLOSED = re.compile(r"\bclosed\b|\bnot open\b", re.IGNORECASE)
 _OPEN = re.compile(r"\bopen|\boperat|\bhours\b|\bserv(?:es|ing)\b", re.IGNORECASE)
+_LONGER = re.compile(r"\b(?:extended|longer|later|late)\s+(?:hours|opening|closing)\b"
+                     r"|\b(?:opens?|stays? open)\s+(?:later|late|longer)\b", re.IGNORECASE)
 _CLAUSE_END = re.compile(r"[;:]|,\s*(?:but|while|with|and)\b|\b(?:but|while|with|except)\b", re.IGNORECASE)
 
 
@@ -86,18 +93,45 @@ def schedule(hours: Mapping[str, object]) -> dict[int, tuple[int, int] | None]:
     return out
 
 
-def misstated(answer: str, hours: Mapping[int, tuple[int, int] | None]) -> list[Misstated]:
-    """The answer's claims about when the place is open that the record's hours contradict."""
-    if not hours:
+def misstated(answer: str, hours: Mapping[int, tuple[int, int] | None], silent: bool = False) -> list[Misstated]:
+    """The answer's claims about when the place is open that the record's hours contradict. `silent`: the record
+    has a field for its hours and leaves it empty, so every such claim is unsupported."""
+    if not hours and not silent:
         return []
     found = []
     for start, end in sentences(answer):
+        here = []
         for days, times, closed in _claims(answer, start, end):
-            wrong = _wrong_day(days, times, closed, hours)
+            wrong = None if silent else _wrong_day(days, times, closed, hours)
             if wrong is not False:
                 spans = [p for p in (days, times) if p is not None]
-                found.append(Misstated(min(p.start for p in spans), max(p.end for p in spans),
-                                       None if wrong is None else DAYS[wrong].title()))
+                here.append(Misstated(min(p.start for p in spans), max(p.end for p in spans),
+                                      None if wrong is None else DAYS[wrong].title()))
+        found += here + _apart(here, _longer(answer, start, end, hours))
+    return sorted(found, key=lambda m: m.start)
+
+
+def _apart(claims: list[Misstated], more: list[Misstated]) -> list[Misstated]:
+    """Those of `more` that overlap none of `claims` (one claim, one conflict), each found in log time: a hostile
+    sentence can hold thousands."""
+    ordered = sorted(claims, key=lambda m: m.start)
+    starts = [m.start for m in ordered]
+    reach = list(accumulate((m.end for m in ordered), max))  # the furthest end among the first k
+    return [m for m in more if not ((k := bisect_left(starts, m.end)) and reach[k - 1] > m.start)]
+
+
+def _longer(answer: str, start: int, end: int, hours: Mapping[int, tuple[int, int] | None]) -> list[Misstated]:
+    """"Extended hours on weekends" where the days named are open no longer, on average, than the others."""
+    length = {day: (h[1] - h[0]) % 1440 or 1440 for day, h in hours.items() if h is not None}
+    found = []
+    for match in _LONGER.finditer(answer, start, end):
+        days = next(_day_groups(answer, match.end(), min(end, match.end() + REACH)), None)
+        if days is None or _CLAUSE_END.search(answer, match.end(), days.start):
+            continue
+        named = [length[d] for d in sorted(days.days) if d in length]
+        others = [v for d, v in length.items() if d not in days.days]
+        if others and (not named or sum(named) / len(named) <= sum(others) / len(others)):
+            found.append(Misstated(match.start(), days.end, DAYS[min(days.days)].title()))
     return found
 
 

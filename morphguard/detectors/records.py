@@ -234,9 +234,12 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dic
             cited[name] = _evidence(passages, name)
         return cited[name]
 
+    # "hours": null: the record has a place for its hours and leaves it empty
+    silent = not listed and any(f.name.lower() == "hours" and f.value is None for f in known)
+    hours = hours or ("hours" if silent else "")
     found = [RecordConflict(m.start, m.end, f"{hours}.{m.day}" if m.day else hours,
                             evidence(f"{hours}.{m.day}" if m.day else hours), exact=True)
-             for m in misstated(answer, schedule(listed))]
+             for m in misstated(answer, schedule(listed), silent)]
 
     for start, end in sentences(answer):
         turns = [start, *(m.end() for m in TURNS.finditer(answer, start, end)), end]

@@ -42,6 +42,21 @@ def test_a_time_or_a_day_the_record_contradicts_is_misstated_with_the_claim_as_i
     assert wrong("The kitchen runs from 9 AM to 5 PM.") == [("9 AM to 5 PM", None)]  # no day has it
 
 
+def test_longer_hours_on_some_days_must_be_longer_than_the_others():
+    # the weekend (11:30-16:00, 10:00-02:00) averages 9.25 hours against Wednesday to Friday's 7.5
+    assert wrong("It keeps extended hours on weekends.") == []
+    assert wrong("It keeps extended hours on Fridays.") == [("extended hours on Fridays", "Friday")]
+    # closed that day: one claim, one conflict
+    assert wrong("It stays open late on Mondays.") == [("Mondays", "Monday")]
+
+
+def test_a_record_that_leaves_its_hours_empty_supports_no_claim_about_them():
+    record = json.dumps({"name": "Harbour Deli", "hours": None, "attributes": {"WiFi": "free"}})
+    found = check_records("It has free WiFi and is open seven days a week, from 9 AM to 5 PM.", [record]).conflicts
+    assert [(c.field, c.exact) for c in found] == [("hours", True)]
+    assert check_records("It has free WiFi.", [record]).conflicts == []
+
+
 def test_names_and_lower_case_words_that_look_like_days_are_not_days():
     assert wrong("Our Daily Bread is open on Wednesdays.") == []  # "Daily" in a name
     assert wrong("Guests sat outside on Sunday.") == []  # nothing said about opening
@@ -66,5 +81,5 @@ def test_hours_are_read_only_where_one_record_lists_them():
 
 
 def test_a_hostile_sentence_of_day_names_costs_time_in_proportion_to_its_length():
-    answer = "It is open " + ", ".join(["Monday", "Friday to Sunday", "11 am - 2 pm"] * 20_000) + "."
+    answer = "It is open " + ", ".join(["Monday", "Friday to Sunday", "11 am - 2 pm", "late on Mondays"] * 20_000) + "."
     assert len(wrong(answer)) >= 1

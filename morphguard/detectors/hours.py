@@ -7,8 +7,8 @@ unsupported words cannot see it. A day listed as `0:0-0:0` counts as closed, as 
 on its Data2txt fit half an answer calling such a day closed is never marked, one calling it open is.
 
 In each answer sentence the day expressions (a day, a range "Tuesday to Friday", a list, "weekends", "every day")
-and the times (a range "11:30 AM - 8 PM", or one end: "until 2 pm") are paired in the order the sentence uses:
-days then their times, or times then their days. A claim is misstated when
+and the times (a range "11:30 AM - 8 PM", or one end: "until 2 pm") are paired, days then their times or times then
+their days, whichever order pairs more of the sentence. A claim is misstated when
 - a time is stated for a day the record keeps closed, or differs from the day's own (a time written without
   AM/PM may be either),
 - an opening is stated for a closed day ("open Monday through Sunday"), or a closing for an open one ("closed
@@ -161,10 +161,11 @@ def _claims(answer: str, start: int, end: int) -> Iterator[tuple[_Days | None, _
     """(days, times, whether the days are said to be closed) for each claim of a sentence."""
     items: list[_Days | _Times] = sorted([*_day_groups(answer, start, end), *_times(answer, start, end)],
                                          key=lambda p: p.start)
-    # Days then their times, or times then their days: whichever order pairs more of the sentence's items
-    days_first = max((True, False), key=lambda order: (len(_pairs(answer, items, order)),
-                                                       order == isinstance(items[0], _Days) if items else False))
-    paired = _pairs(answer, items, days_first)
+    # Days then their times, or times then their days: whichever order pairs more; on a tie, the sentence's own
+    by_days, by_times = _pairs(answer, items, True), _pairs(answer, items, False)
+    opens_with_days = bool(items) and isinstance(items[0], _Days)
+    tie = len(by_days) == len(by_times)
+    paired = by_days if len(by_days) > len(by_times) or tie and opens_with_days else by_times
     taken = {id(p) for pair in paired for p in pair}
     for days, times in paired:
         yield days, times, False
@@ -243,7 +244,7 @@ def _days_of(match: re.Match[str]) -> frozenset[int]:
 
 def _times(answer: str, start: int, end: int) -> Iterator[_Times]:
     """Time ranges, and single times that say only when the place opens or closes."""
-    found = [(m.start(), m.end(), _minutes(m)) for m in _TIME.finditer(answer, start, end)]
+    found = [(m.start(), m.end(), t) for m in _TIME.finditer(answer, start, end) if (t := _minutes(m))]
     i = 0
     while i < len(found):
         a_start, a_end, a = found[i]
@@ -261,17 +262,21 @@ def _times(answer: str, start: int, end: int) -> Iterator[_Times]:
         i += 1
 
 
-def _minutes(match: re.Match[str]) -> tuple[frozenset[int], bool, str | None]:
-    """(the minutes it may mean, whether it is written as a clock time, its a/p if any)."""
+def _minutes(match: re.Match[str]) -> tuple[frozenset[int], bool, str | None] | None:
+    """(the minutes it may mean, whether it is written as a clock time, its a/p if any); None where it is no time
+    of day ("45 minutes")."""
     hour, minute, half, word = match.groups()
     if word:
         return frozenset({720 if word.lower() == "noon" else 0}), True, None
     h, m = int(hour), int(minute or 0)
+    clock = minute is not None or half is not None
+    if h > 24 or m > 59:
+        return None
+    if h == 0 or h > 12:  # a 24-hour time ("14:00 pm": its PM a slip)
+        return frozenset({(h * 60 + m) % 1440}), clock, None
     if half:
         return frozenset({((h % 12) + (12 if half.lower() == "p" else 0)) * 60 + m}), True, half.lower()
-    if h == 0 or h > 12:
-        return frozenset({(h * 60 + m) % 1440}), minute is not None, None
-    return frozenset({(h % 12) * 60 + m, (h % 12 + 12) * 60 + m}), minute is not None, None
+    return frozenset({(h % 12) * 60 + m, (h % 12 + 12) * 60 + m}), clock, None
 
 
 def _meridiem(a: tuple[frozenset[int], bool, str | None], b: tuple[frozenset[int], bool, str | None]

@@ -27,6 +27,9 @@ def test_hours_that_agree_with_the_record_in_any_common_writing_are_no_conflict(
     assert wrong("It is closed on Mondays and Tuesdays.") == []
     assert wrong("The kitchen runs from 11:30 AM to 8 PM.") == []  # no day named: some day has it
     assert wrong("It has 4.5 stars, $14 mimosas and a review from 2022-01-09 19:18:59.") == []  # no times
+    assert wrong("Lunch takes 45 to 50 minutes on Fridays.") == []  # no time of day
+    # a 24-hour time with a stray PM is read as written
+    assert wrong("It is open 11:30 am to 16:00 pm on Fridays and Saturdays.") == []
 
 
 def test_a_time_or_a_day_the_record_contradicts_is_misstated_with_the_claim_as_its_span():

@@ -28,7 +28,7 @@ from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, strongest
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.records import VERSION as RECORDS_VERSION
-from morphguard.detectors.records import check_records, clause_around
+from morphguard.detectors.records import check_records, claim_around
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED, NUMBER_WORDS, TOKEN, keys, vocabulary
@@ -142,8 +142,8 @@ class Grounding:
                 start, end = r.unsupported[0].start, r.unsupported[-1].end
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self.weight(r.unsupported))))
-        for m in misread:  # the clause that states the field, not just its words
-            start, end = (m.start, m.end) if m.exact else clause_around(answer, m.start, m.end)
+        for m in misread:  # the claim that states the field, not just its words
+            start, end = (m.start, m.end) if m.exact else claim_around(answer, m.start, m.end)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",
                                     score=self._score(self.settings.conflict_weight),
                                     evidence=[m.evidence] if m.evidence else []))

@@ -92,9 +92,10 @@ def test_grounding_scores_and_shows_a_record_conflict_with_the_field_as_evidence
     answer = "Harbour Deli is central. Since 2019, it offers outdoor seating and a loyal following."
     result = check_with([RECORD], answer)
     assert result.features["record_conflicts"] == 1 and result.flagged
-    # on a record, only the clause that states the field is pointed at, not the unsupported words around it
+    # on a record, only the claim that states the field is pointed at (its clause up to the "and" that joins
+    # another claim), not the unsupported words around it
     [factoid] = result.factoids
-    assert factoid.label == "contradicted" and factoid.text == "it offers outdoor seating and a loyal following"
+    assert factoid.label == "contradicted" and factoid.text == "it offers outdoor seating"
     assert factoid.evidence[0].text == '"OutdoorSeating": false'
     assert result.features["unsupported"] >= 3  # "central", "2019", "loyal", ... still count
     assert check_with([RECORD], "Harbour Deli has no outdoor seating.").features["record_conflicts"] == 0

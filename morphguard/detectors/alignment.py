@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
+from morphguard.detectors.focus import statements
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, words
 from morphguard.models import Evidence
@@ -141,6 +142,22 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
             changed = _differences(_Words.of(texts[best]), _Words.of(text))
             found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
     return found
+
+
+def quotes_context(answer: str, passages: list[str]) -> bool:
+    """Whether every sentence of the answer that states something is a whole sentence of the context as written
+    (case, spacing, punctuation and a list item's marker aside). Such an answer claims only what its context
+    claims, whatever the question: a fragment ("Steven Spielberg") is no quote, since whether it answers rightly
+    depends on the question."""
+    stating = statements(answer, limit=len(answer))
+    context = {_as_quoted(passage[a:b]) for passage in passages for a, b in sentences(passage)}
+    return bool(stating) and all(_as_quoted(text) in context for text in stating)
+
+
+def _as_quoted(sentence: str) -> str:
+    """A sentence as quotes are compared: its words, lower-cased, without a list item's marker."""
+    marker = _LIST_MARKER.match(sentence)
+    return " ".join(words(sentence[marker.end() if marker else 0:]))
 
 
 def strongest(found: list[Conflict]) -> dict[str, float]:

@@ -94,6 +94,12 @@ def features(direct: float | None, restatement: float | None, factoid_scores: Se
     return {**judged, **vocabulary_features(grounding)}
 
 
+def undoubted(grounding: Mapping[str, float]) -> dict[str, float]:
+    """The inputs of an answer that quotes its context (grounding's `quoted`): every judge part as if asked and
+    finding nothing unsupported. A judge asked about the context's own sentences can only be wrong, so none is."""
+    return features(0.0, 0.0, [], grounding, 0.0)
+
+
 def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
     """The inputs that need no judge: what grounding counted."""
     return {
@@ -352,12 +358,13 @@ class Combined:
         # event loop, as grounding is, and once for both stages.
         short_copy = await asyncio.to_thread(short_changed_copy, answer, grounded.features)
         record = self.weights.reads_record(grounded.features)
+        quoted = bool(grounded.features.get("quoted"))
         short = short_context(rag.passages, self.short_context)
-        held_back = self.first is not None and not record and not short
+        held_back = self.first is not None and not record and not quoted and not short
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
-        # answer about a record asks none (Weights.record_calibration).
-        asked = {} if record else await _all_at_once(
+        # answer about a record asks none (Weights.record_calibration), nor does one that quotes its context.
+        asked = {} if record or quoted else await _all_at_once(
             {"direct": None if held_back else self.direct, "restatement": self.restatement,
              "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
         weights, first_stage = self.weights, None
@@ -371,7 +378,8 @@ class Combined:
                 weights = self.first
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
-        values = vocabulary_features(grounded.features) if record else _values(asked, grounded.features)
+        values = (vocabulary_features(grounded.features) if record else undoubted(grounded.features) if quoted
+                  else _values(asked, grounded.features))
         score = answer_probability(weights, values, grounded.features, short_copy, short)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
@@ -394,7 +402,7 @@ class Combined:
             stats=DetectionStats(factoids=len(judged), unparseable_verdicts=unparseable),
             features=values,
             settings={"contributions": weights.contributions(values, record),
-                      "direct": direct.score if direct else None, "record": record,
+                      "direct": direct.score if direct else None, "record": record, "quoted": quoted,
                       "short_context": short,  # which calibration read it (Weights.short_calibration)
                       # the cascade's first verdict, without `direct` (None: no cascade, or a record)
                       "first_stage": first_stage,
@@ -453,7 +461,8 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION, "records": RECORDS_VERSION,
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
-            "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR]}
+            "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR],
+            "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)
 
 
 register(DetectorSpec(

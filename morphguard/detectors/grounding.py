@@ -25,7 +25,7 @@ from pydantic import Field
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.alignment import Conflict, conflicts, strongest
+from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.records import check_records, claim_around
@@ -161,6 +161,8 @@ class Grounding:
             "record_fields": float(records.fields) if about_record else 0.0,
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
+            # every stating sentence is a context sentence as written: the combined check asks no judge about it
+            "quoted": float(not about_record and not changed and quotes_context(answer, rag.passages)),
         }
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,

@@ -16,8 +16,10 @@ from tqdm import tqdm
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
 from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, short_context
+from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
+from morphguard.models import RagInput
 
 DEFAULT_DETECTORS = ("combined", "grounding", "length")
 
@@ -137,7 +139,10 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
         whole = scored(name, config.with_section("combined", settings.model_copy(update={"cascade": None})), weights)
         first = scored("combined:fast", config, load_weights(None, "fast"))
         done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
-        at_once = {item.id for item in items if short_context(item.passages, settings.short_context)}
+        grounding = Grounding(GroundingSettings())
+        at_once = {item.id for item in items if short_context(item.passages, settings.short_context)
+                   or grounding.measure(RagInput(question=item.question, passages=item.passages),
+                                        item.answer).features.get("quoted")}
         fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name,
                                             at_once=at_once) if o.key not in done]
     runner.append_outcomes(folder, fresh)

@@ -4,11 +4,12 @@ The combined check's outcome keeps its judge parts' scores among its features (`
 `factoid_max`), and grounding costs nothing to recompute from the item. A new weights file (a refit, say on
 reviewed production decisions) can therefore be read on a finished run exactly as a fresh run would read it
 with the same judge replies: this writes those outcomes under the current fingerprint, so the report that
-follows is the new weights'. Cost and time are the stored run's, since the same parts ran; an answer about a
-structured record that the new weights score without the judge costs what grounding costs and keeps only
-grounding's spans. Otherwise the stored spans keep their places, rescaled to the new probability, and where
-grounding now points at a part of the answer no stored span covers (a check added since, such as a record
-field stated against its value), that span joins them, scored as the combined check scores grounding's spans.
+follows is the new weights'. Cost and time are the stored run's, since the same parts ran; an answer that the
+check scores without the judge (one about a structured record, or one that quotes its context) costs what grounding
+costs and keeps only grounding's spans. Otherwise the stored spans keep their places, rescaled to the new
+probability, and where grounding now points at a part of the answer no stored span covers (a check added since, such
+as a record field stated against its value), that span joins them, scored as the combined check scores grounding's
+spans.
 A judge part the weights read but the stored outcome lacks (one added since, such as `spotcheck`) is read from
 that part's own outcome of the same answer, with its spans, calls and time. So is a part run again since under
 new settings (`restatement` after a change to the alignment it asks about): its new score replaces the stored
@@ -32,6 +33,7 @@ from morphguard.detectors.combined import (
     features,
     short_changed_copy,
     short_context,
+    undoubted,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -86,10 +88,11 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
         grounded = measured.features
         record = weights.reads_record(grounded)
-        if not record and (any(f not in judge for f in needed) or
-                           any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
+        unjudged = record or bool(grounded.get("quoted"))  # the check asks no judge about it
+        if not unjudged and (any(f not in judge for f in needed) or
+                             any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
             continue
-        values = (vocabulary_features(grounded) if record else
+        values = (vocabulary_features(grounded) if record else undoubted(grounded) if unjudged else
                   features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))
@@ -97,20 +100,20 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
                                    short_context(item.passages, short_limit))
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
-        kept = [] if record else old.factoid_spans
+        kept = [] if unjudged else old.factoid_spans
         spans = [ScoredSpan(start=s.start, end=s.end, score=s.score * ratio) for s in kept]
         new = [f for f in measured.factoids if f.start is not None and f.end is not None
                and not any(s.start < f.end and f.start < s.end for s in kept)]
         worst = max((f.score for f in measured.factoids), default=0.0)
         added = [ScoredSpan(start=f.start, end=f.end, score=score * (f.score / worst)) for f in new if worst]
         # A part read from its own outcome points where it pointed, scored as `combined` scores its spans.
-        added += [] if record else [ScoredSpan(start=s.start, end=s.end, score=score * s.score)
+        added += [] if unjudged else [ScoredSpan(start=s.start, end=s.end, score=score * s.score)
                                     for p, part in rerun.items() for s in part.factoid_spans if s.score > 0
                                     and (p in joined or not any(k.start < s.end and s.start < k.end for k in kept))]
         # An answer the weights score without the judge costs what grounding costs, as in a fresh run; one that a
         # part joined costs that part's calls and time too.
         cost = ({"llm_calls": 0, "input_tokens": 0, "output_tokens": 0, "seconds": measured.cost.seconds,
-                 "stage_seconds": {}} if record else
+                 "stage_seconds": {}} if unjudged else
                 {"llm_calls": old.llm_calls + sum(p.llm_calls for p in joined.values()),
                  "input_tokens": old.input_tokens + sum(p.input_tokens for p in joined.values()),
                  "output_tokens": old.output_tokens + sum(p.output_tokens for p in joined.values()),
@@ -120,7 +123,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         fresh[old.key] = old.model_copy(update={
             "score": score, "threshold": threshold, "flagged": score >= threshold, "features": values,
             "fingerprint": fingerprint, "factoid_spans": spans + added,
-            "factoid_scores": ([] if record else [f * ratio for f in old.factoid_scores]) + [s.score for s in added],
+            "factoid_scores": ([] if unjudged else [f * ratio for f in old.factoid_scores]) + [s.score for s in added],
             **cost})
     return list(fresh.values())
 
@@ -134,9 +137,9 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     of both profiles reads as a fresh cascade would with the same judge replies (the embedded judge answers the parts
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
     README, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's, as the
-    cascade scores it with the default's weights. So is an answer in `at_once` (item ids whose context is short,
-    `detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once. Neither has a first stage,
-    so neither needs the fast profile's outcome."""
+    cascade scores it with the default's weights. So is an answer in `at_once`: item ids whose context is short
+    (`detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
+    context (asked nothing). None of these has a first stage, so none needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []
     for full in whole:

@@ -1,4 +1,4 @@
-from morphguard.detectors.alignment import conflicts, strongest
+from morphguard.detectors.alignment import conflicts, quotes_context, strongest
 
 CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
            "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
@@ -55,3 +55,14 @@ def test_a_number_that_opens_a_sentence_is_a_claim_unless_it_numbers_a_list_item
     steps = ["1  Preheat oven to 350 degrees F. 5 cups of flour are sifted."]
     for item in ("2  Preheat", "2-Preheat", "2 Preheat", "2Preheat", "2) Preheat", "2. Preheat"):
         assert conflicts(item + " oven to 350 degrees F.", steps) == [], item
+
+
+def test_an_answer_of_whole_context_sentences_as_written_quotes_it():
+    context = ["The drug is safe in the third trimester. Some patients feel dizzy.", "1. Take it with food.\n2. Rest."]
+    assert quotes_context("The drug is safe in the third trimester.", context)
+    assert quotes_context("Based on the passages:\n- take it with food\n- Some patients feel dizzy!", context)
+    # a changed word, a sentence cut short, a fragment whose rightness depends on the question: no quote
+    assert not quotes_context("The drug is not safe in the third trimester.", context)
+    assert not quotes_context("The drug is safe.", context)
+    assert not quotes_context("third trimester", context)
+    assert not quotes_context("The drug is safe in the third trimester. It cures colds.", context)

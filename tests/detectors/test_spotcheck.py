@@ -265,3 +265,23 @@ def test_a_short_answer_that_changes_a_close_copy_is_flagged_whatever_the_parts_
     long = (negated + " It carries four lanes of traffic. Its towers are 134 metres tall."
             " The harbour has two ferry terminals.")
     assert not short_changed_copy(long, grounded(long))
+
+
+def test_an_answer_that_quotes_its_context_asks_no_judge_and_scores_as_undoubted(scripted_config):
+    """Every stating sentence a context sentence as written: a judge asked about it could only be wrong, so none is,
+    and the weights read it as if every part found nothing unsupported. A changed word asks the judge again."""
+    from morphguard.detectors.combined import answer_probability, load_weights, undoubted
+    from morphguard.detectors.grounding import Grounding, GroundingSettings
+
+    quote = "The bridge opened in 1932. Its towers are 134 metres tall."
+    with ScriptedLLM(lambda body: '{"verdict": "NO", "unsupported": []}' if stage_of(body) == "direct"
+                     else completion("NO", logprobs=p_no(0.99))) as server:
+        config = scripted_config(server.base_url).with_section("combined", CombinedSettings(cascade=None))
+        quoted = run(build_detector(config, name="combined"), quote)
+        asked_before = len(server.requests)
+        changed = run(build_detector(config, name="combined"), "The bridge opened in 1933.")
+    assert asked_before == 0 and quoted.settings["quoted"] and quoted.cost.llm_calls == 0
+    grounded = Grounding(GroundingSettings()).measure(RagInput(question=QUESTION, passages=PASSAGES), quote).features
+    assert quoted.score == pytest.approx(answer_probability(load_weights(None), undoubted(grounded), grounded, False))
+    assert not quoted.flagged and quoted.score < 0.175  # under both thresholds
+    assert not changed.settings["quoted"] and len(server.requests) > 0 and changed.flagged

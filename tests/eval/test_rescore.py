@@ -118,3 +118,10 @@ def test_a_part_run_again_on_only_some_answers_is_reported_so_that_no_rescore_mi
     assert unfinished(run, "combined", {"spotcheck": "s2"}) == {"spotcheck": (1, 2)}
     assert unfinished(run + [spot.model_copy(update={"item_id": "b"})], "combined", {"spotcheck": "s2"}) == {}
     assert unfinished(run, "combined", {"spotcheck": "s3"}) == {}  # no current outcome: settings unchanged
+
+
+def test_an_answer_that_quotes_its_context_is_rescored_as_the_check_scores_it_without_the_judge():
+    quoting = ITEM.model_copy(update={"answer": "The clinic opens at nine.", "hallucinated": False})
+    [fresh] = rescore([quoting], [stored(hallucinated=False)], WEIGHTS, "new", threshold=0.3)
+    assert abs(fresh.score - 0.5) < 1e-9  # the direct channel read at 0, not at the stored 1.0
+    assert (fresh.llm_calls, fresh.features["direct"], fresh.factoid_spans) == (0, 0.0, [])

@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, replace
 from importlib import resources
 from pathlib import Path
@@ -94,10 +94,12 @@ def features(direct: float | None, restatement: float | None, factoid_scores: Se
     return {**judged, **vocabulary_features(grounding)}
 
 
-def undoubted(grounding: Mapping[str, float]) -> dict[str, float]:
-    """The inputs of an answer that quotes its context (grounding's `quoted`): every judge part as if asked and
-    finding nothing unsupported. A judge asked about the context's own sentences can only be wrong, so none is."""
-    return features(0.0, 0.0, [], grounding, 0.0)
+def undoubted(grounding: Mapping[str, float], read: Collection[str]) -> dict[str, float]:
+    """The inputs of an answer that quotes its context (grounding's `quoted`): each judge part in `read` (by its
+    `JUDGE_FEATURES` name) as if asked and finding nothing unsupported. A judge asked about the context's own
+    sentences can only be wrong, so none is."""
+    return features(0.0 if "direct" in read else None, 0.0 if "restatement" in read else None,
+                    [] if "factoid_max" in read else None, grounding, 0.0 if "spotcheck" in read else None)
 
 
 def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
@@ -378,7 +380,8 @@ class Combined:
                 weights = self.first
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
-        values = (vocabulary_features(grounded.features) if record else undoubted(grounded.features) if quoted
+        values = (vocabulary_features(grounded.features) if record
+                  else undoubted(grounded.features, self.weights.features) if quoted
                   else _values(asked, grounded.features))
         score = answer_probability(weights, values, grounded.features, short_copy, short)
         stages: dict[str, StageCost] = {}
@@ -404,7 +407,7 @@ class Combined:
             settings={"contributions": weights.contributions(values, record),
                       "direct": direct.score if direct else None, "record": record, "quoted": quoted,
                       "short_context": short,  # which calibration read it (Weights.short_calibration)
-                      # the cascade's first verdict, without `direct` (None: no cascade, or a record)
+                      # the cascade's first verdict, without `direct` (None: no cascade, a record or a quote)
                       "first_stage": first_stage,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},
         )

@@ -28,6 +28,7 @@ from morphguard.detectors.combined import (
     log_odds,
     reads,
     short_context,
+    undoubted,
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
@@ -58,6 +59,8 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         grounded = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer).features
         if not parts:
             values.append(vocabulary_features(grounded))
+        elif grounded.get("quoted"):  # the check asks no judge about an answer quoting its context
+            values.append(undoubted(grounded, {"factoid_max" if p == "metarag:factoids" else p for p in parts}))
         else:
             direct = scored["direct"].score or 0.0 if "direct" in parts else None
             restated = scored["restatement"].score or 0.0 if "restatement" in parts else None

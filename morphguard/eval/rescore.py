@@ -92,7 +92,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         if not unjudged and (any(f not in judge for f in needed) or
                              any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
             continue
-        values = (vocabulary_features(grounded) if record else undoubted(grounded) if unjudged else
+        values = (vocabulary_features(grounded) if record else undoubted(grounded, needed) if unjudged else
                   features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
                            [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
                            judge.get("spotcheck")))

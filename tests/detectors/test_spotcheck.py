@@ -282,7 +282,9 @@ def test_an_answer_that_quotes_its_context_asks_no_judge_and_scores_as_undoubted
         changed = run(build_detector(config, name="combined"), "The bridge opened in 1933.")
     assert asked_before == 0 and quoted.settings["quoted"] and quoted.cost.llm_calls == 0
     grounded = Grounding(GroundingSettings()).measure(RagInput(question=QUESTION, passages=PASSAGES), quote).features
-    assert quoted.score == pytest.approx(answer_probability(load_weights(None), undoubted(grounded), grounded, False))
+    shipped = load_weights(None)
+    assert quoted.score == pytest.approx(answer_probability(shipped, undoubted(grounded, shipped.features), grounded,
+                                                            False))
     assert not quoted.flagged and quoted.score < 0.175  # under both thresholds
     assert not changed.settings["quoted"] and len(server.requests) > 0 and changed.flagged
 
@@ -298,4 +300,5 @@ def test_a_quoted_instruction_to_the_checker_is_still_raised_by_its_floor():
     features = Grounding(GroundingSettings()).measure(RagInput(question=QUESTION, passages=poisoned),
                                                       poisoned[0]).features
     assert features["quoted"] and features["instruction"]
-    assert answer_probability(load_weights(None), undoubted(features), features, False) >= INSTRUCTION_FLOOR
+    shipped = load_weights(None)
+    assert answer_probability(shipped, undoubted(features, shipped.features), features, False) >= INSTRUCTION_FLOOR

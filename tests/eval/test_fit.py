@@ -208,7 +208,8 @@ def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_on
         calls = len(server.requests) - before
     assert checked.returncode == 0, checked.stderr
     assert "factoid_max" not in Weights.model_validate_json(weights.read_text()).features
-    assert calls == len(RECORDS)  # one direct call per answer, nothing else
+    # one direct call per answer, nothing else; none for the faithful ones, which quote their context
+    assert calls == sum(r["hallucinated"] for r in RECORDS)
 
 
 def test_weights_fitted_without_direct_make_the_combined_check_skip_it(tmp_path):
@@ -286,7 +287,9 @@ def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_p
     for item, row in again.items():
         assert cascade[item]["fingerprint"] == row["fingerprint"] != whole[item]["fingerprint"]
         assert cascade[item]["score"] == pytest.approx(row["score"])
-        skipped = first[item]["score"] < 0.5 and not item.startswith(("Rome", "Paris"))
+        # a faithful answer here is its context as written: it quotes it, so no judge and no first stage
+        quoted = not row["hallucinated"]
+        skipped = not quoted and first[item]["score"] < 0.5 and not item.startswith(("Rome", "Paris"))
         assert ("direct" not in row["features"]) == skipped
         assert row["score"] == pytest.approx(first[item]["score"] if skipped else whole[item]["score"])
     # each way taken: skipped, asked in the band, asked at once for a short context the band would have skipped

@@ -102,11 +102,8 @@ def misstated(answer: str, hours: Mapping[int, tuple[int, int] | None], silent: 
     for start, end in sentences(answer):
         here = []
         for days, times, closed in _claims(answer, start, end):
-            wrong = None if silent else _wrong_day(days, times, closed, hours)
-            if wrong is not False:
-                spans = [p for p in (days, times) if p is not None]
-                here.append(Misstated(min(p.start for p in spans), max(p.end for p in spans),
-                                      None if wrong is None else DAYS[wrong].title()))
+            if (wrong := _misstated(days, times, closed, hours, silent)) is not None:
+                here.append(wrong)
         found += here + _apart(here, _longer(answer, start, end, hours))
     return sorted(found, key=lambda m: m.start)
 
@@ -135,26 +132,29 @@ def _longer(answer: str, start: int, end: int, hours: Mapping[int, tuple[int, in
     return found
 
 
-def _wrong_day(days: _Days | None, times: _Times | None, closed: bool, hours: Mapping[int, tuple[int, int] | None]
-               ) -> int | None | bool:
-    """The first day the claim gets wrong, None for a wrong time stated for no day, False when nothing is wrong.
-    A day the record leaves out is closed."""
+def _misstated(days: _Days | None, times: _Times | None, closed: bool,
+               hours: Mapping[int, tuple[int, int] | None], silent: bool) -> Misstated | None:
+    """The claim as a conflict where the record contradicts it, naming the first day it gets wrong; None where it
+    does not. A day the record leaves out is closed; a record that leaves its hours empty supports no claim."""
+    spans = [p for p in (days, times) if p is not None]
+    start, end = min(p.start for p in spans), max(p.end for p in spans)
+    if silent:
+        return Misstated(start, end, None)
     if days is None:  # a time range with no day: wrong only where no day has it
         assert times is not None and times.opens is not None and times.closes is not None
-        return False if any(h is not None and h[0] in times.opens and h[1] in times.closes
-                            for h in hours.values()) else None
+        fits = any(h is not None and h[0] in times.opens and h[1] in times.closes for h in hours.values())
+        return None if fits else Misstated(start, end, None)
     for day in sorted(days.days):
         listed = hours.get(day)
         if closed:
-            if listed is not None:
-                return day
-            continue
-        if listed is None:
-            return day
-        if times is not None and (times.opens is not None and listed[0] not in times.opens
-                                  or times.closes is not None and listed[1] not in times.closes):
-            return day
-    return False
+            wrong = listed is not None
+        else:
+            wrong = listed is None or times is not None and (
+                times.opens is not None and listed[0] not in times.opens
+                or times.closes is not None and listed[1] not in times.closes)
+        if wrong:
+            return Misstated(start, end, DAYS[day].title())
+    return None
 
 
 def _claims(answer: str, start: int, end: int) -> Iterator[tuple[_Days | None, _Times | None, bool]]:

@@ -120,7 +120,8 @@ def fields(passages: list[str]) -> list[Field]:
 def _read(records: list[object]) -> tuple[list[Field], dict[str, object], str]:
     """The records' yes/no fields, the opening hours by weekday (only where a single record lists any: whose
     hours a claim is about is unclear otherwise), and the key those hours sit under."""
-    leaves = [(path, value) for record in records for path, value in _leaves(record, ()) if path]
+    each = [[(path, value) for path, value in _leaves(record, ()) if path] for record in records]
+    leaves = [leaf for record in each for leaf in record]
     humps = {path[-1]: HUMP.findall(path[-1]) for path, _ in leaves}
     # A first hump that begins several names is a namespace (`Restaurants`, `Business`), not part of what they say.
     prefixes = Counter(h[0].lower() for h in humps.values() if len(h) > 1)
@@ -141,7 +142,7 @@ def _read(records: list[object]) -> tuple[list[Field], dict[str, object], str]:
         field = Field(".".join(path), wanted, keys("".join(parts))[0], truth, path[-1][:1].isupper())
         if wanted and len(found) < MAX_FIELDS:  # the same words and value under two paths are one field
             found.setdefault((wanted, truth, field.capitalised), field)
-    with_hours = sum(any(p[-1].lower() in DAYS for p, _ in _leaves(r, ()) if p) for r in records)
+    with_hours = sum(any(path[-1].lower() in DAYS for path, _ in record) for record in each)
     return list(found.values()), listed if with_hours == 1 else {}, hours
 
 

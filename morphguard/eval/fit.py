@@ -60,7 +60,7 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         if not parts:
             values.append(vocabulary_features(grounded))
         elif grounded.get("quoted"):  # the check asks no judge about an answer quoting its context
-            values.append(undoubted(grounded, {"factoid_max" if p == "metarag:factoids" else p for p in parts}))
+            values.append(undoubted(grounded, {f for p, f in zip(PARTS, JUDGE_FEATURES, strict=True) if p in parts}))
         else:
             direct = scored["direct"].score or 0.0 if "direct" in parts else None
             restated = scored["restatement"].score or 0.0 if "restatement" in parts else None

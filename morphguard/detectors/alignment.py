@@ -19,17 +19,18 @@ from difflib import SequenceMatcher
 
 from morphguard.detectors.focus import statements
 from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import NEGATIONS, TOKEN, content_keys, number, words
+from morphguard.detectors.words import IGNORED, NEGATIONS, TOKEN, content_keys, keys, number, words
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 3  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 4  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
-# Words and phrases that narrow a claim; a copy that drops one states more than its source does.
+# Words and phrases that narrow a claim; a copy that drops one states more than its source does. "About" and "around"
+# narrow only a number ("about 15 minutes", not "asked about it"), and "may" before a number is the month.
 _QUALIFIER = re.compile(
     r"\b(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|mostly|likely|possibly|"
-    r"partially|occasionally|rarely|some|may|might|about|around|roughly|up to|at least|at most|more than|"
-    r"less than|fewer than|in some|in most|in rare)\b", re.I)
+    r"partially|occasionally|rarely|some|may(?!\s\d)|might|(?:about|around)(?=\s\d)|roughly|up to|at least|at most|"
+    r"more than|less than|fewer than|in some|in most|in rare)\b", re.I)
 # A bullet or "5." before an answer sentence, cut off before it is aligned. `_ITEM_NUMBER`'s wider shapes only keep a
 # number from being compared: cutting "1 Spray" could change which context sentence the answer copies.
 _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
@@ -37,6 +38,8 @@ _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # (a capital follows it; "40 patients were seen" opens with a claim).
 _ITEM_NUMBER = re.compile(r"[\s*•-]*\d{1,3}(?:[.)]\s|\s{2,}|\s?[-–]?\s?(?=[A-Z]))")
 _OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
+# How far after a negation or a qualifier the word it bears on may stand: "not a provider", "some of his skills".
+_REACH = 4
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -52,13 +55,14 @@ class Conflict:
 
 @dataclass(frozen=True)
 class _Words:
-    """A sentence as the diff sees it: every word lower-cased, and which of them are names."""
+    """A sentence as the diff sees it: every word lower-cased, which of them are names, and their stems."""
 
     tokens: tuple[str, ...]
     names: frozenset[int]  # positions in `tokens` of capitalised words that do not open the sentence
     # positions of numbers taken to state nothing: a list item's own number (`_ITEM_NUMBER`) and one that points
     # into the sources ("(Passage 2)")
     markers: frozenset[int]
+    stems: frozenset[str]  # the keys of every word (words.keys), to ask whether a word is kept in other form
 
     @classmethod
     def of(cls, text: str) -> _Words:
@@ -69,36 +73,80 @@ class _Words:
         item = bool(_ITEM_NUMBER.match(text))
         markers = frozenset(i for i, t in enumerate(tokens)
                             if t[0].isdigit() and (item if i == 0 else tokens[i - 1] in _POINTERS))
-        return cls(tokens, names, markers)
+        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)))
+
+    def bears_on(self, at: int) -> tuple[str, ...]:
+        """The keys of the word that the negation or qualifier ending before `at` bears on: the first word within
+        `_REACH` that carries a claim (none: the sentence ends first, "they are not.")."""
+        for token in self.tokens[at:at + _REACH]:
+            if token not in IGNORED and token not in NEGATIONS:
+                return keys(token)
+        return ()
+
+    def qualifiers(self) -> dict[str, list[tuple[str, ...]]]:
+        """Each qualifier the sentence holds, with what each of its occurrences bears on."""
+        text = " ".join(self.tokens)
+        found: dict[str, list[tuple[str, ...]]] = {}
+        for match in _QUALIFIER.finditer(text):
+            # "in some ovens" and "on some ovens" hold the same qualifier
+            found.setdefault(match.group().removeprefix("in "), []).append(
+                self.bears_on(len(text[:match.end()].split())))
+        return found
 
 
-def _differences(source: _Words, claim: _Words) -> set[str]:
-    """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation or a
-    qualifier counts where one edit adds or drops it, a name or a number where one edit replaces it. Numbers that
-    state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another put in
-    elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
+def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
+    """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation counts where
+    one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
+    ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
+    change, and one added to a word that the context negates elsewhere (`negated`: "was not restrained", joined to a
+    copy of another sentence) is the context's own. A qualifier counts where the copy holds it fewer times than its
+    source, about a word it keeps, so a hedge moved within the sentence ("until it flakes, about 15 minutes") is no
+    change. A name or a number counts where one edit replaces it: a name that the source holds in no form ("Shapiro's"
+    is Shapiro), a number that the copy does not hold elsewhere ("by a vote of 7-0" moved to the end is no change).
+    Numbers that state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another
+    put in elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
     diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
+    held = {number(t) for j, t in enumerate(claim.tokens) if t[0].isdigit() and j not in claim.markers}
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
         old, new = source.tokens[i1:i2], claim.tokens[j1:j2]
-        if bool(NEGATIONS.intersection(old)) != bool(NEGATIONS.intersection(new)):
-            kinds.add("negation")
-        if _QUALIFIER.search(" ".join(old)) and not _QUALIFIER.search(" ".join(new)):
-            kinds.add("qualifier")
+        dropped_negation = [source.bears_on(i + 1) for i in range(i1, i2) if source.tokens[i] in NEGATIONS]
+        added_negation = [claim.bears_on(j + 1) for j in range(j1, j2) if claim.tokens[j] in NEGATIONS]
+        if dropped_negation and not added_negation:
+            if any(not word or claim.stems.intersection(word) for word in dropped_negation):
+                kinds.add("negation")
+        elif added_negation and not dropped_negation:
+            if any(not word or not negated.intersection(word) for word in added_negation):
+                kinds.add("negation")
         if tag == "replace":
-            dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers}
+            dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers} - held
             added = {number(t) for j, t in enumerate(new, j1) if t[0].isdigit() and j not in claim.markers}
             if dropped and added - dropped:
                 kinds.add("number")
         # a name only where one edit replaces it: answers often join facts about other people
         old_names = {source.tokens[i] for i in range(i1, i2) if i in source.names}
         new_names = {claim.tokens[j] for j in range(j1, j2) if j in claim.names}
-        if old_names and new_names - old_names - set(source.tokens):
+        if old_names and any(not source.stems.issuperset(keys(name)) for name in new_names - old_names):
             kinds.add("name")
+    kept = claim.qualifiers()
+    hedged = {k for bearing in kept.values() for word in bearing for k in word}  # "about 45" for "up to 45" hedges
+    for qualifier, bearing in source.qualifiers().items():
+        if len(kept.get(qualifier, ())) < len(bearing) and any(
+                not word or claim.stems.intersection(word) and not hedged.intersection(word) for word in bearing):
+            kinds.add("qualifier")
     return kinds
+
+
+def _negated(texts: list[str]) -> frozenset[str]:
+    """The keys of every word that a context sentence negates."""
+    out: set[str] = set()
+    for text in texts:
+        sentence = _Words.of(text)
+        out.update(k for i, t in enumerate(sentence.tokens) if t in NEGATIONS for k in sentence.bears_on(i + 1))
+    return frozenset(out)
 
 
 def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
@@ -117,12 +165,13 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     evidence = list(where.values())
     total_sentences = sum(repeats.values())
     frequency: Counter[str] = Counter()
-    for text, keys in zip(texts, context, strict=True):
-        for k in keys:
+    for text, held in zip(texts, context, strict=True):
+        for k in held:
             frequency[k] += repeats[text]
+    negated = _negated(texts)
     holding: dict[str, list[int]] = {}
-    for i, keys in enumerate(context):
-        for k in keys:
+    for i, held in enumerate(context):
+        for k in held:
             holding.setdefault(k, []).append(i)
     found: list[Conflict] = []
     for start, end in sentences(answer):
@@ -139,7 +188,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
         best, copy = max(((i, math.fsum(weight[k] for k in claim & context[i]) / total) for i in candidates),
                          key=lambda pair: (pair[1], -pair[0]))
         if copy >= min_copy:
-            changed = _differences(_Words.of(texts[best]), _Words.of(text))
+            changed = _differences(_Words.of(texts[best]), _Words.of(text), negated)
             found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
     return found
 

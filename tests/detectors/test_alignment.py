@@ -5,7 +5,11 @@ CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Do
 
 
 def kinds(answer: str) -> list[str]:
-    return sorted(c.kind for c in conflicts(answer, CONTEXT))
+    return kinds_in(answer, CONTEXT)
+
+
+def kinds_in(answer: str, context: list[str]) -> list[str]:
+    return sorted(c.kind for c in conflicts(answer, context))
 
 
 def test_a_faithful_copy_or_a_loose_paraphrase_has_no_conflict():
@@ -66,3 +70,40 @@ def test_an_answer_of_whole_context_sentences_as_written_quotes_it():
     assert not quotes_context("The drug is safe.", context)
     assert not quotes_context("third trimester", context)
     assert not quotes_context("The drug is safe in the third trimester. It cures colds.", context)
+
+
+def test_a_negation_or_a_qualifier_counts_only_about_what_the_copy_keeps():
+    """A copy of less is no change: a negation or a hedge that stood in the part of the sentence the answer left out,
+    a hedge moved within the sentence, or a negation that the context states of the same word elsewhere. The same
+    words dropped or added about what the copy keeps still are."""
+    court = ["Laying down tracks for their album in Los Angeles, the sisters could not be further from their "
+             "hometown of Mogadishu. The drummer died after his car hit a mailbox and a tree. He was not restrained "
+             "at the time of the crash. Bake the fish for about 15 minutes, or until it flakes easily."]
+
+    def found(answer: str) -> list[str]:
+        return kinds_in(answer, court)
+
+    assert found("The sisters are laying down tracks for their album in Los Angeles.") == []
+    assert found("The sisters could be further from their hometown of Mogadishu.") == ["negation"]
+    assert found("The drummer was not restrained and died after his car hit a mailbox and a tree.") == []
+    assert found("The drummer did not die after his car hit a mailbox and a tree.") == ["negation"]
+    assert found("Bake the fish until it flakes easily, about 15 minutes.") == []
+    assert found("Bake the fish for roughly 15 minutes, or until it flakes easily.") == []  # hedged otherwise
+    assert found("Bake the fish for 15 minutes, or until it flakes easily.") == ["qualifier"]
+
+
+def test_about_or_may_is_no_qualifier_where_it_narrows_no_number():
+    asked = ["Patients asked about the side effects of the drug in some clinics. The report comes out May 5."]
+    assert kinds_in("Patients asked the side effects of the drug in some clinics.", asked) == []
+    assert kinds_in("Patients asked about the side effects of the drug on some clinics.", asked) == []
+    assert kinds_in("The report comes out 5.", asked) == []
+    assert kinds_in("Patients asked about the side effects of the drug in clinics.", asked) == ["qualifier"]
+
+
+def test_a_name_in_another_form_or_a_number_moved_within_the_copy_is_no_change():
+    show = ["By a vote of 7-0, Mecole Hayes was evicted from the house. The office of Governor Josh Shapiro settled "
+            "the claim for the aide."]
+    assert kinds_in("In season 25, Mecole Hayes was evicted from the house by a vote of 7-0.", show) == []
+    assert kinds_in("Governor Josh Shapiro's office settled the claim for the aide.", show) == []
+    assert kinds_in("In season 25, Mecole Hayes was evicted from the house by a vote of 6-1.", show) == ["number"]
+    assert kinds_in("The office of Governor Tom Wolf settled the claim for the aide.", show) == ["name"]

@@ -40,6 +40,7 @@ _ITEM_NUMBER = re.compile(r"[\s*•-]*\d{1,3}(?:[.)]\s|\s{2,}|\s?[-–]?\s?(?=[A
 _OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
 # How far after a negation or a qualifier the word it bears on may stand: "not a provider", "some of his skills".
 _REACH = 4
+_BREAK = re.compile(r"[,;:.!?()]")
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -63,6 +64,7 @@ class _Words:
     # into the sources ("(Passage 2)")
     markers: frozenset[int]
     stems: frozenset[str]  # the keys of every word (words.keys), to ask whether a word is kept in other form
+    breaks: frozenset[int]  # positions of words that punctuation parts from the word before ("if it does not, it")
 
     @classmethod
     def of(cls, text: str) -> _Words:
@@ -73,15 +75,22 @@ class _Words:
         item = bool(_ITEM_NUMBER.match(text))
         markers = frozenset(i for i, t in enumerate(tokens)
                             if t[0].isdigit() and (item if i == 0 else tokens[i - 1] in _POINTERS))
-        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)))
+        breaks = frozenset(i for i in range(1, len(found)) if _BREAK.search(text, found[i - 1].end(), found[i].start()))
+        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)), breaks)
 
     def bears_on(self, at: int) -> tuple[str, ...]:
         """The keys of the word that the negation or qualifier ending before `at` bears on: the first word within
         `_REACH` that carries a claim (none: the sentence ends first, "they are not.")."""
-        for token in self.tokens[at:at + _REACH]:
-            if token not in IGNORED and token not in NEGATIONS:
-                return keys(token)
+        for i in range(at, min(at + _REACH, len(self.tokens))):
+            if i in self.breaks:
+                break
+            if self.tokens[i] not in IGNORED and self.tokens[i] not in NEGATIONS:
+                return keys(self.tokens[i])
         return ()
+
+    def negates(self) -> set[str]:
+        """The keys of every word the sentence negates."""
+        return {k for i, t in enumerate(self.tokens) if t in NEGATIONS for k in self.bears_on(i + 1)}
 
     def qualifiers(self) -> dict[str, list[tuple[str, ...]]]:
         """Each qualifier the sentence holds, with what each of its occurrences bears on."""
@@ -94,12 +103,12 @@ class _Words:
         return found
 
 
-def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
+def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation counts where
     one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
     ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
-    change, and one added to a word that the context negates elsewhere (`negated`: "was not restrained", joined to a
-    copy of another sentence) is the context's own. A qualifier counts where the copy holds it fewer times than its
+    change, and one added to a word that another context sentence negates (`negated`: "was not restrained", joined to
+    a copy of another sentence) is the context's own; a second negation of what the source negates is not. A qualifier counts where the copy holds it fewer times than its
     source, about a word it keeps, so a hedge moved within the sentence ("until it flakes, about 15 minutes") is no
     change. A name or a number counts where one edit replaces it: a name that the source holds in no form ("Shapiro's"
     is Shapiro), a number that the copy does not hold elsewhere ("by a vote of 7-0" moved to the end is no change).
@@ -107,6 +116,8 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
     put in elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
     diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
+    own = source.negates()
+    elsewhere = {k for k, n in negated.items() if n > (k in own)}
     held = {number(t) for j, t in enumerate(claim.tokens) if t[0].isdigit() and j not in claim.markers}
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -119,7 +130,7 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
             if any(not word or claim.stems.intersection(word) for word in dropped_negation):
                 kinds.add("negation")
         elif added_negation and not dropped_negation:
-            if any(not word or not negated.intersection(word) for word in added_negation):
+            if any(not word or not elsewhere.intersection(word) for word in added_negation):
                 kinds.add("negation")
         if tag == "replace":
             dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers} - held
@@ -140,13 +151,9 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
     return kinds
 
 
-def _negated(texts: list[str]) -> frozenset[str]:
-    """The keys of every word that a context sentence negates."""
-    out: set[str] = set()
-    for text in texts:
-        sentence = _Words.of(text)
-        out.update(k for i, t in enumerate(sentence.tokens) if t in NEGATIONS for k in sentence.bears_on(i + 1))
-    return frozenset(out)
+def _negated(texts: list[str]) -> Counter[str]:
+    """For the key of each word that a context sentence negates, how many sentences negate it."""
+    return Counter(k for text in texts for k in _Words.of(text).negates())
 
 
 def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:

@@ -107,14 +107,15 @@ def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[st
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation counts where
     one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
     ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
-    change, and one added to a word that another context sentence negates (`negated`: "was not restrained", joined to
-    a copy of another sentence) is the context's own; a second negation of what the source negates is not. A qualifier counts where the copy holds it fewer times than its
-    source, about a word it keeps, so a hedge moved within the sentence ("until it flakes, about 15 minutes") is no
-    change. A name or a number counts where one edit replaces it: a name that the source holds in no form ("Shapiro's"
-    is Shapiro), a number that the copy does not hold elsewhere ("by a vote of 7-0" moved to the end is no change).
-    Numbers that state nothing (`_Words.markers`) are not compared, and a number dropped in one place with another
-    put in elsewhere is no replacement: that is how a copy renumbers a list and cites its sources. (A replacement the
-    diff splits into a deletion and an insertion, "1/2" for "2/2", is missed.)"""
+    change, and one added to a word that another context sentence negates (`negated`: "was not restrained", joined
+    to a copy of another sentence) is the context's own; a second negation of what the source negates is a change.
+    A qualifier counts where the copy holds it fewer times than its source, about a word it keeps, so a hedge moved
+    within the sentence ("until it flakes, about 15 minutes") is no change. A name or a number counts where one edit
+    replaces it: a name that the source holds in no form ("Shapiro's" is Shapiro), a number that the copy does not
+    hold elsewhere ("by a vote of 7-0" moved to the end is no change). Numbers that state nothing
+    (`_Words.markers`) are not compared, and a number dropped in one place with another put in elsewhere is no
+    replacement: that is how a copy renumbers a list and cites its sources. (A replacement the diff splits into a
+    deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
     own = source.negates()
     elsewhere = {k for k, n in negated.items() if n > (k in own)}

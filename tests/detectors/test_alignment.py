@@ -107,3 +107,14 @@ def test_a_name_in_another_form_or_a_number_moved_within_the_copy_is_no_change()
     assert kinds_in("Governor Josh Shapiro's office settled the claim for the aide.", show) == []
     assert kinds_in("In season 25, Mecole Hayes was evicted from the house by a vote of 6-1.", show) == ["number"]
     assert kinds_in("The office of Governor Tom Wolf settled the claim for the aide.", show) == ["name"]
+
+
+def test_a_negation_added_where_the_source_already_negates_is_still_a_change():
+    """Only another sentence's negation of the same word makes an added one the context's own: a second negation in
+    the copied sentence, or one that ends its clause, changes the claim."""
+    laundry = ["The bag probably won't melt unless the heat is high, but if it does, it won't cause damage. "
+               "They are therefore not less advantaged in school."]
+    assert kinds_in("The bag probably won't melt unless the heat is high, but if it does not, it won't cause damage.",
+                    laundry) == ["negation"]
+    assert kinds_in("They are not therefore not less advantaged in school.", laundry) == ["negation"]
+    assert kinds_in("They are therefore not less advantaged in school.", laundry) == []

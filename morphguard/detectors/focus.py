@@ -71,7 +71,8 @@ def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
     best_score = [0.0] * len(pool)
     for claim in claims:
         wanted = content_words(claim)
-        scores = [sum(idf[w] for w in wanted & s.words) for s in pool]
+        # fsum: exact, so a tie stays a tie whatever order the process's hash seed gives the set
+        scores = [math.fsum(idf[w] for w in wanted & s.words) for s in pool]
         ranked = sorted((i for i in range(len(pool)) if scores[i] > 0), key=lambda i: -scores[i])
         for rank, i in enumerate(ranked):
             best_rank[i] = min(best_rank[i], rank)

@@ -1,4 +1,7 @@
 import asyncio
+import os
+import subprocess
+import sys
 from collections import Counter
 
 from morphguard.config import Config
@@ -123,3 +126,15 @@ def test_the_brief_form_puts_the_short_pairs_over_a_paragraph_of_their_own_conte
         context = " ".join(whole_item.passages)
         assert 0 < sum(len(p) for p in cut_item.passages) <= contrast.BRIEF_CONTEXT
         assert all(p[a:b] in context for p in cut_item.passages for a, b in sentences(p))
+
+
+def test_the_brief_contexts_are_the_same_in_every_process():
+    """Which sentences a brief context keeps must not hang on the order a process's hash seed gives a set: a run folder
+    pins each item's text and checks again any item that reads otherwise, so a flapping context threw stored judge
+    replies away (it did, for three QA pairs whose candidate sentences tie, under hash seed 6)."""
+    digest = ("import hashlib, json; from morphguard.eval import datasets; from morphguard.eval.runner import content; "
+              "print(hashlib.sha256(json.dumps(content(datasets.load('contrast-brief-qa')), sort_keys=True)"
+              ".encode()).hexdigest())")
+    seen = {subprocess.run([sys.executable, "-c", digest], env={**os.environ, "PYTHONHASHSEED": seed},
+                           capture_output=True, text=True, check=True).stdout for seed in ("0", "6")}
+    assert len(seen) == 1

@@ -103,12 +103,12 @@ class _Words:
         return found
 
 
-def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[str]:
+def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation counts where
     one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
     ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
-    change, and one added to a word that another context sentence negates (`negated`: "was not restrained", joined
-    to a copy of another sentence) is the context's own; a second negation of what the source negates is a change.
+    change, and one added to a word that the source does not hold but another context sentence negates (`negated`:
+    "was not restrained", joined to a copy of another sentence) is the context's own.
     A qualifier counts where the copy holds it fewer times than its source, about a word it keeps, so a hedge moved
     within the sentence ("until it flakes, about 15 minutes") is no change. A name or a number counts where one edit
     replaces it: a name that the source holds in no form ("Shapiro's" is Shapiro), a number that the copy does not
@@ -117,8 +117,6 @@ def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[st
     replacement: that is how a copy renumbers a list and cites its sources. (A replacement the diff splits into a
     deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
-    own = source.negates()
-    elsewhere = {k for k, n in negated.items() if n > (k in own)}
     held = {number(t) for j, t in enumerate(claim.tokens) if t[0].isdigit() and j not in claim.markers}
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -131,7 +129,8 @@ def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[st
             if any(not word or claim.stems.intersection(word) for word in dropped_negation):
                 kinds.add("negation")
         elif added_negation and not dropped_negation:
-            if any(not word or not elsewhere.intersection(word) for word in added_negation):
+            if any(not word or source.stems.intersection(word) or not negated.intersection(word)
+                   for word in added_negation):
                 kinds.add("negation")
         if tag == "replace":
             dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers} - held
@@ -152,9 +151,9 @@ def _differences(source: _Words, claim: _Words, negated: Counter[str]) -> set[st
     return kinds
 
 
-def _negated(texts: list[str]) -> Counter[str]:
-    """For the key of each word that a context sentence negates, how many sentences negate it."""
-    return Counter(k for text in texts for k in _Words.of(text).negates())
+def _negated(texts: list[str]) -> frozenset[str]:
+    """The keys of every word that a context sentence negates."""
+    return frozenset(k for text in texts for k in _Words.of(text).negates())
 
 
 def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:

@@ -109,12 +109,15 @@ def test_a_name_in_another_form_or_a_number_moved_within_the_copy_is_no_change()
     assert kinds_in("The office of Governor Tom Wolf settled the claim for the aide.", show) == ["name"]
 
 
-def test_a_negation_added_where_the_source_already_negates_is_still_a_change():
-    """Only another sentence's negation of the same word makes an added one the context's own: a second negation in
-    the copied sentence, or one that ends its clause, changes the claim."""
+def test_a_negation_added_to_what_the_copied_sentence_states_is_a_change_whatever_else_the_context_negates():
+    """Another sentence's negation of a word makes an added one the context's own only where the copied sentence does
+    not hold that word: a negation of the copied sentence's own claim, a second negation, or one that ends its clause
+    changes the claim."""
     laundry = ["The bag probably won't melt unless the heat is high, but if it does, it won't cause damage. "
-               "They are therefore not less advantaged in school."]
+               "They are therefore not less advantaged in school. He has been subject to the law all his life. "
+               "He is not subject to the new rule."]
     assert kinds_in("The bag probably won't melt unless the heat is high, but if it does not, it won't cause damage.",
                     laundry) == ["negation"]
     assert kinds_in("They are not therefore not less advantaged in school.", laundry) == ["negation"]
     assert kinds_in("They are therefore not less advantaged in school.", laundry) == []
+    assert kinds_in("He has not been subject to the law all his life.", laundry) == ["negation"]

@@ -41,6 +41,10 @@ _OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
 # How far after a negation or a qualifier the word it bears on may stand: "not a provider", "some of his skills".
 _REACH = 4
 _BREAK = re.compile(r"[,;:.!?()]")
+# The longest sentence, in words, that is compared word by word. The diff's cost grows with the cube of the length on
+# repetitive text ("only only only ..." against "usually only usually only ..."; 4,000 words took ten minutes), and an
+# answer can echo whatever a hostile context holds; no sentence of prose is this long.
+DIFF_LIMIT = 250
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -96,10 +100,12 @@ class _Words:
         """Each qualifier the sentence holds, with what each of its occurrences bears on."""
         text = " ".join(self.tokens)
         found: dict[str, list[tuple[str, ...]]] = {}
+        after, counted = 1, 0  # the words up to the match's end, counted once along the sentence
         for match in _QUALIFIER.finditer(text):
+            after += text.count(" ", counted, match.end())
+            counted = match.end()
             # "in some ovens" and "on some ovens" hold the same qualifier
-            found.setdefault(match.group().removeprefix("in "), []).append(
-                self.bears_on(len(text[:match.end()].split())))
+            found.setdefault(match.group().removeprefix("in "), []).append(self.bears_on(after))
         return found
 
 
@@ -194,8 +200,9 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
         candidates = {i for k in known for i in holding[k]}  # a sentence sharing no word copies nothing
         best, copy = max(((i, math.fsum(weight[k] for k in claim & context[i]) / total) for i in candidates),
                          key=lambda pair: (pair[1], -pair[0]))
-        if copy >= min_copy:
-            changed = _differences(_Words.of(texts[best]), _Words.of(text), negated)
+        source, copied = _Words.of(texts[best]), _Words.of(text)
+        if copy >= min_copy and max(len(source.tokens), len(copied.tokens)) <= DIFF_LIMIT:
+            changed = _differences(source, copied, negated)
             found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
     return found
 

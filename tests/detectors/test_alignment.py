@@ -1,4 +1,4 @@
-from morphguard.detectors.alignment import conflicts, quotes_context, strongest
+from morphguard.detectors.alignment import DIFF_LIMIT, conflicts, quotes_context, strongest
 
 CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
            "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
@@ -121,3 +121,13 @@ def test_a_negation_added_to_what_the_copied_sentence_states_is_a_change_whateve
     assert kinds_in("They are not therefore not less advantaged in school.", laundry) == ["negation"]
     assert kinds_in("They are therefore not less advantaged in school.", laundry) == []
     assert kinds_in("He has not been subject to the law all his life.", laundry) == ["negation"]
+
+
+def test_a_hostile_sentence_is_not_diffed_past_the_limit_and_its_qualifiers_are_read_once():
+    """The word diff costs the cube of a repetitive sentence's length, so a sentence longer than `DIFF_LIMIT` words is
+    not compared (before the limit, 4,000 such words took ten minutes); up to it, a change is still found."""
+    context = ["The drug is " + "only " * 4_000 + "safe for adults."]
+    assert conflicts("The drug is " + "usually only " * 2_000 + "safe for adults.", context) == []
+    near = DIFF_LIMIT - 10
+    assert kinds_in("The drug is " + "only " * (near - 1) + "safe for adults.",
+                    ["The drug is " + "only " * near + "safe for adults."]) == ["qualifier"]

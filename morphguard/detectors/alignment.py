@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from morphguard.detectors.focus import statements
+from morphguard.detectors.focus import about_the_sources, pieces
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED, NEGATIONS, TOKEN, content_keys, keys, number, words
 from morphguard.models import Evidence
@@ -181,7 +181,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     for text, held in zip(texts, context, strict=True):
         for k in held:
             frequency[k] += repeats[text]
-    negated = _negated(texts)
+    negated: frozenset[str] | None = None  # read once, and only for an answer that copies a sentence
     holding: dict[str, list[int]] = {}
     for i, held in enumerate(context):
         for k in held:
@@ -200,21 +200,25 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
         candidates = {i for k in known for i in holding[k]}  # a sentence sharing no word copies nothing
         best, copy = max(((i, math.fsum(weight[k] for k in claim & context[i]) / total) for i in candidates),
                          key=lambda pair: (pair[1], -pair[0]))
+        if copy < min_copy:
+            continue
         source, copied = _Words.of(texts[best]), _Words.of(text)
-        if copy >= min_copy and max(len(source.tokens), len(copied.tokens)) <= DIFF_LIMIT:
+        if max(len(source.tokens), len(copied.tokens)) <= DIFF_LIMIT:
+            negated = _negated(texts) if negated is None else negated
             changed = _differences(source, copied, negated)
             found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
     return found
 
 
 def quotes_context(answer: str, passages: list[str]) -> bool:
-    """Whether every sentence of the answer that states something is a whole sentence of the context as written
-    (case, spacing, punctuation and a list item's marker aside). Such an answer claims only what its context
-    claims, whatever the question: a fragment ("Steven Spielberg") is no quote, since whether it answers rightly
-    depends on the question."""
-    stating = statements(answer, limit=len(answer))
+    """Whether every sentence of the answer is a whole sentence of the context as written (case, spacing,
+    punctuation and a list item's marker aside), or only talks about the sources ("Based on the passages:"). Such an
+    answer claims only what its context claims, whatever the question: a fragment ("Steven Spielberg") is no quote,
+    since whether it answers rightly depends on the question, and neither is a verdict set before a quote ("Yes.",
+    "It is safe.", a claim that ends in a colon), which the check would otherwise never ask a judge about."""
     context = {_as_quoted(passage[a:b]) for passage in passages for a, b in sentences(passage)}
-    return bool(stating) and all(_as_quoted(text) in context for text in stating)
+    quoted = {text: _as_quoted(text) in context for text in pieces(answer)}
+    return any(quoted.values()) and all(is_quote or about_the_sources(text) for text, is_quote in quoted.items())
 
 
 def _as_quoted(sentence: str) -> str:

@@ -32,16 +32,20 @@ def statements(answer: str, limit: int = 16) -> list[str]:
     Dropped: intros ending in a colon ("Based on the passages, the reasons are:") and sentences whose
     content words all talk about the passages or the answering itself.
     """
-    out: list[str] = []
-    for piece in _BREAK.split(answer):
-        text = _BULLET.sub("", piece).strip()
-        if not text or text.endswith(":"):
-            continue
-        words = content_words(text)
-        if len(words - _META) < 2:
-            continue
-        out.append(text)
+    out = [text for text in pieces(answer) if not text.endswith(":") and len(content_words(text) - _META) >= 2]
     return out[:limit]
+
+
+def pieces(answer: str) -> list[str]:
+    """The answer's sentences and list items, as written, without a list item's marker."""
+    return [text for piece in _BREAK.split(answer) if (text := _BULLET.sub("", piece).strip())]
+
+
+def about_the_sources(text: str) -> bool:
+    """Whether every content word of `text` talks about the passages or the answering ("Based on the passages:").
+    A bare "No." has no content word, and so says something."""
+    words = content_words(text)
+    return bool(words) and words <= _META
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,18 @@ def test_an_answer_of_whole_context_sentences_as_written_quotes_it():
     assert not quotes_context("The drug is safe in the third trimester. It cures colds.", context)
 
 
+def test_a_verdict_set_before_a_quote_is_no_quote():
+    """An answer that quotes its context is never judged, so whatever else it says would pass unread: a bare "Yes."
+    or "No.", a short claim, or a claim dressed as an intro with a colon."""
+    context = ["Ibuprofen is a nonsteroidal anti-inflammatory drug. "
+               "Ibuprofen should be avoided in the third trimester."]
+    quote = "Ibuprofen is a nonsteroidal anti-inflammatory drug."
+    assert quotes_context("Based on the passages:\n" + quote, context)
+    for verdict in ("Yes.", "No.", "It is safe.", "Ibuprofen is safe in the third trimester:", "Not in pregnancy, no."):
+        assert not quotes_context(verdict + "\n" + quote, context), verdict
+        assert not quotes_context(quote + " " + verdict, context), verdict
+
+
 def test_a_negation_or_a_qualifier_counts_only_about_what_the_copy_keeps():
     """A copy of less is no change: a negation or a hedge that stood in the part of the sentence the answer left out,
     a hedge moved within the sentence, or a negation that the context states of the same word elsewhere. The same

@@ -6,10 +6,11 @@ reviewed production decisions) can therefore be read on a finished run exactly a
 with the same judge replies: this writes those outcomes under the current fingerprint, so the report that
 follows is the new weights'. Cost and time are the stored run's, since the same parts ran; an answer that the
 check scores without the judge (one about a structured record, or one that quotes its context) costs what grounding
-costs and keeps only grounding's spans. Otherwise the stored spans keep their places, rescaled to the new
-probability, and where grounding now points at a part of the answer no stored span covers (a check added since, such
-as a record field stated against its value), that span joins them, scored as the combined check scores grounding's
-spans.
+costs and keeps only grounding's spans; its stored judge features are stand-ins, so should the answer later be read
+as one the check judges (a rule changed), it is left for a fresh run. Otherwise the stored spans keep their places,
+rescaled to the new probability, and where grounding now points at a part of the answer no stored span covers (a
+check added since, such as a record field stated against its value), that span joins them, scored as the combined
+check scores grounding's spans.
 A judge part the weights read but the stored outcome lacks (one added since, such as `spotcheck`) is read from
 that part's own outcome of the same answer, with its spans, calls and time. So is a part run again since under
 new settings (`restatement` after a change to the alignment it asks about): its new score replaces the stored
@@ -89,7 +90,9 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         grounded = measured.features
         record = weights.reads_record(grounded)
         unjudged = record or bool(grounded.get("quoted"))  # the check asks no judge about it
-        if not unjudged and (any(f not in judge for f in needed) or
+        # a stored outcome that asked no judge (a quote, under the rule of then) holds stand-ins, not replies
+        stand_in = old.llm_calls == 0 and any(f in old.features for f in JUDGE_FEATURES)
+        if not unjudged and (stand_in or any(f not in judge for f in needed) or
                              any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
             continue
         values = (vocabulary_features(grounded) if record else undoubted(grounded, needed) if unjudged else

@@ -125,3 +125,12 @@ def test_an_answer_that_quotes_its_context_is_rescored_as_the_check_scores_it_wi
     [fresh] = rescore([quoting], [stored(hallucinated=False)], WEIGHTS, "new", threshold=0.3)
     assert abs(fresh.score - 0.5) < 1e-9  # the direct channel read at 0, not at the stored 1.0
     assert (fresh.llm_calls, fresh.features["direct"], fresh.factoid_spans) == (0, 0.0, [])
+
+
+def test_an_answer_no_longer_read_as_a_quote_is_left_for_a_fresh_run_when_its_stored_outcome_asked_no_judge():
+    """A quote was scored with stand-in zeros for the judge parts; once the answer no longer counts as a quote, those
+    zeros are no replies to read."""
+    unquoted = ITEM.model_copy(update={"answer": "Yes. The clinic opens at nine.", "hallucinated": False})
+    stand_ins = stored(hallucinated=False, llm_calls=0, features={"direct": 0.0, "restatement": 0.0})
+    assert rescore([unquoted], [stand_ins], WEIGHTS, "new", threshold=0.3) == []
+    assert len(rescore([unquoted], [stored(hallucinated=False)], WEIGHTS, "new", threshold=0.3)) == 1

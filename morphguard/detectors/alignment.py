@@ -23,7 +23,7 @@ from morphguard.detectors.words import IGNORED, NEGATIONS, TOKEN, content_keys, 
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 4  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 5  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does. "About" and "around"
 # narrow only a number ("about 15 minutes", not "asked about it"), and "may" before a number is the month.
@@ -37,14 +37,19 @@ _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
 # The number of a list item, which states nothing: "1. Season", "2  Season", "3-Place", "1 Spray", "1To construct"
 # (a capital follows it; "40 patients were seen" opens with a claim).
 _ITEM_NUMBER = re.compile(r"[\s*•-]*\d{1,3}(?:[.)]\s|\s{2,}|\s?[-–]?\s?(?=[A-Z]))")
-_OPENING = re.compile(r"(?:^|[.!?:;\n]\s*)$")
+_SENTENCE_END = ".!?:;\n"
 # How far after a negation or a qualifier the word it bears on may stand: "not a provider", "some of his skills".
 _REACH = 4
 _BREAK = re.compile(r"[,;:.!?()]")
-# The longest sentence, in words, that is compared word by word. The diff's cost grows with the cube of the length on
+# The longest sentence, in words, that is compared whole. The diff's cost grows with the cube of the length on
 # repetitive text ("only only only ..." against "usually only usually only ..."; 4,000 words took ten minutes), and an
-# answer can echo whatever a hostile context holds; no sentence of prose is this long.
+# answer can echo whatever a hostile context holds. A longer copy or source (a scraped list that never ends a
+# sentence, or an answer padded to slip past the comparison) is compared in pieces of at most `PIECE` words, each
+# against the stretch of the source around its rarest shared word (`_compare`): every diff stays small, and the work
+# grows with the length, not with its cube.
 DIFF_LIMIT = 250
+PIECE = 60
+_STARTS = 8  # where the rarest word stands more often than this, only its first places are tried
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -74,7 +79,7 @@ class _Words:
     def of(cls, text: str) -> _Words:
         found = list(TOKEN.finditer(text))
         names = frozenset(i for i, m in enumerate(found)
-                          if m.group()[0].isupper() and i > 0 and not _OPENING.search(text, 0, m.start()))
+                          if m.group()[0].isupper() and i > 0 and not _opens(text, m.start()))
         tokens = tuple(words(text))
         item = bool(_ITEM_NUMBER.match(text))
         markers = frozenset(i for i, t in enumerate(tokens)
@@ -107,6 +112,32 @@ class _Words:
             # "in some ovens" and "on some ovens" hold the same qualifier
             found.setdefault(match.group().removeprefix("in "), []).append(self.bears_on(after))
         return found
+
+
+def _opens(text: str, at: int) -> bool:
+    """Whether the word at `at` opens a sentence: only white space stands between it and the text's start or the end
+    of a sentence. (Looking back over the white space alone keeps reading a long text's names linear.)"""
+    while at > 0 and text[at - 1].isspace() and text[at - 1] != "\n":
+        at -= 1
+    return at == 0 or text[at - 1] in _SENTENCE_END
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A context sentence as the comparison reads it, built once per check however many answer runs copy it."""
+
+    text: str
+    words: _Words
+    spans: list[tuple[int, int]]  # where each word stands in `text`
+    places: dict[str, list[int]]  # each word's positions in `words.tokens`
+
+    @classmethod
+    def of(cls, text: str) -> _Source:
+        words = _Words.of(text)
+        places: dict[str, list[int]] = {}
+        for i, token in enumerate(words.tokens):
+            places.setdefault(token, []).append(i)
+        return cls(text, words, [m.span() for m in TOKEN.finditer(text)], places)
 
 
 def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
@@ -186,28 +217,95 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     for i, held in enumerate(context):
         for k in held:
             holding.setdefault(k, []).append(i)
-    found: list[Conflict] = []
-    for start, end in sentences(answer):
-        marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
-        text = answer[marker.end() if marker else start:end]
+
+    def copied(text: str) -> tuple[int, float] | None:
+        """The context sentence `text` copies most of (its index), and how much, if at least `min_copy`."""
         claim = frozenset(content_keys(text))
         known = [k for k in claim if k in frequency]
         if not known:
-            continue
+            return None
         weight = {k: math.log(1 + total_sentences / frequency[k]) if k in frequency
                   else math.log(1 + total_sentences) for k in claim}
         total = math.fsum(weight.values())  # fsum: exact, so no run's set order changes a tie or the cut
         candidates = {i for k in known for i in holding[k]}  # a sentence sharing no word copies nothing
         best, copy = max(((i, math.fsum(weight[k] for k in claim & context[i]) / total) for i in candidates),
                          key=lambda pair: (pair[1], -pair[0]))
-        if copy < min_copy:
-            continue
-        source, copied = _Words.of(texts[best]), _Words.of(text)
-        if max(len(source.tokens), len(copied.tokens)) <= DIFF_LIMIT:
+        return (best, copy) if copy >= min_copy else None
+
+    read: dict[int, _Source] = {}  # the context sentences compared so far
+    found: list[Conflict] = []
+    for start, end in sentences(answer):
+        marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
+        sentence = answer[marker.end() if marker else start:end]
+        # A sentence too long to compare whole may join many context sentences: each run of it is aligned on its own.
+        parts = ([sentence] if len(TOKEN.findall(sentence)) <= DIFF_LIMIT
+                 else [sentence[a:b] for a, b in _runs(sentence)])
+        changed: dict[str, tuple[float, int]] = {}  # per kind, the closest copy that changes it
+        for text in parts:
+            match = copied(text)
+            if match is None:
+                continue
+            best, copy = match
             negated = _negated(texts) if negated is None else negated
-            changed = _differences(source, copied, negated)
-            found += [Conflict(kind, start, end, copy, evidence[best]) for kind in KINDS if kind in changed]
+            source = read.get(best) or read.setdefault(best, _Source.of(texts[best]))
+            for kind in _compare(source, text, negated):
+                changed[kind] = max(changed.get(kind, (0.0, 0)), (copy, -best))
+        found += [Conflict(kind, start, end, changed[kind][0], evidence[-changed[kind][1]])
+                  for kind in KINDS if kind in changed]
     return found
+
+
+def _compare(source: _Source, copied_text: str, negated: frozenset[str]) -> set[str]:
+    """The kinds of change between a context sentence and an answer sentence (or a run of one) that copies it
+    (`_differences`), in runs against stretches of the source where either is longer than `DIFF_LIMIT` words."""
+    copied = _Words.of(copied_text)
+    if max(len(source.words.tokens), len(copied.tokens)) <= DIFF_LIMIT:
+        return _differences(source.words, copied, negated)
+    kinds: set[str] = set()
+    for a, b in _runs(copied_text):
+        run = _Words.of(copied_text[a:b])
+        stretch = _stretch(run, source)
+        if stretch is not None:
+            lo, hi = stretch
+            kinds |= _differences(_Words.of(source.text[source.spans[lo][0]:source.spans[hi - 1][1]]), run, negated)
+    return kinds
+
+
+def _runs(text: str) -> list[tuple[int, int]]:
+    """`text` cut into runs of at most `PIECE` words, at punctuation once a run holds half of that (start, end)."""
+    found = list(TOKEN.finditer(text))
+    cuts, first = [], 0
+    for i in range(1, len(found)):
+        if i - first >= PIECE or i - first >= PIECE // 2 and _BREAK.search(text, found[i - 1].end(), found[i].start()):
+            cuts.append((found[first].start(), found[i - 1].end()))
+            first = i
+    return cuts + [(found[first].start(), found[-1].end())] if found else cuts
+
+
+def _stretch(piece: _Words, source: _Source) -> tuple[int, int] | None:
+    """The words of `source` (start, end) that `piece` copies, if it shares any: a window twice the piece's length
+    around a place of its rarest shared word (the one holding most of its words), narrowed to run from its first word
+    the piece copies to its last, with as many words either side as the piece holds beyond its own copied run (so
+    that a word the piece replaces at its edge is still compared, while the sentence around the copy is not)."""
+    places, tokens = source.places, source.words.tokens
+    shared = [(len(places[t]), j) for j, t in enumerate(piece.tokens) if t in places]
+    if not shared:
+        return None
+    _, j = min(shared)
+    wanted, width = set(piece.tokens), 2 * len(piece.tokens)
+    windows = []
+    for place in places[piece.tokens[j]][:_STARTS]:
+        lo = max(0, min(place - j - len(piece.tokens) // 2, len(tokens) - width))
+        windows.append((sum(t in wanted for t in tokens[lo:lo + width]), -lo, lo))
+    _, _, lo = max(windows)
+    window = tokens[lo:lo + width]
+    blocks = [m for m in SequenceMatcher(None, window, piece.tokens, autojunk=False).get_matching_blocks() if m.size]
+    if not blocks:
+        return None
+    first, last = blocks[0], blocks[-1]
+    start = max(0, first.a - first.b)
+    end = min(len(window), last.a + last.size + len(piece.tokens) - last.b - last.size)
+    return lo + start, lo + end
 
 
 def quotes_context(answer: str, passages: list[str]) -> bool:

@@ -135,11 +135,32 @@ def test_a_negation_added_to_what_the_copied_sentence_states_is_a_change_whateve
     assert kinds_in("He has not been subject to the law all his life.", laundry) == ["negation"]
 
 
-def test_a_hostile_sentence_is_not_diffed_past_the_limit_and_its_qualifiers_are_read_once():
-    """The word diff costs the cube of a repetitive sentence's length, so a sentence longer than `DIFF_LIMIT` words is
-    not compared (before the limit, 4,000 such words took ten minutes); up to it, a change is still found."""
+def test_a_sentence_past_the_limit_is_compared_in_runs_and_a_hostile_one_does_not_stall_the_check():
+    """The word diff costs the cube of a repetitive sentence's length (4,000 such words took ten minutes whole), so a
+    sentence longer than `DIFF_LIMIT` words is compared in runs, each against the stretch of the source it copies. A
+    change is still found there, and the source around the copy is no change. Up to the limit, a sentence is compared
+    whole."""
+    kettles = " ".join(f"the {colour} kettle costs {price} dollars and ships within {price % 7 + 1} days"
+                       for price, colour in enumerate(["amber", "green", "grey", "pink", "white", "black"] * 10))
+    catalogue = ["The catalogue lists " + kettles + " while the blue kettle is not safe for children and the red "
+                 "kettle is safe for adults " + kettles]  # one "sentence" of 1,300 words, as a scraped list may be
+    assert kinds_in("The red kettle is safe for adults.", catalogue) == []
+    assert kinds_in("The blue kettle is not safe for children and the red kettle is safe for adults.", catalogue) == []
+    assert kinds_in("The blue kettle is safe for children and the red kettle is safe for adults.",
+                    catalogue) == ["negation"]
+    assert kinds_in("The pink kettle costs 3 dollars and ships within 4 days.", catalogue) == []
+    assert kinds_in("The pink kettle costs 7 dollars and ships within 4 days.", catalogue) == ["number"]
+
+    # an answer padded into one sentence of 400 words, which copies the context's sentences one by one
+    museum = ["The museum opens at nine. " + " ".join(f"Room {i} holds {i} paintings by local artists." for i in
+                                                      range(50)) + " The cafe is not open on Mondays."]
+    rooms = ", ".join(f"room {i} holds {i} paintings by local artists" for i in range(50))
+    assert kinds_in(f"The museum opens at nine, {rooms} and the cafe is not open on Mondays.", museum) == []
+    assert kinds_in(f"The museum opens at nine, {rooms} and the cafe is open on Mondays.", museum) == ["negation"]
+
+    # repetitive text that stalled the whole diff: in runs the copy holds "only" half as often as its source
     context = ["The drug is " + "only " * 4_000 + "safe for adults."]
-    assert conflicts("The drug is " + "usually only " * 2_000 + "safe for adults.", context) == []
+    assert kinds_in("The drug is " + "usually only " * 2_000 + "safe for adults.", context) == ["qualifier"]
     near = DIFF_LIMIT - 10
     assert kinds_in("The drug is " + "only " * (near - 1) + "safe for adults.",
                     ["The drug is " + "only " * near + "safe for adults."]) == ["qualifier"]

@@ -11,6 +11,7 @@ the highest. An answer with no changed copy costs no call and scores 0.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from pydantic import Field
@@ -50,7 +51,10 @@ class RestatementJudge:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        changed = {c.start: c for c in reversed(conflicts(answer, rag.passages))}  # one per sentence
+        # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the event
+        # loop, as in grounding, so that one such request cannot stall the proxy's others.
+        found = await asyncio.to_thread(conflicts, answer, rag.passages)
+        changed = {c.start: c for c in reversed(found)}  # one per sentence
         closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
         stage = StageCost()
         factoids = []

@@ -1,4 +1,4 @@
-from morphguard.detectors.alignment import DIFF_LIMIT, conflicts, quotes_context, strongest
+from morphguard.detectors.alignment import DIFF_LIMIT, _Words, conflicts, quotes_context, strongest
 
 CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
            "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
@@ -164,3 +164,11 @@ def test_a_sentence_past_the_limit_is_compared_in_runs_and_a_hostile_one_does_no
     near = DIFF_LIMIT - 10
     assert kinds_in("The drug is " + "only " * (near - 1) + "safe for adults.",
                     ["The drug is " + "only " * near + "safe for adults."]) == ["qualifier"]
+
+
+def test_a_capital_that_opens_a_sentence_a_line_or_a_clause_after_a_colon_is_no_name():
+    """Names are told from sentence openings by looking back over white space only (version 4 searched everything
+    before each capitalised word, which took 46 s on 32,000 of them: benchmarks/alignment_cost.py)."""
+    read = _Words.of("Lee met Kim. Then Park came:\n  Choi left; Moon stayed\nand Song too")
+    assert read.tokens[2] == "kim" and read.tokens[4] == "park" and read.tokens[11] == "song"
+    assert read.names == {2, 4, 11}

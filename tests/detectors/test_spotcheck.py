@@ -87,26 +87,29 @@ def test_a_sentence_cannot_close_the_tag_it_is_read_in(scripted_config):
 
 def test_the_work_over_the_context_runs_off_the_event_loop(scripted_config, monkeypatch):
     """A hostile multi-megabyte context costs seconds of pure Python to read: the proxy's event loop must not
-    wait for it (the spot check's plan and the direct judge's cut of the context both run in a worker thread)."""
+    wait for it (the spot check's plan, the direct judge's cut of the context and the restatement judge's search for
+    changed copies all run in a worker thread)."""
     import threading
 
-    from morphguard.detectors import baselines, spotcheck
+    from morphguard.detectors import baselines, restatement, spotcheck
 
     loops = []
-    real_focus = spotcheck.focus
 
-    def watched(*args, **kwargs):
-        loops.append(threading.current_thread() is threading.main_thread())
-        return real_focus(*args, **kwargs)
+    def watched(real):
+        def call(*args, **kwargs):
+            loops.append(threading.current_thread() is threading.main_thread())
+            return real(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(spotcheck, "focus", watched)
-    monkeypatch.setattr(baselines, "focus", watched)
+    monkeypatch.setattr(spotcheck, "focus", watched(spotcheck.focus))
+    monkeypatch.setattr(baselines, "focus", watched(baselines.focus))
+    monkeypatch.setattr(restatement, "conflicts", watched(restatement.conflicts))
     reply = '{"verdict": "NO", "unsupported": []}'
-    with ScriptedLLM(lambda body: completion("NO" if stage_of(body) == "spotcheck" else reply)) as server:
+    with ScriptedLLM(lambda body: completion(reply if stage_of(body) == "direct" else "NO")) as server:
         config = scripted_config(server.base_url)
-        for name in ("spotcheck", "direct"):
+        for name in ("spotcheck", "direct", "restatement"):
             run(build_detector(config, name=name), "The bridge was designed by Gustave Eiffel.")
-    assert loops == [False, False]
+    assert loops == [False, False, False]
 
 
 def without_cascade(config):

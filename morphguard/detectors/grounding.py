@@ -131,9 +131,12 @@ class Grounding:
         content = sum(r.content for r in reports)
         score = self._score(self.weight(missing, changed) + self.settings.conflict_weight * len(misread)
                             + self.settings.instruction_weight * bool(planted))
+        by_sentence: dict[int, list[Conflict]] = {}  # looked up per sentence: a scan per sentence grows with the square
+        for c in changed:
+            by_sentence.setdefault(c.start, []).append(c)
         factoids = []
         for r in reports:
-            own = [c for c in changed if c.start == r.start]
+            own = by_sentence.get(r.start, [])
             if own:  # a changed copy: the whole sentence is the claim in question
                 factoids.append(Factoid(text=answer[r.start:r.end], start=r.start, end=r.end, label="contradicted",
                                         score=self._score(self.weight(r.unsupported, own)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from morphguard.models import Evidence
 
@@ -69,16 +70,29 @@ def sentences(text: str) -> list[tuple[int, int]]:
 
 def align_evidence(statement: str, passages: list[str]) -> Evidence | None:
     """The context sentence sharing most content words with the statement (at least two, or half of them)."""
-    wanted = content_words(statement)
-    best: tuple[float, Evidence] | None = None
-    for number, passage in enumerate(passages, 1):
-        for start, end in sentences(passage):
-            sentence = passage[start:end]
-            shared = len(wanted & content_words(sentence))
+    return evidence_for([statement], passages)[0]
+
+
+def evidence_for(statements: Sequence[str], passages: Sequence[str]) -> list[Evidence | None]:
+    """`align_evidence` for each statement, the context read once: the work is the context's length times the
+    number of statements, so a caller bounds the latter."""
+    context = [(number, start, end, passage[start:end], content_words(passage[start:end]))
+               for number, passage in enumerate(passages, 1) for start, end in sentences(passage)]
+    found: list[Evidence | None] = []
+    for statement in statements:
+        wanted = content_words(statement)
+        best: tuple[float, int] | None = None
+        for at, (_, _, _, _, words) in enumerate(context):
+            shared = len(wanted & words)
             share = shared / len(wanted) if wanted else 0.0
             if (shared >= 2 or share >= 0.5) and (best is None or share > best[0]):
-                best = (share, Evidence(passage=number, start=start, end=end, text=sentence))
-    return best[1] if best else None
+                best = (share, at)
+        if best is None:
+            found.append(None)
+        else:
+            number, start, end, text, _ = context[best[1]]
+            found.append(Evidence(passage=number, start=start, end=end, text=text))
+    return found
 
 
 def find_phrase(phrase: str, passages: list[str]) -> Evidence | None:

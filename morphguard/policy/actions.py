@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from morphguard.config import PolicySettings
-from morphguard.detectors.spans import align_evidence
+from morphguard.detectors.spans import evidence_for
 from morphguard.models import Decision, Detection, Factoid
 
 
@@ -56,15 +56,26 @@ def highlight(text: str, factoids: Sequence[Factoid], open_mark: str, close_mark
     return "".join(out) + text[cursor:]
 
 
+# The most flagged statements `cite` quotes sources for. Each is looked up over the whole context, and an answer can
+# be made to carry thousands of unsupported sentences (4,000 took 54 s to cite, one by one); a reader wants the first
+# few, and the verdict lists every one.
+MAX_CITATIONS = 20
+
+
 def citations(factoids: Sequence[Factoid], passages: Sequence[str]) -> str:
-    """For each factoid, the detector's own evidence when it has some, else the best-aligned context sentence."""
+    """For each factoid (the first `MAX_CITATIONS`), the detector's own evidence when it has some, else the
+    best-aligned context sentence."""
+    cited = factoids[:MAX_CITATIONS]
+    aligned = iter(evidence_for([f.text for f in cited if not f.evidence], passages))
     lines = ["", "", "Checked against the sources:"]
-    for factoid in factoids:
-        found = factoid.evidence[0] if factoid.evidence else align_evidence(factoid.text, list(passages))
+    for factoid in cited:
+        found = factoid.evidence[0] if factoid.evidence else next(aligned)
         if found:
             lines.append(f'- "{factoid.text}": source [{found.passage}] says "{found.text}"')
         else:
             lines.append(f'- "{factoid.text}": no retrieved source supports this.')
+    if len(factoids) > len(cited):
+        lines.append(f"- and {len(factoids) - len(cited)} more flagged statements, listed in the verdict.")
     return "\n".join(lines)
 
 

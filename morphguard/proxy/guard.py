@@ -175,7 +175,9 @@ class Guard:
             checked_answer = actions.answer_of(completion)  # the audit keeps what the model said, not our rewrite
             if decision.action != "regenerate":
                 passages = request.rag.passages if request.rag else []
-                completion = actions.apply(completion, decision, result.detection, passages, self.config.policy)
+                # pure Python over the answer and the context (`cite` looks up sources): off the event loop
+                completion = await asyncio.to_thread(actions.apply, completion, decision, result.detection, passages,
+                                                     self.config.policy)
             chat = request.chat_span
             evaluated = chat if chat is not None and chat.is_recording() else span
             telemetry.record_check(span, evaluated, decision=decision, detection=result.detection,

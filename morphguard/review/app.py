@@ -212,10 +212,12 @@ class ReviewConsole:
         trace_url = None
         if self.settings.trace_url and row.get("trace_id") and _TRACE_ID.fullmatch(row["trace_id"]):
             trace_url = self.settings.trace_url.format(trace_id=row["trace_id"])
+        # pure Python over the answer and the context: off the event loop
+        answer = await asyncio.to_thread(answer_pieces, row["answer"], row["factoids"]) if kept else []
+        marked = await asyncio.to_thread(passage_pieces, passages, row["factoids"]) if kept else []
         return self._page(
             request, "detail.html", row=row, kept=kept, judgements=judgements, labels=LABELS,
-            answer=answer_pieces(row["answer"], row["factoids"]) if kept else [],
-            passages=passage_pieces(passages, row["factoids"]) if kept else [],
+            answer=answer, passages=marked,
             cost=row.get("cost") or {}, trace_url=trace_url, newer=newer, older=older, delivery=delivery,
             saved=request.query_params.get("saved") == "1")
 

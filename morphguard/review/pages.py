@@ -7,7 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from morphguard.detectors.spans import align_evidence
+from morphguard.detectors.spans import evidence_for
+
+# The most flagged factoids whose evidence a page marks in the passages: each is looked up over the whole context,
+# and a hostile answer can carry thousands. The answer itself still marks every one.
+MAX_MARKED = 50
 
 
 @dataclass(frozen=True)
@@ -43,13 +47,11 @@ def passages_of(context: str | None) -> list[str]:
 
 
 def passage_pieces(passages: list[str], factoids: list[dict[str, Any]]) -> list[list[Piece]]:
-    """Per passage, its text with the sentence closest to each flagged factoid marked with that factoid's
-    number: the evidence a reviewer compares the claim with."""
+    """Per passage, its text with the sentence closest to each flagged factoid (the first `MAX_MARKED`) marked with
+    that factoid's number: the evidence a reviewer compares the claim with."""
+    flagged = [(number, f) for number, f in enumerate(factoids, 1) if f.get("flagged")][:MAX_MARKED]
     marks: dict[int, list[tuple[int, int, int]]] = {}
-    for number, factoid in enumerate(factoids, 1):
-        if not factoid.get("flagged"):
-            continue
-        evidence = align_evidence(factoid["text"], passages)
+    for (number, _), evidence in zip(flagged, evidence_for([f["text"] for _, f in flagged], passages), strict=True):
         if evidence is not None:
             marks.setdefault(evidence.passage - 1, []).append((evidence.start, evidence.end, number))
     out = []

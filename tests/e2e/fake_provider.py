@@ -1,8 +1,9 @@
 """A scripted OpenAI-compatible provider, run as its own process: `python -m tests.e2e.fake_provider PORT`.
 
 It stands in for a paid API in two roles, told apart by the request:
-- the RAG model: the `model` name picks the answer ("faithful", "hallucinated", "refugee") or a failure
-  ("fail-400", "fail-500", "slow"); a request that ends with the proxy's regeneration instruction gets
+- the RAG model: the `model` name picks the answer ("faithful", "hallucinated", "refugee"; "echo" repeats the
+  last user message, so a client can make the answer whatever it likes) or a failure ("fail-400", "fail-500",
+  "slow"); a request that ends with the proxy's regeneration instruction gets
   the faithful answer;
 - the judge: MetaRAG's prompts are answered by a lexical rule (a statement is supported when the
   passages contain it word for word), so verdicts are exact and known in advance. Statements with
@@ -125,7 +126,7 @@ async def _chat(request: Request) -> Response:
     fault = _fault(model, bool(body.get("stream")))
     if fault is not None:
         return fault
-    text = ANSWERS.get(model, ANSWERS["faithful"])
+    text = str(messages[-1].get("content")) if model == "echo" else ANSWERS.get(model, ANSWERS["faithful"])
     if not body.get("stream"):
         return JSONResponse(_completion(model, text))
     return StreamingResponse(_chunks(model, text), media_type="text/event-stream")

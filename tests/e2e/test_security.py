@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from morphguard.policy.actions import MAX_CITATIONS
 from tests.e2e.conftest import free_port
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -250,6 +251,31 @@ def test_a_pathological_context_does_not_stall_other_clients(guarded):
     for t in threads:
         t.join()
     assert results == [200, 200] or sorted(results) == [200, 200]
+    assert health and set(health) == {200}
+
+
+def test_an_answer_with_thousands_of_flagged_sentences_does_not_stall_other_clients(proxy_factory):
+    """The `cite` action looks up a source for flagged statements: 4,000 of them, which a client gets by having the
+    model repeat its message, took 54 s on the event loop one by one. Now at most `MAX_CITATIONS` are looked up, off
+    the loop, and /healthz answers meanwhile."""
+    base = proxy_factory(policy={"profiles": {"general": {"action": "cite", "topics": {}}}}, detector="grounding")
+    context = " ".join(f"Kettle {i} is safe for adults." for i in range(4_000))
+    body = {"model": "echo", "morphguard": {"context": context},
+            "messages": [{"role": "user", "content": " ".join(f"Kettle {i} is cheap in Paris." for i in range(4_000))}]}
+    results: list[tuple[int, bytes]] = []
+    sender = threading.Thread(target=lambda: results.append(
+        raw(base, "POST", "/v1/chat/completions", body, timeout=120)[::2]))
+    sender.start()
+    health = []
+    while sender.is_alive():
+        health.append(httpx.get(base + "/healthz", timeout=5).status_code)
+        time.sleep(0.05)
+    sender.join()
+    (status, data), = results
+    completion = json.loads(data)
+    assert status == 200 and completion["morphguard"]["action"] == "cite"
+    assert completion["choices"][0]["message"]["content"].endswith(
+        f"- and {4_000 - MAX_CITATIONS} more flagged statements, listed in the verdict.")
     assert health and set(health) == {200}
 
 

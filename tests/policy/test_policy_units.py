@@ -75,6 +75,20 @@ def test_highlight_merges_overlapping_spans_and_skips_unplaced_factoids():
     assert actions.highlight(text, factoids, "<", ">") == "<Alpha beta gamma> delta."
 
 
+def test_cite_quotes_sources_for_the_first_flagged_statements_and_counts_the_rest():
+    """Each citation is looked up over the whole context, and an answer can carry thousands of flagged sentences
+    (4,000 took 54 s, on the proxy's event loop, before the cap)."""
+    context = [" ".join(f"Kettle {i} is safe for adults." for i in range(4_000))]
+    flagged = [Factoid(text=f"Kettle {i} is cheap in Paris.", score=1) for i in range(4_000)]
+    lines = actions.citations(flagged, context).splitlines()
+    quoted = [line for line in lines if line.startswith('- "')]
+    assert len(quoted) == actions.MAX_CITATIONS
+    assert quoted[3] == '- "Kettle 3 is cheap in Paris.": source [1] says "Kettle 3 is safe for adults."'
+    assert lines[-1] == f"- and {4_000 - actions.MAX_CITATIONS} more flagged statements, listed in the verdict."
+    assert actions.citations(flagged[:2], ["Paracetamol is widely used."]).splitlines()[-1] == (
+        '- "Kettle 1 is cheap in Paris.": no retrieved source supports this.')
+
+
 def test_audit_hashes_text_by_default_and_filters(tmp_path):
     # by default flagged answers keep their text for review (tests/review); without that, everything is hashed
     store = audit.AuditStore(AuditSettings(path=str(tmp_path / "a.db"), keep_text="none"))

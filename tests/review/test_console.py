@@ -160,3 +160,15 @@ def test_text_is_kept_for_flagged_answers_only_and_purged_after_its_days(console
     purged = client.get(f"/decisions/{old}").text
     assert "was not kept" in purged and "old text" not in purged
     assert store.purge_text() == 0
+
+
+def test_the_detail_page_marks_the_evidence_of_the_first_flagged_factoids_only():
+    """Each factoid's evidence is looked up over the whole context; an answer can carry thousands of flagged ones."""
+    from morphguard.review.pages import MAX_MARKED, passage_pieces
+
+    passages = [" ".join(f"Kettle {i} is safe for adults." for i in range(200))]
+    factoids = [{"text": f"Kettle {i} is cheap in Paris.", "flagged": True} for i in range(200)]
+    (pieces,) = passage_pieces(passages, factoids)
+    marked = [p for p in pieces if p.factoid is not None]
+    assert [p.factoid for p in marked] == list(range(1, MAX_MARKED + 1))
+    assert marked[2].text == "Kettle 2 is safe for adults."

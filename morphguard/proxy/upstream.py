@@ -114,18 +114,24 @@ class UpstreamResponse:
     async def lines(self) -> AsyncIterator[str]:
         """The body as UTF-8 text lines without their line breaks (SSE allows CRLF, LF and CR)."""
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        pending = ""
+        # The unfinished line, in pieces: joined only once a line break arrives, so that a long line dripped in small
+        # chunks costs its length, not the square of it (this runs on the event loop).
+        pending: list[str] = []
         with _reading(upstream_stream_broken, "the connection broke off"):
             async for chunk in self._response.content.iter_any():
-                text = pending + decoder.decode(chunk)
+                piece = decoder.decode(chunk)
+                if "\n" not in piece and "\r" not in piece and not (pending and pending[-1].endswith("\r")):
+                    pending.append(piece)
+                    continue
+                text = "".join(pending) + piece
                 keep = 1 if text.endswith("\r") else 0  # a CR may be the first half of a CRLF
-                *complete, pending = _LINE_BREAK.split(text[:len(text) - keep])
-                pending += text[len(text) - keep:]
+                *complete, rest = _LINE_BREAK.split(text[:len(text) - keep])
+                pending = [rest + text[len(text) - keep:]]
                 for line in complete:
                     yield line
-        pending += decoder.decode(b"", final=True)
-        if pending:
-            yield pending.removesuffix("\r")
+        last = "".join(pending) + decoder.decode(b"", final=True)
+        if last:
+            yield last.removesuffix("\r")
 
 
 class Upstream:

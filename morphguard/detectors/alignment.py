@@ -249,8 +249,9 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
             negated = _negated(texts) if negated is None else negated
             source = read.get(best) or read.setdefault(best, _Source.of(texts[best]))
             for kind in _compare(source, text, negated):
-                changed[kind] = max(changed.get(kind, (0.0, 0)), (copy, -best))
-        found += [Conflict(kind, start, end, changed[kind][0], evidence[-changed[kind][1]])
+                if kind not in changed or copy > changed[kind][0]:
+                    changed[kind] = (copy, best)
+        found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])
                   for kind in KINDS if kind in changed]
     return found
 

@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from functools import cached_property
 
 from morphguard.detectors.focus import about_the_sources, pieces
 from morphguard.detectors.spans import sentences
@@ -122,22 +123,26 @@ def _opens(text: str, at: int) -> bool:
     return at == 0 or text[at - 1] in _SENTENCE_END
 
 
-@dataclass(frozen=True)
 class _Source:
-    """A context sentence as the comparison reads it, built once per check however many answer runs copy it."""
+    """A context sentence as the comparison reads it, built once per check however many answer runs copy it. Where
+    each word stands is read only for a sentence too long to compare whole (`_stretch`)."""
 
-    text: str
-    words: _Words
-    spans: list[tuple[int, int]]  # where each word stands in `text`
-    places: dict[str, list[int]]  # each word's positions in `words.tokens`
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.words = _Words.of(text)
 
-    @classmethod
-    def of(cls, text: str) -> _Source:
-        words = _Words.of(text)
+    @cached_property
+    def spans(self) -> list[tuple[int, int]]:
+        """Where each word stands in `text`."""
+        return [m.span() for m in TOKEN.finditer(self.text)]
+
+    @cached_property
+    def places(self) -> dict[str, list[int]]:
+        """Each word's positions in `words.tokens`."""
         places: dict[str, list[int]] = {}
-        for i, token in enumerate(words.tokens):
+        for i, token in enumerate(self.words.tokens):
             places.setdefault(token, []).append(i)
-        return cls(text, words, [m.span() for m in TOKEN.finditer(text)], places)
+        return places
 
 
 def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
@@ -247,7 +252,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
                 continue
             best, copy = match
             negated = _negated(texts) if negated is None else negated
-            source = read.get(best) or read.setdefault(best, _Source.of(texts[best]))
+            source = read.get(best) or read.setdefault(best, _Source(texts[best]))
             for kind in _compare(source, text, negated):
                 if kind not in changed or copy > changed[kind][0]:
                     changed[kind] = (copy, best)

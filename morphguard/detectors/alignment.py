@@ -14,24 +14,25 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cached_property
 
 from morphguard.detectors.focus import about_the_sources, pieces
 from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import IGNORED, NEGATIONS, TOKEN, content_keys, keys, number, words
+from morphguard.detectors.words import IGNORED, NEGATIONS, NEGATIVE_WORDS, TOKEN, content_keys, keys, number, words
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 5  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 6  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does. "About" and "around"
 # narrow only a number ("about 15 minutes", not "asked about it"), and "may" before a number is the month.
 _QUALIFIER = re.compile(
     r"\b(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|mostly|likely|possibly|"
     r"partially|occasionally|rarely|some|may(?!\s\d)|might|(?:about|around)(?=\s\d)|roughly|up to|at least|at most|"
-    r"more than|less than|fewer than|in some|in most|in rare)\b", re.I)
+    r"more than|over(?=\s\d)|less than|under(?=\s\d)|fewer than|in some|in most|in rare)\b", re.I)
 # A bullet or "5." before an answer sentence, cut off before it is aligned. `_ITEM_NUMBER`'s wider shapes only keep a
 # number from being compared: cutting "1 Spray" could change which context sentence the answer copies.
 _LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
@@ -51,6 +52,22 @@ _BREAK = re.compile(r"[,;:.!?()]")
 DIFF_LIMIT = 250
 PIECE = 60
 _STARTS = 8  # where the rarest word stands more often than this, only its first places are tried
+# A name is swapped where one edit replaces at most this many words on either side ("Bell" -> "Jacque Wilson"). A longer
+# stretch replaced is mostly rewording that joins a fact about someone the context names elsewhere ("charged a
+# Philadelphia woman" -> "charged Keonna Thomas, a Philadelphia woman"), so there a name counts only where the context
+# never uses it ("based at McClellan ... California" -> "located in Illinois"). On the fit halves this took RAGTruth
+# Summary's faithful answers with a changed name from 50 of 159 to 12 (its hallucinated ones from 12 of 54 to 2);
+# HaluEval's hallucinated answers with one went from 58 of 209 to 43, its faithful ones stayed at none.
+_SWAP = 3
+# A day or month dropped from a copy is a copy of less, even where a name takes its place ("charged a woman on
+# Thursday" -> "charged a woman, Keonna Thomas,"); a day put for another day still counts.
+_CALENDAR = frozenset("monday tuesday wednesday thursday friday saturday sunday january february march april may june "
+                      "july august september october november december".split())
+# A sentence that names the passages denies things of them ("Passage 3 mentions the call, but it does not say who may
+# join"), not of the world: compared with a context sentence it shares words with, its "not" would read as a negated
+# copy. (On the RAGTruth QA fit half, 4 of the 6 faithful answers with a negated copy had only such.) Its numbers and
+# names are still compared: "Preheat the oven to 175 degrees (Passage 2)" states a fact.
+_SPEAKS_OF_SOURCES = re.compile(r"\bpassages?\b", re.I)
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -75,6 +92,9 @@ class _Words:
     markers: frozenset[int]
     stems: frozenset[str]  # the keys of every word (words.keys), to ask whether a word is kept in other form
     breaks: frozenset[int]  # positions of words that punctuation parts from the word before ("if it does not, it")
+    # what the sentence's names are shortened to: the initials of each run of names ("united states" -> "us", "centers
+    # for disease control" -> "cdc", "u s" -> "us")
+    short_names: frozenset[str]
 
     @classmethod
     def of(cls, text: str) -> _Words:
@@ -86,7 +106,8 @@ class _Words:
         markers = frozenset(i for i, t in enumerate(tokens)
                             if t[0].isdigit() and (item if i == 0 else tokens[i - 1] in _POINTERS))
         breaks = frozenset(i for i in range(1, len(found)) if _BREAK.search(text, found[i - 1].end(), found[i].start()))
-        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)), breaks)
+        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)), breaks,
+                   _shortened(tokens, names))
 
     def bears_on(self, at: int) -> tuple[str, ...]:
         """The keys of the word that the negation or qualifier ending before `at` bears on: the first word within
@@ -113,6 +134,29 @@ class _Words:
             # "in some ovens" and "on some ovens" hold the same qualifier
             found.setdefault(match.group().removeprefix("in "), []).append(self.bears_on(after))
         return found
+
+
+def _shortened(tokens: tuple[str, ...], names: frozenset[int]) -> frozenset[str]:
+    """The initials of each run of two to `_SHORTENED` names in `tokens` (`_Words.short_names`; a run may hold the
+    small words of a name, "of", "for", "and", "the", which give no initial), and single letters run together."""
+    runs: list[list[str]] = []
+    current: list[str] = []
+    for i, token in enumerate(tokens):
+        if i in names:
+            current.append(token)
+        elif not (current and token in _NAME_JOINERS):
+            if current:
+                runs.append(current)
+            current = []
+    runs.append(current)
+    letters = re.findall(r"\b(?:[a-z] )+[a-z]\b", " ".join(tokens))  # "U.S.", whose "S" follows a full stop
+    return frozenset(["".join(t[0] for t in run[a:b]) for run in runs for a in range(len(run))
+                      for b in range(a + 2, min(a + _SHORTENED, len(run)) + 1)]
+                     + [spelt.replace(" ", "") for spelt in letters])
+
+
+_NAME_JOINERS = frozenset(("of", "for", "and", "the", "&"))
+_SHORTENED = 6  # the longest name shortened to its initials (which keeps the forms of a long run of names few)
 
 
 def _opens(text: str, at: int) -> bool:
@@ -145,7 +189,7 @@ class _Source:
         return places
 
 
-def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[str]:
+def _differences(source: _Words, claim: _Words, negated: frozenset[str], known: Container[str]) -> set[str]:
     """The kinds of change that the edits turning `source` into `claim` make, word by word. A negation counts where
     one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
     ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
@@ -168,11 +212,12 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
         dropped_negation = [source.bears_on(i + 1) for i in range(i1, i2) if source.tokens[i] in NEGATIONS]
         added_negation = [claim.bears_on(j + 1) for j in range(j1, j2) if claim.tokens[j] in NEGATIONS]
         if dropped_negation and not added_negation:
-            if any(not word or claim.stems.intersection(word) for word in dropped_negation):
+            if (any(not word or claim.stems.intersection(word) for word in dropped_negation)
+                    and _negative(claim) <= _negative(source)):
                 kinds.add("negation")
         elif added_negation and not dropped_negation:
-            if any(not word or source.stems.intersection(word) or not negated.intersection(word)
-                   for word in added_negation):
+            if (any(not word or source.stems.intersection(word) or not negated.intersection(word)
+                    for word in added_negation) and _negative(source) <= _negative(claim)):
                 kinds.add("negation")
         if tag == "replace":
             dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers} - held
@@ -182,8 +227,12 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
         # a name only where one edit replaces it: answers often join facts about other people
         old_names = {source.tokens[i] for i in range(i1, i2) if i in source.names}
         new_names = {claim.tokens[j] for j in range(j1, j2) if j in claim.names}
-        if old_names and any(not source.stems.issuperset(keys(name)) for name in new_names - old_names):
-            kinds.add("name")
+        if old_names and not (old_names <= _CALENDAR and not new_names & _CALENDAR):
+            held_names = source.stems | source.short_names
+            put = [keys(name) for name in new_names - old_names if not held_names.issuperset(keys(name))]
+            swapped = max(i2 - i1, j2 - j1) <= _SWAP
+            if put and (swapped or any(k not in known for name in put for k in name)):
+                kinds.add("name")
     kept = claim.qualifiers()
     hedged = {k for bearing in kept.values() for word in bearing for k in word}  # "about 45" for "up to 45" hedges
     for qualifier, bearing in source.qualifiers().items():
@@ -191,6 +240,11 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str]) -> set[
                 not word or claim.stems.intersection(word) and not hedged.intersection(word) for word in bearing):
             kinds.add("qualifier")
     return kinds
+
+
+def _negative(sentence: _Words) -> int:
+    """How many of the sentence's words carry a negation in their meaning (`NEGATIVE_WORDS`, "non-...")."""
+    return sum(t in NEGATIVE_WORDS or t.startswith("non-") for t in sentence.tokens)
 
 
 def _negated(texts: list[str]) -> frozenset[str]:
@@ -242,6 +296,8 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     for start, end in sentences(answer):
         marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
         sentence = answer[marker.end() if marker else start:end]
+        # what the sentence denies of the passages ("it does not say who may join") is no negated copy
+        kinds_read = set(KINDS) - ({"negation"} if _SPEAKS_OF_SOURCES.search(sentence) else set())
         # A sentence too long to compare whole may join many context sentences: each run of it is aligned on its own.
         parts = ([sentence] if len(TOKEN.findall(sentence)) <= DIFF_LIMIT
                  else [sentence[a:b] for a, b in _runs(sentence)])
@@ -253,7 +309,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
             best, copy = match
             negated = _negated(texts) if negated is None else negated
             source = read.get(best) or read.setdefault(best, _Source(texts[best]))
-            for kind in _compare(source, text, negated):
+            for kind in _compare(source, text, negated, frequency) & kinds_read:
                 if kind not in changed or copy > changed[kind][0]:
                     changed[kind] = (copy, best)
         found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])
@@ -261,19 +317,20 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     return found
 
 
-def _compare(source: _Source, copied_text: str, negated: frozenset[str]) -> set[str]:
+def _compare(source: _Source, copied_text: str, negated: frozenset[str], known: Container[str]) -> set[str]:
     """The kinds of change between a context sentence and an answer sentence (or a run of one) that copies it
     (`_differences`), in runs against stretches of the source where either is longer than `DIFF_LIMIT` words."""
     copied = _Words.of(copied_text)
     if max(len(source.words.tokens), len(copied.tokens)) <= DIFF_LIMIT:
-        return _differences(source.words, copied, negated)
+        return _differences(source.words, copied, negated, known)
     kinds: set[str] = set()
     for a, b in _runs(copied_text):
         run = _Words.of(copied_text[a:b])
         stretch = _stretch(run, source)
         if stretch is not None:
             lo, hi = stretch
-            kinds |= _differences(_Words.of(source.text[source.spans[lo][0]:source.spans[hi - 1][1]]), run, negated)
+            kinds |= _differences(_Words.of(source.text[source.spans[lo][0]:source.spans[hi - 1][1]]), run, negated,
+                                  known)
     return kinds
 
 

@@ -103,6 +103,11 @@ def vocabulary(passages: list[str]) -> set[str]:
 
 NEGATIONS = frozenset("not no never none nothing neither nor without cannot can't don't doesn't didn't isn't "
                       "aren't wasn't weren't won't wouldn't shouldn't couldn't hasn't haven't hadn't".split())
+# Words that carry a negation in what they mean: a faithful copy may fold "not" into one of them ("so the birds do
+# not become used to it" -> "to prevent the birds becoming used to it"; "it is unclear how" -> "he does not know how").
+NEGATIVE_WORDS = frozenset("prevent prevents prevented preventing avoid avoids avoided avoiding unable unclear unknown "
+                           "fail fails failed failing lack lacks lacked lacking refuse refuses refused refusing deny "
+                           "denies denied denying stop stops stopped stopping absent".split())
 
 
 def words(text: str) -> list[str]:

@@ -172,3 +172,50 @@ def test_a_capital_that_opens_a_sentence_a_line_or_a_clause_after_a_colon_is_no_
     read = _Words.of("Lee met Kim. Then Park came:\n  Choi left; Moon stayed\nand Song too")
     assert read.tokens[2] == "kim" and read.tokens[4] == "park" and read.tokens[11] == "song"
     assert read.names == {2, 4, 11}
+
+
+def test_a_negation_folded_into_a_word_that_means_it_is_no_change():
+    """"Do not become used to it" and "prevent it becoming used to it" say the same; so do "it is unclear" and "he
+    does not know". A negation added or dropped without such a word still counts."""
+    hawk = ["Move the plastic hawk often, so the birds do not become used to the plastic hawk. It is unclear how long "
+            "the troops can hold the line."]
+    assert kinds_in("Move the plastic hawk often to prevent the birds from becoming used to the plastic hawk.",
+                    hawk) == []
+    assert kinds_in("He does not know how long the troops can hold the line.", hawk) == []
+    assert kinds_in("Move the plastic hawk often, so the birds become used to the plastic hawk.", hawk) == ["negation"]
+    assert kinds_in("It is unclear how long the troops cannot hold the line.", hawk) == ["negation"]
+
+
+def test_what_a_sentence_about_the_passages_denies_is_no_negated_copy_but_its_numbers_are_compared():
+    oven = ["The bottom drawer on some ovens can be used to warm food. Preheat the oven to 175 degrees."]
+    assert kinds_in("Passage 1 says the bottom drawer can not be used to warm food.", oven) == []
+    assert kinds_in("The bottom drawer on some ovens can not be used to warm food.", oven) == ["negation"]
+    assert kinds_in("Preheat the oven to 180 degrees (Passage 2).", oven + ["It takes 180 seconds."]) == ["number"]
+
+
+def test_a_name_counts_where_one_short_edit_swaps_it_or_the_context_never_uses_it():
+    """A swap replaces a name in a short stretch. A long stretch rewritten around a name the context gives elsewhere
+    joins facts; a day dropped for a name, or a name put in its initials, changes nobody."""
+    news = ["The FBI charged a Philadelphia woman on Thursday with trying to travel overseas to join the group. "
+            "Keonna Thomas, 30, posted messages online. Officials in the United States said the plan was known. "
+            "Blue Bell ice cream closed one of its plants over the discovery of listeria."]
+
+    def found(answer: str) -> list[str]:
+        return kinds_in(answer, news)
+
+    assert found("The FBI charged a Philadelphia woman, Keonna Thomas, with trying to travel overseas to join the "
+                 "group.") == []
+    assert found("Officials in the US said the plan was known.") == []
+    assert found("Blue Thomas ice cream closed one of its plants over the discovery of listeria.") == ["name"]
+    assert found("The FBI charged a Philadelphia woman on Friday with trying to travel overseas to join the "
+                 "group.") == ["name"]
+    # a long stretch rewritten: only a name the context never uses is a change
+    assert found("Blue Bell, whose messages online Keonna Thomas posted, closed one of its plants over the discovery "
+                 "of listeria.") == []
+    assert found("Officials from Ottawa, speaking for Canada, said the plan was known.") == ["name"]
+
+
+def test_over_a_number_hedges_as_more_than_does():
+    cases = ["The department has prosecuted more than 30 cases in the past 18 months."]
+    assert kinds_in("The department has prosecuted over 30 cases in the past 18 months.", cases) == []
+    assert kinds_in("The department has prosecuted 30 cases in the past 18 months.", cases) == ["qualifier"]

@@ -71,7 +71,8 @@ def main() -> None:
             answer, context = make(words)
             runs = seconds(lambda: conflicts(answer, context))  # noqa: B023 (called at once)
             kinds = sorted({c.kind for c in conflicts(answer, context)})
-            whole = (seconds(lambda: _differences(_Words.of(context[0]), _Words.of(answer), frozenset()))  # noqa: B023
+            whole = (seconds(lambda: _differences(_Words.of(context[0]), _Words.of(answer),  # noqa: B023
+                                                  frozenset(), frozenset()))
                      if words <= args.whole_up_to else None)
             rows.append({"shape": shape, "words": words, "runs_s": runs, "whole_s": whole,
                          "whole_over_runs": whole / runs if whole is not None else None, "kinds": kinds})

@@ -194,10 +194,12 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str], known: 
     one edit adds or drops it, but only about a word the copy shares: a negation dropped with the clause it stood in
     ("could not be further from home", left out of a copy of the sentence's first half) is a copy of less, not a
     change, and one added to a word that the source does not hold but another context sentence negates (`negated`:
-    "was not restrained", joined to a copy of another sentence) is the context's own.
+    "was not restrained", joined to a copy of another sentence) is the context's own. Nor does one that a word meaning
+    it takes the place of ("do not become used to" -> "prevent becoming used to": `NEGATIVE_WORDS`).
     A qualifier counts where the copy holds it fewer times than its source, about a word it keeps, so a hedge moved
     within the sentence ("until it flakes, about 15 minutes") is no change. A name or a number counts where one edit
-    replaces it: a name that the source holds in no form ("Shapiro's" is Shapiro), a number that the copy does not
+    replaces it: a name that the source holds in no form ("Shapiro's" is Shapiro, "US" the United States), put in by a
+    short edit or one the context never uses (`_SWAP`, `known`: the context's words), a number that the copy does not
     hold elsewhere ("by a vote of 7-0" moved to the end is no change). Numbers that state nothing
     (`_Words.markers`) are not compared, and a number dropped in one place with another put in elsewhere is no
     replacement: that is how a copy renumbers a list and cites its sources. (A replacement the diff splits into a

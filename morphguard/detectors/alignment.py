@@ -92,9 +92,6 @@ class _Words:
     markers: frozenset[int]
     stems: frozenset[str]  # the keys of every word (words.keys), to ask whether a word is kept in other form
     breaks: frozenset[int]  # positions of words that punctuation parts from the word before ("if it does not, it")
-    # what the sentence's names are shortened to: the initials of each run of names ("united states" -> "us", "centers
-    # for disease control" -> "cdc", "u s" -> "us")
-    short_names: frozenset[str]
 
     @classmethod
     def of(cls, text: str) -> _Words:
@@ -106,8 +103,13 @@ class _Words:
         markers = frozenset(i for i, t in enumerate(tokens)
                             if t[0].isdigit() and (item if i == 0 else tokens[i - 1] in _POINTERS))
         breaks = frozenset(i for i in range(1, len(found)) if _BREAK.search(text, found[i - 1].end(), found[i].start()))
-        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)), breaks,
-                   _shortened(tokens, names))
+        return cls(tokens, names, markers, frozenset(k for t in tokens for k in keys(t)), breaks)
+
+    @cached_property
+    def short_names(self) -> frozenset[str]:
+        """What the sentence's names are shortened to: the initials of each run of names ("united states" -> "us",
+        "centers for disease control" -> "cdc", "u s" -> "us"). Read only of a source whose name a copy replaces."""
+        return _shortened(self.tokens, self.names)
 
     def bears_on(self, at: int) -> tuple[str, ...]:
         """The keys of the word that the negation or qualifier ending before `at` bears on: the first word within
@@ -137,7 +139,7 @@ class _Words:
 
 
 def _shortened(tokens: tuple[str, ...], names: frozenset[int]) -> frozenset[str]:
-    """The initials of each run of two to `_SHORTENED` names in `tokens` (`_Words.short_names`; a run may hold the
+    """The initials of each run of two to `_SHORTENED` names in `tokens` (`_Words.short_names`: a run may hold the
     small words of a name, "of", "for", "and", "the", which give no initial), and single letters run together."""
     runs: list[list[str]] = []
     current: list[str] = []
@@ -206,6 +208,7 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str], known: 
     deletion and an insertion, "1/2" for "2/2", is missed.)"""
     kinds = set()
     held = {number(t) for j, t in enumerate(claim.tokens) if t[0].isdigit() and j not in claim.markers}
+    folded = _negative(claim) - _negative(source)  # > 0: the copy holds more words that mean a negation
     matcher = SequenceMatcher(None, source.tokens, claim.tokens, autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
@@ -214,12 +217,11 @@ def _differences(source: _Words, claim: _Words, negated: frozenset[str], known: 
         dropped_negation = [source.bears_on(i + 1) for i in range(i1, i2) if source.tokens[i] in NEGATIONS]
         added_negation = [claim.bears_on(j + 1) for j in range(j1, j2) if claim.tokens[j] in NEGATIONS]
         if dropped_negation and not added_negation:
-            if (any(not word or claim.stems.intersection(word) for word in dropped_negation)
-                    and _negative(claim) <= _negative(source)):
+            if folded <= 0 and any(not word or claim.stems.intersection(word) for word in dropped_negation):
                 kinds.add("negation")
         elif added_negation and not dropped_negation:
-            if (any(not word or source.stems.intersection(word) or not negated.intersection(word)
-                    for word in added_negation) and _negative(source) <= _negative(claim)):
+            if folded >= 0 and any(not word or source.stems.intersection(word) or not negated.intersection(word)
+                                   for word in added_negation):
                 kinds.add("negation")
         if tag == "replace":
             dropped = {number(t) for i, t in enumerate(old, i1) if t[0].isdigit() and i not in source.markers} - held

@@ -25,7 +25,7 @@ from morphguard.detectors.words import IGNORED, NEGATIONS, NEGATIVE_WORDS, TOKEN
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 7  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 6  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does. "About" and "around"
 # narrow only a number ("about 15 minutes", not "asked about it"), and "may" before a number is the month.
@@ -63,16 +63,11 @@ _SWAP = 3
 # Thursday" -> "charged a woman, Keonna Thomas,"); a day put for another day still counts.
 _CALENDAR = frozenset("monday tuesday wednesday thursday friday saturday sunday january february march april may june "
                       "july august september october november december".split())
-# A sentence that names the passages and denies what they give ("Passage 3 mentions the call, but it does not say who
-# may join", "none of the passages state it") speaks of them, not of the world: compared with a context sentence it
-# shares words with, its "not" would read as a negated copy. (On the RAGTruth QA fit half, 3 of the 6 faithful answers
-# with a negated copy had only such.) A negation about anything else still counts ("According to the passage, it is not
-# safe"), and so do the sentence's numbers and names: "Preheat the oven to 175 degrees (Passage 2)" states a fact.
+# A sentence that names the passages denies things of them ("Passage 3 mentions the call, but it does not say who may
+# join"), not of the world: compared with a context sentence it shares words with, its "not" would read as a negated
+# copy. (On the RAGTruth QA fit half, 4 of the 6 faithful answers with a negated copy had only such.) Its numbers and
+# names are still compared: "Preheat the oven to 175 degrees (Passage 2)" states a fact.
 _SPEAKS_OF_SOURCES = re.compile(r"\bpassages?\b", re.I)
-# The verbs of giving, and the words of how ("none of the passages explicitly state it").
-_WHAT_SOURCES_GIVE = frozenset(k for word in ("provide mention state say specify include contain discuss address give "
-                                              "explain describe detail list cover indicate talk refer explicitly "
-                                              "specifically directly clearly").split() for k in keys(word))
 # Words after which a number points into the sources ("Passage 3", "step 5") rather than stating a fact.
 _POINTERS = frozenset("passage passages step steps source sources document documents paragraph section".split())
 
@@ -305,7 +300,8 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     for start, end in sentences(answer):
         marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
         sentence = answer[marker.end() if marker else start:end]
-        kinds_read = set(KINDS) - ({"negation"} if _denies_the_sources(sentence) else set())
+        # what the sentence denies of the passages ("it does not say who may join") is no negated copy
+        kinds_read = set(KINDS) - ({"negation"} if _SPEAKS_OF_SOURCES.search(sentence) else set())
         # A sentence too long to compare whole may join many context sentences: each run of it is aligned on its own.
         parts = ([sentence] if len(TOKEN.findall(sentence)) <= DIFF_LIMIT
                  else [sentence[a:b] for a, b in _runs(sentence)])
@@ -323,16 +319,6 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
         found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])
                   for kind in KINDS if kind in changed]
     return found
-
-
-def _denies_the_sources(sentence: str) -> bool:
-    """Whether the sentence names the passages and its every negation bears on what they give (`_SPEAKS_OF_SOURCES`)."""
-    if not _SPEAKS_OF_SOURCES.search(sentence):
-        return False
-    said = _Words.of(sentence)
-    bearings = [said.bears_on(i + 1) for i, token in enumerate(said.tokens) if token in NEGATIONS]
-    # a negation that bears on no word of a claim within reach ("none of the passages state") speaks of them too
-    return bool(bearings) and all(not word or _WHAT_SOURCES_GIVE.intersection(word) for word in bearings)
 
 
 def _compare(source: _Source, copied_text: str, negated: frozenset[str], known: Container[str]) -> set[str]:

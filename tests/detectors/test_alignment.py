@@ -186,13 +186,9 @@ def test_a_negation_folded_into_a_word_that_means_it_is_no_change():
     assert kinds_in("It is unclear how long the troops cannot hold the line.", hawk) == ["negation"]
 
 
-def test_what_a_sentence_denies_the_passages_give_is_no_negated_copy_but_its_other_claims_are_compared():
+def test_what_a_sentence_about_the_passages_denies_is_no_negated_copy_but_its_numbers_are_compared():
     oven = ["The bottom drawer on some ovens can be used to warm food. Preheat the oven to 175 degrees."]
-    assert kinds_in("Passage 1 does not mention that the bottom drawer can be used to warm food.", oven) == []
-    assert kinds_in("None of the passages explicitly state that the bottom drawer on some ovens can warm food.",
-                    oven) == []
-    assert kinds_in("According to passage 1, the bottom drawer on some ovens can not be used to warm food.",
-                    oven) == ["negation"]
+    assert kinds_in("Passage 1 says the bottom drawer can not be used to warm food.", oven) == []
     assert kinds_in("The bottom drawer on some ovens can not be used to warm food.", oven) == ["negation"]
     assert kinds_in("Preheat the oven to 180 degrees (Passage 2).", oven + ["It takes 180 seconds."]) == ["number"]
 

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
+from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest, unanchored
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.records import check_records, claim_around
@@ -159,6 +159,7 @@ class Grounding:
             "unsupported_names": float(sum(w.kind == "name" for w in missing)),
             "unsupported_share": len(missing) / content if content else 0.0,
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
+            "unanchored": 0.0 if about_record else unanchored(answer, rag.passages),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
             "record_fields": float(records.fields) if about_record else 0.0,

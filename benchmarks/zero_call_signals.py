@@ -1,0 +1,58 @@
+"""How well each of grounding's features ranks the fit halves' answers on its own: AUROC, no judge, seconds.
+
+A feature worth a place in the combined check's channels should rank some task's answers better than what those
+channels already read (`unsupported` and its numbers and names) or than the answer's length. Run on the fit halves
+only, so that a feature is chosen without reading the report halves. Answers about records (Data2txt) are left out:
+the combined check reads them by their fields. Prints a table per set and writes
+benchmarks/results/zero_call_signals.json.
+
+    python benchmarks/zero_call_signals.py [--half fit] [--datasets ragtruth-qa,ragtruth-summary,halueval]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.eval import datasets, metrics
+from morphguard.models import RagInput
+
+HERE = Path(__file__).resolve().parent
+LABELLED = ("ragtruth-qa", "ragtruth-summary", "halueval")
+SHOWN = ("unsupported", "unsupported_share", "worst_sentence_share", "unanchored", "content_words")
+
+
+def rank(items: list[datasets.Item]) -> dict[str, float | None]:
+    """Each feature's AUROC over `items`, and the answer length's (words) beside them."""
+    grounding = Grounding(GroundingSettings())
+    labels = [item.hallucinated for item in items]
+    found = [grounding.measure(RagInput(question=item.question, passages=list(item.passages)), item.answer).features
+             for item in items]
+    out = {name: metrics.auroc(labels, [f[name] for f in found]) for name in SHOWN}
+    out["length"] = metrics.auroc(labels, [float(len(item.answer.split())) for item in items])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--half", default="fit")
+    parser.add_argument("--datasets", default=",".join(LABELLED))
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "zero_call_signals.json")
+    args = parser.parse_args()
+    results = {}
+    for name in args.datasets.split(","):
+        items = datasets.load_half(name, args.half, args.data_dir)
+        ranked = rank(items)
+        results[name] = {"answers": len(items), "hallucinated": sum(i.hallucinated for i in items), **ranked}
+        print(f"{name} ({args.half} half, {len(items)} answers, {results[name]['hallucinated']} hallucinated): AUROC")
+        for feature, auroc in ranked.items():
+            print(f"  {feature:22s} {'–' if auroc is None else f'{auroc:.3f}'}")
+    args.out.write_text(json.dumps({"half": args.half, "sets": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -256,8 +256,9 @@ def _negated(texts: list[str]) -> frozenset[str]:
     return frozenset(k for text in texts for k in _Words.of(text).negates())
 
 
-class _Context:
-    """The context's distinct sentences, indexed to find the one an answer sentence copies most of."""
+class Context:
+    """The context's distinct sentences, indexed to find the one an answer sentence copies most of. Built once per
+    context, it serves both `conflicts` and `unanchored`."""
 
     def __init__(self, passages: list[str]) -> None:
         where: dict[str, Evidence] = {}  # each distinct context sentence, where it first stands
@@ -292,10 +293,10 @@ class _Context:
                    key=lambda pair: (pair[1], -pair[0]))
 
 
-def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
+def conflicts(answer: str, passages: list[str] | Context, min_copy: float = 0.4) -> list[Conflict]:
     """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
     (at least `min_copy` of its weighted content)."""
-    context = _Context(passages)
+    context = passages if isinstance(passages, Context) else Context(passages)
     if not any(context.held):
         return []
     texts, evidence, frequency = context.texts, context.evidence, context.frequency
@@ -332,13 +333,13 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
 
 
 
-def unanchored(answer: str, passages: list[str]) -> float:
+def unanchored(answer: str, passages: list[str] | Context) -> float:
     """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the
     weighted share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence
     sharing no content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or
     joins words the context uses apart, is held by none. Measured on the fit halves (README, "Session 26"), it ranks
     RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213)."""
-    context = _Context(passages)
+    context = passages if isinstance(passages, Context) else Context(passages)
     shares = []
     for start, end in sentences(answer):
         if statements(answer[start:end]):

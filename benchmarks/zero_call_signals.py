@@ -1,10 +1,12 @@
 """How well each of grounding's features ranks the fit halves' answers on its own: AUROC, no judge, seconds.
 
 A feature worth a place in the combined check's channels should rank some task's answers better than what those
-channels already read (`unsupported` and its numbers and names) or than the answer's length. Run on the fit halves
-only, so that a feature is chosen without reading the report halves. Answers about records (Data2txt) are left out:
-the combined check reads them by their fields. Prints a table per set and writes
-benchmarks/results/zero_call_signals.json.
+channels already read (`unsupported` and its numbers and names) or than the answer's length. Beside each feature
+alone: the invented channel's inputs (`combined.vocabulary_features`: the unsupported words, numbers and names) in a
+logistic regression, with and without a candidate, by grouped 5-fold cross-validation within the set (folds of
+whole sources, so one source's answers by several models stay together). Run on the fit halves only, so that a
+feature is chosen without reading the report halves. Answers about records (Data2txt) are left out: the combined
+check reads them by their fields. Prints a table per set and writes benchmarks/results/zero_call_signals.json.
 
     python benchmarks/zero_call_signals.py [--half fit] [--datasets ragtruth-qa,ragtruth-summary,halueval]
 """
@@ -15,6 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
+from morphguard.detectors.combined import CHANNELS, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.eval import datasets, metrics
 from morphguard.models import RagInput
@@ -22,17 +25,42 @@ from morphguard.models import RagInput
 HERE = Path(__file__).resolve().parent
 LABELLED = ("ragtruth-qa", "ragtruth-summary", "halueval")
 SHOWN = ("unsupported", "unsupported_share", "worst_sentence_share", "unanchored", "content_words")
+CANDIDATES = ("unanchored",)  # tried in the invented channel, one at a time
 
 
 def rank(items: list[datasets.Item]) -> dict[str, float | None]:
-    """Each feature's AUROC over `items`, and the answer length's (words) beside them."""
+    """Each feature's AUROC over `items`, the answer length's (words) beside them, and the invented channel's
+    cross-validated AUROC without and with each of `CANDIDATES`."""
     grounding = Grounding(GroundingSettings())
     labels = [item.hallucinated for item in items]
     found = [grounding.measure(RagInput(question=item.question, passages=list(item.passages)), item.answer).features
              for item in items]
     out = {name: metrics.auroc(labels, [f[name] for f in found]) for name in SHOWN}
     out["length"] = metrics.auroc(labels, [float(len(item.answer.split())) for item in items])
+    inputs = [vocabulary_features(f) for f in found]
+    groups = [item.group or item.id for item in items]
+    for extra in ((), *((c,) for c in CANDIDATES)):
+        columns = (*CHANNELS["invented"], *extra)
+        out["invented channel" + "".join(f" + {c}" for c in extra)] = _cross_validated(
+            [[row[c] for c in columns] for row in inputs], labels, groups)
     return out
+
+
+def _cross_validated(rows: list[list[float]], labels: list[bool], groups: list[str]) -> float | None:
+    """The AUROC of a logistic regression's out-of-fold scores, with non-negative weights as the channels have them
+    (grouped 5-fold; standardised inputs)."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupKFold
+
+    x, y = np.array(rows, dtype=float), np.array(labels, dtype=int)
+    scores = np.zeros(len(y))
+    for train, test in GroupKFold(5).split(x, y, groups):
+        mean, scale = x[train].mean(0), x[train].std(0) + 1e-9
+        model = LogisticRegression(C=0.3, max_iter=1000).fit((x[train] - mean) / scale, y[train])
+        coef = np.clip(model.coef_[0], 0.0, None)  # a channel's weights are bounded at zero
+        scores[test] = ((x[test] - mean) / scale) @ coef
+    return metrics.auroc(labels, scores.tolist())
 
 
 def main() -> None:

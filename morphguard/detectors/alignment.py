@@ -332,13 +332,13 @@ def conflicts(answer: str, passages: list[str] | Context, min_copy: float = 0.4)
     return found
 
 
-
 def unanchored(answer: str, passages: list[str] | Context) -> float:
     """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the
     weighted share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence
     sharing no content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or
     joins words the context uses apart, is held by none. Measured on the fit halves (README, "Session 26"), it ranks
-    RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213)."""
+    RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213);
+    the combined check's fit gives it no weight yet."""
     context = passages if isinstance(passages, Context) else Context(passages)
     shares = []
     for start, end in sentences(answer):
@@ -346,6 +346,7 @@ def unanchored(answer: str, passages: list[str] | Context) -> float:
             match = context.copied(answer[start:end])
             shares.append(1.0 - (match[1] if match else 0.0))
     return math.fsum(shares) / len(shares) if shares else 0.0
+
 
 def _compare(source: _Source, copied_text: str, negated: frozenset[str], known: Container[str]) -> set[str]:
     """The kinds of change between a context sentence and an answer sentence (or a run of one) that copies it

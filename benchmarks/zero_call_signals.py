@@ -2,11 +2,12 @@
 
 A feature worth a place in the combined check's channels should rank some task's answers better than what those
 channels already read (`unsupported` and its numbers and names) or than the answer's length. Beside each feature
-alone: the invented channel's inputs (`combined.vocabulary_features`: the unsupported words, numbers and names) in a
-logistic regression, with and without a candidate, by grouped 5-fold cross-validation within the set (folds of
-whole sources, so one source's answers by several models stay together). Run on the fit halves only, so that a
-feature is chosen without reading the report halves. Answers about records (Data2txt) are left out: the combined
-check reads them by their fields. Prints a table per set and writes benchmarks/results/zero_call_signals.json.
+alone: the invented channel's inputs (`combined.vocabulary_features`: the unsupported words, numbers and names),
+fitted as `eval --fit` fits that channel, with and without a candidate, by grouped 5-fold cross-validation within
+the set (folds of whole sources, so one source's answers by several models stay together). Run on the fit halves
+only, so that a feature is chosen without reading the report halves. Answers about records (Data2txt) are not in
+the default list: the combined check reads them by their fields. Prints a table per set and writes
+benchmarks/results/zero_call_signals.json.
 
     python benchmarks/zero_call_signals.py [--half fit] [--datasets ragtruth-qa,ragtruth-summary,halueval]
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from morphguard.detectors.combined import CHANNELS, vocabulary_features
 from morphguard.detectors.grounding import Grounding, GroundingSettings
-from morphguard.eval import datasets, metrics
+from morphguard.eval import datasets, fit, metrics
 from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent
@@ -40,27 +41,25 @@ def rank(items: list[datasets.Item]) -> dict[str, float | None]:
     inputs = [vocabulary_features(f) for f in found]
     groups = [item.group or item.id for item in items]
     for extra in ((), *((c,) for c in CANDIDATES)):
-        columns = (*CHANNELS["invented"], *extra)
-        out["invented channel" + "".join(f" + {c}" for c in extra)] = _cross_validated(
-            [[row[c] for c in columns] for row in inputs], labels, groups)
+        columns = [*CHANNELS["invented"], *extra]
+        out["invented channel" + "".join(f" + {c}" for c in extra)] = _cross_validated(columns, inputs, labels, groups)
     return out
 
 
-def _cross_validated(rows: list[list[float]], labels: list[bool], groups: list[str]) -> float | None:
-    """The AUROC of a logistic regression's out-of-fold scores, with non-negative weights as the channels have them
-    (grouped 5-fold; standardised inputs)."""
+def _cross_validated(columns: list[str], inputs: list[dict[str, float]], labels: list[bool], groups: list[str]
+                     ) -> float | None:
+    """The AUROC of out-of-fold probabilities of one channel over `columns`, fitted as `eval --fit` fits a channel
+    (weights bounded at zero, the regularisation chosen in folds of whole groups), in grouped 5-fold CV."""
     import numpy as np
-    from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupKFold
 
-    x, y = np.array(rows, dtype=float), np.array(labels, dtype=int)
-    scores = np.zeros(len(y))
-    for train, test in GroupKFold(5).split(x, y, groups):
-        mean, scale = x[train].mean(0), x[train].std(0) + 1e-9
-        model = LogisticRegression(C=0.3, max_iter=1000).fit((x[train] - mean) / scale, y[train])
-        coef = np.clip(model.coef_[0], 0.0, None)  # a channel's weights are bounded at zero
-        scores[test] = ((x[test] - mean) / scale) @ coef
-    return metrics.auroc(labels, scores.tolist())
+    scores = [0.0] * len(labels)
+    for train, test in GroupKFold(5).split(inputs, labels, groups):
+        channel, _ = fit._channel(columns, [inputs[i] for i in train], [labels[i] for i in train],
+                                  [groups[i] for i in train], np.ones(len(train)))
+        for i in test:
+            scores[i] = channel.probability(inputs[i])
+    return metrics.auroc(labels, scores)
 
 
 def main() -> None:

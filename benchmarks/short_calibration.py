@@ -11,8 +11,8 @@ parts' stored outcomes of finished runs (nothing calls the judge):
         --detector direct,restatement,spotcheck
     python benchmarks/short_calibration.py
 
-The shipped calibrations were fitted on all three sets (`eval --fit --recalibrate`, README "Session 21"), so only
-these held-out rows say how well a calibration carries to a set it has not seen.
+The shipped calibrations were fitted on all three sets (`eval --fit --recalibrate`, docs/evaluation-log.md, "Session
+21"), so only these held-out rows say how well a calibration carries to a set it has not seen.
 """
 
 from __future__ import annotations

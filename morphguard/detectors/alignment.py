@@ -333,12 +333,12 @@ def conflicts(answer: str, passages: list[str] | Context, min_copy: float = 0.4)
 
 
 def unanchored(answer: str, passages: list[str] | Context) -> float:
-    """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the
-    weighted share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence
-    sharing no content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or
-    joins words the context uses apart, is held by none. Measured on the fit halves (README, "Session 26"), it ranks
-    RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213);
-    the combined check's fit gives it no weight yet."""
+    """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the weighted
+    share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence sharing no
+    content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or joins words the
+    context uses apart, is held by none. Measured on the fit halves (docs/evaluation-log.md, "Session 26"), it ranks
+    RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213); the
+    combined check's fit gives it no weight yet."""
     context = passages if isinstance(passages, Context) else Context(passages)
     shares = []
     for start, end in sentences(answer):

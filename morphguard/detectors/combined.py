@@ -66,13 +66,13 @@ DIRECT_CONTEXT_BUDGET = 16_000
 INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
 # A short answer (at most `SHORT_ANSWER` stating sentences) that copies a context sentence at least this closely but
 # changes it where a copy goes wrong (a negation, a number, a name, a dropped qualifier; detectors/alignment.py) is
-# raised to at least `CHANGED_COPY_FLOOR`, so that both thresholds flag it. The fitted channels cannot learn this:
-# they are fitted on whole answers, where those changes also turn up in faithful paraphrases, and gave the name and
-# qualifier kinds no weight. On the fit halves (README, "Session 17") such answers are 44 of the short contrast
+# raised to at least `CHANGED_COPY_FLOOR`, so that both thresholds flag it. The fitted channels cannot learn this: they
+# are fitted on whole answers, where those changes also turn up in faithful paraphrases, and gave the name and qualifier
+# kinds no weight. On the fit halves (docs/evaluation-log.md, "Session 17") such answers are 44 of the short contrast
 # set's 80 edited answers and 2 of its 80 faithful ones, and 2 of the 305 RAGTruth QA and Summary answers (faithful);
-# closeness 0.6 caught 9 more edits but cost Summary 0.029 AUROC. 0.3 was chosen as the least floor that lifts an
-# answer scored near 0 above the general threshold of then (0.275); since session 19 that threshold is 0.3 itself, and
-# a raised answer still reaches it (flagged means score >= threshold, and every fitted probability is above 0).
+# closeness 0.6 caught 9 more edits but cost Summary 0.029 AUROC. 0.3 was chosen as the least floor that lifts an answer
+# scored near 0 above the general threshold of then (0.275); since session 19 that threshold is 0.3 itself, and a raised
+# answer still reaches it (flagged means score >= threshold, and every fitted probability is above 0).
 SHORT_ANSWER = 2
 CHANGED_COPY_CLOSENESS = 0.8
 CHANGED_COPY_FLOOR = 0.3
@@ -201,8 +201,8 @@ class Weights(BaseModel):
     # Answers over a short context (`SHORT_CONTEXT`: a paragraph, not a retrieved page), where every part reads the
     # whole context and the channels' verdict means more than over a long one: on the short-context fit halves
     # (HaluEval, the brief contrast pairs) the long contexts' calibration ranked the answers well but flagged only 20
-    # of 45 swapped names at the general threshold (README, "Session 21"). Fitted on such answers alone, the channels
-    # kept (`eval --fit --recalibrate`). None: they take `calibration`.
+    # of 45 swapped names at the general threshold (docs/evaluation-log.md, "Session 21"). Fitted on such answers
+    # alone, the channels kept (`eval --fit --recalibrate`). None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
 
@@ -277,13 +277,13 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
 # without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py, README "Session 16" to "Session 19").
+# always asking it (benchmarks/combined_designs.py, docs/evaluation-log.md, "Session 16" to "Session 19").
 CASCADE = (0.225, 0.3)
 # The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
 # Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
 # other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters; the weights had learnt nothing
-# from it then) the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (README,
-# "Session 20").
+# from it then) the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better
+# (docs/evaluation-log.md, "Session 20").
 # No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
 # than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
 # short-context calibration reads (`Weights.short_calibration`).

@@ -139,8 +139,8 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
     of both profiles reads as a fresh cascade would with the same judge replies (the embedded judge answers the parts
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
-    README, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's, as the
-    cascade scores it with the default's weights. So is an answer in `at_once`: item ids whose context is short
+    docs/evaluation-log.md, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's,
+    as the cascade scores it with the default's weights. So is an answer in `at_once`: item ids whose context is short
     (`detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
     context (asked nothing). None of these has a first stage, so none needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}

@@ -67,8 +67,6 @@ DESIGNS = {  # name: channels
     "session 14: the spot check a channel of its own (spotted)": {
         **CHANNELS, "contradicted": ("restatement", "negation_conflict")},
     "shipped: and a number put in another's place in a copy (number_conflict)": CHANNELS,
-    "session 26: and how far sentences stray from any one context sentence (unanchored)": {
-        **CHANNELS, "invented": (*CHANNELS["invented"], "unanchored")},
 }
 
 

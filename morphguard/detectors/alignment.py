@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cached_property
 
-from morphguard.detectors.focus import about_the_sources, pieces, statements
+from morphguard.detectors.focus import about_the_sources, pieces
 from morphguard.detectors.spans import sentences
 from morphguard.detectors.words import IGNORED, NEGATIONS, NEGATIVE_WORDS, TOKEN, content_keys, keys, number, words
 from morphguard.models import Evidence
@@ -257,8 +257,8 @@ def _negated(texts: list[str]) -> frozenset[str]:
 
 
 class Context:
-    """The context's distinct sentences, indexed to find the one an answer sentence copies most of. Built once per
-    context, it serves both `conflicts` and `unanchored`."""
+    """The context's distinct sentences, indexed to find the one an answer sentence copies most of: built once per
+    context, however many answer sentences `conflicts` aligns with it."""
 
     def __init__(self, passages: list[str]) -> None:
         where: dict[str, Evidence] = {}  # each distinct context sentence, where it first stands
@@ -293,10 +293,10 @@ class Context:
                    key=lambda pair: (pair[1], -pair[0]))
 
 
-def conflicts(answer: str, passages: list[str] | Context, min_copy: float = 0.4) -> list[Conflict]:
+def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
     """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
     (at least `min_copy` of its weighted content)."""
-    context = passages if isinstance(passages, Context) else Context(passages)
+    context = Context(passages)
     if not any(context.held):
         return []
     texts, evidence, frequency = context.texts, context.evidence, context.frequency
@@ -330,22 +330,6 @@ def conflicts(answer: str, passages: list[str] | Context, min_copy: float = 0.4)
         found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])
                   for kind in KINDS if kind in changed]
     return found
-
-
-def unanchored(answer: str, passages: list[str] | Context) -> float:
-    """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the weighted
-    share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence sharing no
-    content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or joins words the
-    context uses apart, is held by none. Measured on the fit halves (docs/evaluation-log.md, "Session 26"), it ranks
-    RAGTruth Summary's answers better than the count of unsupported words does (AUROC 0.666 against 0.618, n 213); the
-    combined check's fit gives it no weight yet."""
-    context = passages if isinstance(passages, Context) else Context(passages)
-    shares = []
-    for start, end in sentences(answer):
-        if statements(answer[start:end]):
-            match = context.copied(answer[start:end])
-            shares.append(1.0 - (match[1] if match else 0.0))
-    return math.fsum(shares) / len(shares) if shares else 0.0
 
 
 def _compare(source: _Source, copied_text: str, negated: frozenset[str], known: Container[str]) -> set[str]:

@@ -110,8 +110,6 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
         "unsupported_names": math.log1p(grounding.get("unsupported_names", 0.0)),
         "negation_conflict": grounding.get("negation_conflict", 0.0),
         "number_conflict": grounding.get("number_conflict", 0.0),
-        # how far the answer's sentences stray from any one context sentence: a candidate no shipped channel reads
-        "unanchored": grounding.get("unanchored", 0.0),
         "record_conflicts": math.log1p(grounding.get("record_conflicts", 0.0)),
         # The yes/no fields of a context made of records alone (0 for prose, or a record beside prose): no channel
         # reads it, it says which channels are asked.

@@ -25,7 +25,7 @@ from pydantic import Field
 
 from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.alignment import Conflict, Context, conflicts, quotes_context, strongest, unanchored
+from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.records import check_records, claim_around
@@ -125,8 +125,7 @@ class Grounding:
         # Records alone, not a record beside prose: one JSON passage slipped into a context of prose must not
         # change how the prose is read (nor, in `combined`, keep the judge from reading it).
         about_record = records.fields > 0 and records.only_records
-        context = None if about_record else Context(rag.passages)  # read once for both of its uses
-        changed = [] if context is None else conflicts(answer, context)
+        changed = [] if about_record else conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
@@ -160,7 +159,6 @@ class Grounding:
             "unsupported_names": float(sum(w.kind == "name" for w in missing)),
             "unsupported_share": len(missing) / content if content else 0.0,
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
-            "unanchored": 0.0 if context is None else unanchored(answer, context),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
             "record_fields": float(records.fields) if about_record else 0.0,

@@ -1,4 +1,4 @@
-from morphguard.detectors.alignment import DIFF_LIMIT, _Words, conflicts, quotes_context, strongest, unanchored
+from morphguard.detectors.alignment import DIFF_LIMIT, _Words, conflicts, quotes_context, strongest
 
 CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
            "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
@@ -219,16 +219,3 @@ def test_over_a_number_hedges_as_more_than_does():
     cases = ["The department has prosecuted more than 30 cases in the past 18 months."]
     assert kinds_in("The department has prosecuted over 30 cases in the past 18 months.", cases) == []
     assert kinds_in("The department has prosecuted 30 cases in the past 18 months.", cases) == ["qualifier"]
-
-
-def test_a_sentence_that_joins_words_the_context_uses_apart_strays_from_it():
-    restated = unanchored("Ibuprofen is contraindicated in the third trimester of pregnancy.", CONTEXT)
-    joined = unanchored("Doctor Lee preferred paracetamol for the third trimester.", CONTEXT)  # each word is there
-    invented = unanchored("Aspirin thins the blood.", CONTEXT)
-    assert restated == 0.0
-    assert 0.3 < joined < 1.0
-    assert invented == 1.0
-    # the mean over the sentences that state something: a lead-in about the passages counts for none
-    assert unanchored("Based on the passages: Ibuprofen is contraindicated in the third trimester of pregnancy. "
-                      "Aspirin thins the blood.", CONTEXT) == 0.5
-    assert unanchored("", CONTEXT) == 0.0

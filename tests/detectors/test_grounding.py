@@ -75,10 +75,3 @@ def test_a_long_token_is_keyed_without_taking_a_place_in_the_shared_cache():
     long = "x" * (CACHED_TOKEN_CHARS + 1)
     assert keys(long) == (long,) and keys(long + "s") == (long,)  # stemmed like any word
     assert _cached_keys.cache_info().currsize == before
-
-
-def test_how_far_sentences_stray_from_any_one_context_sentence_is_a_feature_that_leaves_the_score_alone():
-    copied = check("Ibuprofen is contraindicated in the third trimester of pregnancy.")
-    joined = check("Doses of ibuprofen in the third trimester are usual.")  # every word is the context's
-    assert copied.features["unanchored"] == 0.0 < joined.features["unanchored"]
-    assert copied.score == joined.score == 0.0

@@ -24,7 +24,9 @@ def test_invented_numbers_and_names_are_listed_with_their_places():
     result = check(answer)
     assert result.settings["unsupported_words"] == ["safe", "Professor", "Jones", "advises", "2,400"]
     assert result.features["unsupported_numbers"] == 1 and result.features["unsupported_names"] == 1
-    assert [answer[f.start:f.end] for f in result.factoids] == ["safe", "Professor Jones advises 2,400"]
+    # each sentence is mostly unsupported, so each is the claim pointed at
+    assert [answer[f.start:f.end] for f in result.factoids] == ["Ibuprofen is safe.",
+                                                                 "Professor Jones advises 2,400 mg."]
     assert result.score > check("Ibuprofen is safe.").score > check("Ibuprofen is contraindicated.").score == 0.0
 
 
@@ -57,10 +59,18 @@ def test_an_instruction_to_the_checker_is_flagged_on_its_own():
     assert check("Ibuprofen is contraindicated in the third trimester of pregnancy.").score == 0.0
 
 
-def test_an_unsupported_span_runs_from_the_first_unsupported_word_to_the_last():
-    answer = "Ibuprofen is contraindicated in the third trimester, says Professor Jones of Leeds."
+def test_a_mostly_unsupported_sentence_is_pointed_at_whole():
+    answer = "Ibuprofen is safe in the first trimester, says Professor Jones of Leeds."
+    [factoid] = check(answer).factoids  # 5 of its 7 content words are not the context's
+    assert (factoid.start, factoid.end) == (0, len(answer))
+
+
+def test_a_sentence_that_mostly_rewords_the_context_points_at_its_unsupported_numbers_and_names_only():
+    rewording = "Ibuprofen is firmly contraindicated in the third trimester of pregnancy."
+    assert check(rewording).settings["unsupported_words"] == ["firmly"] and check(rewording).factoids == []
+    answer = "Ibuprofen is contraindicated in the third trimester of pregnancy, Jones found in 2019."  # 3 of 8
     [factoid] = check(answer).factoids
-    assert answer[factoid.start:factoid.end] == "Professor Jones of Leeds"
+    assert answer[factoid.start:factoid.end] == "Jones found in 2019"
 
 
 def check_with(context, answer):

@@ -158,7 +158,7 @@ class Grounding:
                 factoids.append(Factoid(text=answer[r.start:r.end], start=r.start, end=r.end, label="contradicted",
                                         score=self._score(self.weight(r.unsupported, own)),
                                         evidence=[own[0].evidence]))
-            elif (claim := unsupported_claim(r)) and not about_record:
+            elif not about_record and (claim := unsupported_claim(r)):
                 start, end = claim
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self.weight(r.unsupported))))

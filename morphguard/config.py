@@ -270,6 +270,12 @@ class PolicySettings(Section):
     # x-morphguard-* headers). Off: a request may only make policy stricter (a stricter topic).
     request_override: bool = False
     topic_scan_chars: int = Field(20_000, ge=0)  # context characters the topic tagger reads (the question always)
+    # Tool-call arguments: "check" reads them with the answer (apps take structured answers that way); "record"
+    # leaves them unchecked, noted in the audit row as `tool_calls_unchecked` (agents whose calls are actions).
+    tool_calls: Literal["check", "record"] = "check"
+    # Output the check cannot read (an image, a computer action, audio without a transcript): "record" checks the
+    # rest and notes it in the audit row (`unreadable_output: ...`); "block" withholds the whole answer.
+    unreadable_output: Literal["record", "block"] = "record"
     safe_message: str = ("I can't give a reliable answer to that from the available sources. "
                          "Please check the source documents or ask a specialist.")
     highlight: HighlightSettings = Field(default_factory=HighlightSettings)

@@ -3,6 +3,9 @@
 `pass` and `annotate` leave the answer as it is (the verdict travels beside it); `highlight` marks the
 flagged spans; `cite` appends, for each flagged statement, what the context says about it; `block` swaps
 the answer for the safe message; `regenerate` is a loop the proxy runs with `regeneration_body`.
+
+`withheld` is the one place that decides what of a blocked answer a client may see: nothing of it. Every
+choice becomes the safe message, with no tool calls, audio, refusal or logprobs of the blocked answer.
 """
 
 from __future__ import annotations
@@ -14,25 +17,28 @@ from typing import Any
 from morphguard.config import PolicySettings
 from morphguard.detectors.spans import evidence_for
 from morphguard.models import Decision, Detection, Factoid
+from morphguard.policy.answers import prose
 
 
-def answer_of(completion: dict[str, Any]) -> str:
-    try:
-        content = completion["choices"][0]["message"].get("content")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        return ""
-    return content if isinstance(content, str) else ""
-
-
-def with_answer(completion: dict[str, Any], text: str, finish_reason: str | None = None) -> dict[str, Any]:
-    """The same completion with the first choice's text replaced (and its finish reason, when given)."""
+def with_answer(completion: dict[str, Any], text: str) -> dict[str, Any]:
+    """The same completion with the first choice's text replaced; its logprobs, which spell the old text, go."""
     out = copy.deepcopy(completion)
     choices = out.get("choices") or [{"index": 0}]
     first = choices[0]
     first["message"] = {**(first.get("message") or {}), "role": "assistant", "content": text}
-    if finish_reason:
-        first["finish_reason"] = finish_reason
+    if "logprobs" in first:
+        first["logprobs"] = None
     out["choices"] = [first, *choices[1:]]
+    return out
+
+
+def withheld(completion: dict[str, Any], safe_message: str) -> dict[str, Any]:
+    """A blocked completion: every choice is the safe message alone, ended by the content filter."""
+    out = {k: copy.deepcopy(v) for k, v in completion.items() if k != "choices"}
+    choices = completion.get("choices") or [{"index": 0}]
+    out["choices"] = [{"index": c.get("index", i) if isinstance(c, dict) else i,
+                       "message": {"role": "assistant", "content": safe_message},
+                       "logprobs": None, "finish_reason": "content_filter"} for i, c in enumerate(choices)]
     return out
 
 
@@ -83,13 +89,14 @@ def apply(completion: dict[str, Any], decision: Decision, detection: Detection |
           settings: PolicySettings) -> dict[str, Any]:
     """The completion as the client should see it after `decision.action` (regenerate already carried out)."""
     if decision.action == "block":
-        return with_answer(completion, decision.safe_message, "content_filter")
+        return withheld(completion, decision.safe_message)
     if detection is None or decision.action not in ("highlight", "cite"):
         return completion
     flagged = flagged_factoids(detection, decision.threshold)
-    text = answer_of(completion)
-    if decision.action == "highlight":
-        return with_answer(completion, highlight(text, flagged, settings.highlight.open, settings.highlight.close))
+    text = prose(completion)
+    if decision.action == "highlight":  # marks go in the prose; a claim in a tool call is named in the verdict
+        in_prose = [f for f in flagged if f.end is not None and f.end <= len(text)]
+        return with_answer(completion, highlight(text, in_prose, settings.highlight.open, settings.highlight.close))
     return with_answer(completion, text + citations(flagged, passages))
 
 

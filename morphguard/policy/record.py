@@ -80,6 +80,9 @@ class DecisionRecord(BaseModel):
         out = self.model_dump(exclude=set(self.AUDIT_ONLY), exclude_none=True)
         if not self.checked:
             del out["factoids"]
+        elif self.action == "block":  # where the blocked claims were and how they scored, never their words
+            for factoid in out["factoids"]:
+                del factoid["text"]
         if not self.regenerations:
             del out["regenerations"]
         return out

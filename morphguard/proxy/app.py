@@ -26,11 +26,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
-from morphguard.policy.actions import answer_of
+from morphguard.policy.answers import message_of
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import ChatBackend, Relay
-from morphguard.proxy.body import parse_chat
+from morphguard.proxy.body import OFFLOAD_BYTES, parse_chat
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 # `proxy.unchecked_routes` names them.
 GENERATION_ROUTES = frozenset({"completions", "responses", "messages", "batches", "threads", "assistants",
                                "realtime", "chat", "audio", "images", "fine_tuning"})
-_OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event loop
 
 
 class Proxy:
@@ -181,7 +180,11 @@ class Proxy:
 
     def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, CheckRequest]:
         """Parse, extract the context, choose profile and topic: CPU work, run off the loop for big bodies."""
-        extraction = self.extractor.extract(parse_chat(raw))
+        body = parse_chat(raw)
+        n = body.get("n")
+        if n is not None and (type(n) is not int or n != 1):
+            raise bad_request("'n' must be 1: the guard checks one answer per request.", "n")
+        extraction = self.extractor.extract(body)
         return extraction, self._review(request, extraction)
 
     def _review(self, request: Request, extraction: Extraction) -> CheckRequest:
@@ -225,7 +228,7 @@ class Proxy:
         headers = self.upstream.headers_for(request.headers)
         headers["content-type"] = "application/json"
         raw = await self._read_body(request)
-        if len(raw) > _OFFLOAD_BYTES:
+        if len(raw) > OFFLOAD_BYTES:
             extraction, review = await asyncio.to_thread(self._intake, request, raw)
         else:
             extraction, review = self._intake(request, raw)
@@ -295,10 +298,10 @@ class Proxy:
                                                            reask=self._reask(headers))
         finally:
             relay.span.end(end_time=ended)
-        text = answer_of(reviewed)
-        if text != answer.text:
+        message = message_of(reviewed)
+        if message != message_of(answer.as_completion()):
             finish = reviewed["choices"][0].get("finish_reason") or "stop"
-            out = [sse(c) for c in answer.replacement_chunks(text, finish)]
+            out = [sse(c) for c in answer.replacement_chunks(message, finish)]
         else:
             out = [b"data: " + p.encode() + b"\n\n" for p in payloads]
         out += [sse(answer.decision_chunk(record.payload())), DONE]

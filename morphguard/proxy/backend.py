@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from starlette.responses import Response
 
 from morphguard import telemetry
-from morphguard.policy.actions import answer_of
+from morphguard.policy.answers import prose
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.body import chat_completion, loads_upstream
 from morphguard.proxy.errors import json_bytes
@@ -101,7 +101,7 @@ class ChatBackend:
                 response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
                 output_tokens=_int(usage.get("completion_tokens")),
                 finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
-                seconds=seconds, output_text=answer_of(result))
+                seconds=seconds, output_text=prose(result))
         return reply
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], span: Span) -> Reply:

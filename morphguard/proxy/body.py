@@ -17,6 +17,7 @@ from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import bad_request, upstream_malformed
 
 MAX_JSON_DEPTH = 64
+OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event loop
 
 
 # Every digit becomes "0" and every other byte a space: 19 digits in a row are then a plain substring search,

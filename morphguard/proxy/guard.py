@@ -23,7 +23,7 @@ from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
 from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
 from morphguard.models import Detection, utf8
-from morphguard.policy import actions
+from morphguard.policy import actions, answers
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.audit_writer import AuditWriter
 from morphguard.policy.engine import PolicyEngine
@@ -65,8 +65,35 @@ class Guard:
         self._accounting: set[asyncio.Task[DecisionRecord]] = set()
         self.audit_failures = 0
 
-    async def check(self, request: CheckRequest, answer: str) -> CheckOutcome:
+    def answer_text(self, completion: dict[str, Any]) -> str:
+        """What the check reads of a completion, as policy says (`policy.tool_calls`)."""
+        return answers.checked_text(completion, tool_calls=self.config.policy.tool_calls == "check")
+
+    def _unread(self, completion: dict[str, Any]) -> str | None:
+        """A note of what the check did not read, for the audit row; None when it read everything."""
+        parts = answers.unreadable(completion)
+        if parts:
+            return "unreadable_output: " + ", ".join(sorted(set(parts)))
+        if self.config.policy.tool_calls == "record" and answers.has_tool_calls(completion):
+            return "tool_calls_unchecked"
+        return None
+
+    async def check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
         started = time.perf_counter()
+        outcome = await self._check(request, completion)
+        unread = self._unread(completion) if request.rag is not None else None
+        if unread is None:
+            return outcome
+        decision = outcome.decision
+        if unread.startswith("unreadable_output") and self.config.policy.unreadable_output == "block":
+            decision = decision.model_copy(update={"action": "block", "escalate": False})
+        note = f"{decision.reason}; {unread}" if decision.reason else unread
+        return CheckOutcome(decision.model_copy(update={"reason": note}), outcome.detection,
+                            outcome.latency_ms or (time.perf_counter() - started) * 1000)
+
+    async def _check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
+        started = time.perf_counter()
+        answer = self.answer_text(completion)
         if request.rag is None:
             return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_context"), None, 0.0)
         if not answer.strip():
@@ -155,7 +182,7 @@ class Guard:
         """
         link = request.chat_span.get_span_context() if mode == "async" and request.chat_span else None
         with telemetry.guardrail_span(request.request_id, mode, link_to=link) as span:
-            result = await self.check(request, actions.answer_of(completion))
+            result = await self.check(request, completion)
             attempts = 0
             if result.decision.action == "regenerate" and can_change and reask is None:
                 # This API offers no way to ask again (Responses, Messages): the safe fallback is to withhold.
@@ -172,7 +199,7 @@ class Guard:
                 note = f"{decision.action} not possible: the answer was already sent"
                 decision = decision.model_copy(update={"action": "annotate", "reason": note})
                 result = CheckOutcome(decision, result.detection, result.latency_ms)
-            checked_answer = actions.answer_of(completion)  # the audit keeps what the model said, not our rewrite
+            checked_answer = self.answer_text(completion)  # the audit keeps what the model said, not our rewrite
             if decision.action != "regenerate":
                 passages = request.rag.passages if request.rag else []
                 # pure Python over the answer and the context (`cite` looks up sources): off the event loop
@@ -204,7 +231,7 @@ class Guard:
                 log.warning("request %s: regeneration failed: %s", request.request_id, exc)
                 break
             attempts += 1
-            latest = await self.check(request, actions.answer_of(candidate))
+            latest = await self.check(request, candidate)
             if latest.detection is not None and (best_result.detection is None
                                                  or latest.detection.score < best_result.detection.score):
                 best, best_result = candidate, latest
@@ -255,14 +282,14 @@ class Guard:
     async def check_later(self, request: CheckRequest, completion: dict[str, Any]) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline."""
         if request.rag is None:
-            return await self.account(request, "no_context", actions.answer_of(completion))
+            return await self.account(request, "no_context", self.answer_text(completion))
         stored = await self.queue.put(request.request_id, {"request": request.to_dict(), "completion": completion})
         if not stored:
             if self.settings.on_queue_full == "inline":
                 return None
             log.warning("async check queue full (%d): request %s recorded as not checked",
                         self.settings.queue_size, request.request_id)
-            return await self.account(request, "queue_full", actions.answer_of(completion))
+            return await self.account(request, "queue_full", self.answer_text(completion))
         return request.pending("queued")
 
     async def start(self) -> None:
@@ -312,7 +339,7 @@ class Guard:
         completion = entry.payload["completion"]
         try:
             if entry.poisoned:
-                await self.account(request, "check_crashed", actions.answer_of(completion))
+                await self.account(request, "check_crashed", self.answer_text(completion))
                 await self.queue.dead(entry, "check_crashed")
                 return
             _, record = await self.review(request, completion, can_change=False, mode="async")

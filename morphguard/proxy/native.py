@@ -14,10 +14,12 @@ event carries the verdict too.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from morphguard.policy.answers import UNREADABLE
 from morphguard.proxy.body import loads
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import bad_request, upstream_malformed
@@ -103,22 +105,41 @@ class Responses:
         return _view(body, messages)
 
     @staticmethod
-    def answer(response: Any) -> str:
+    def answer(response: Any) -> dict[str, Any]:
+        """The response's output as a chat message (`policy.answers`): text, refusals, tool calls, and the
+        output types the check cannot read."""
         output = response.get("output") if isinstance(response, dict) else None
         if not isinstance(output, list):
             raise upstream_malformed("not a response with an output array")
-        return "".join(part["text"] for item in output if isinstance(item, dict) and item.get("type") == "message"
-                       for part in item.get("content") or [] if isinstance(part, dict)
-                       and part.get("type") == "output_text" and isinstance(part.get("text"), str))
+        text, refusals, calls, unread = [], [], [], []
+        for item in output:
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "message":
+                for part in item.get("content") or []:
+                    part = part if isinstance(part, dict) else {}
+                    if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                        text.append(part["text"])
+                    elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                        refusals.append(part["refusal"])
+            elif kind == "function_call" and isinstance(item.get("arguments"), str):
+                function = {"name": item.get("name"), "arguments": item["arguments"]}
+                calls.append({"type": "function", "function": function})
+            elif kind == "custom_tool_call" and isinstance(item.get("input"), str):
+                calls.append({"type": "custom", "custom": {"name": item.get("name"), "input": item["input"]}})
+            elif kind not in _RESPONSES_NOT_ANSWERS:
+                unread.append(str(kind))
+        return _message("".join(text), refusals, calls, unread)
 
     @staticmethod
     def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
         """The answer's text replaced (all of it in the first text part), or, blocked, a refusal that
         leaves the response `incomplete` for content filtering."""
         out = dict(response)
-        messages = [i for i in out.get("output", []) if isinstance(i, dict) and i.get("type") == "message"]
         if blocked:
-            item = {"type": "message", "id": messages[0].get("id", "msg_blocked") if messages else "msg_blocked",
+            # Ids the provider never issued: a later request cannot name the stored blocked response
+            # (`previous_response_id`) or its message (`item_reference`) to have it repeated.
+            out["id"] = f"resp_blocked_{secrets.token_hex(12)}"
+            item = {"type": "message", "id": f"msg_blocked_{secrets.token_hex(12)}",
                     "role": "assistant", "status": "incomplete",
                     "content": [{"type": "refusal", "refusal": text}]}
             out["output"] = [item]
@@ -129,7 +150,7 @@ class Responses:
         rebuilt = []
         for item in out.get("output", []):
             if isinstance(item, dict) and item.get("type") == "message":
-                parts = []
+                parts: list[Any] = []
                 for part in item.get("content") or []:
                     if isinstance(part, dict) and part.get("type") == "output_text":
                         if first:
@@ -233,12 +254,24 @@ class Messages:
         return _view(body, messages)
 
     @staticmethod
-    def answer(response: Any) -> str:
+    def answer(response: Any) -> dict[str, Any]:
+        """The message's content as a chat message (`policy.answers`): text, tool uses, and the block types
+        the check cannot read."""
         content = response.get("content") if isinstance(response, dict) else None
         if not isinstance(content, list):
             raise upstream_malformed("not a message with a content array")
-        return "".join(b["text"] for b in content
-                       if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+        text, calls, unread = [], [], []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind == "tool_use":
+                given = block.get("input")
+                arguments = given if isinstance(given, str) else json.dumps(given, ensure_ascii=False)
+                calls.append({"type": "function", "function": {"name": block.get("name"), "arguments": arguments}})
+            elif kind not in _MESSAGES_NOT_ANSWERS:
+                unread.append(str(kind))
+        return _message("".join(text), [], calls, unread)
 
     @staticmethod
     def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
@@ -277,7 +310,13 @@ class Messages:
                 blocks[int(data.get("index", len(blocks)))] = dict(data["content_block"])
             elif event.name == "content_block_delta":
                 block = blocks.setdefault(int(data.get("index", 0)), {"type": "text", "text": ""})
-                block["text"] = block.get("text", "") + Messages.delta(event)
+                delta: dict[str, Any] = data["delta"] if isinstance(data.get("delta"), dict) else {}
+                if block.get("type") == "tool_use" and isinstance(delta.get("partial_json"), str):
+                    # the input arrives as JSON text in pieces; the check reads it as text
+                    so_far = block.get("input")
+                    block["input"] = (so_far if isinstance(so_far, str) else "") + delta["partial_json"]
+                elif block.get("type") == "text":
+                    block["text"] = block.get("text", "") + Messages.delta(event)
             elif event.name == "message_delta" and message is not None and isinstance(data.get("delta"), dict):
                 message.update({k: v for k, v in data["delta"].items() if k in ("stop_reason", "stop_sequence")})
                 if isinstance(data.get("usage"), dict):
@@ -315,6 +354,21 @@ class Messages:
 
 Dialect = type[Responses] | type[Messages]
 
+# Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
+_RESPONSES_NOT_ANSWERS = frozenset({"reasoning", "file_search_call", "web_search_call"})
+_MESSAGES_NOT_ANSWERS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"})
+
+
+def _message(text: str, refusals: list[str], calls: list[dict[str, Any]], unread: list[str]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if refusals:
+        message["refusal"] = "\n".join(refusals)
+    if calls:
+        message["tool_calls"] = calls
+    if unread:
+        message[UNREADABLE] = unread
+    return message
+
 
 def _document_text(source: Any) -> str:
     """A document block's text: plain text data, or text blocks of a content source (PDFs are not read)."""
@@ -334,7 +388,6 @@ def _view(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any
     return view
 
 
-def as_completion(text: str) -> dict[str, Any]:
+def as_completion(message: dict[str, Any]) -> dict[str, Any]:
     """The answer as the guard reads and rewrites it (chat completion shape)."""
-    return {"object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}

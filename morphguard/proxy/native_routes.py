@@ -4,6 +4,7 @@ moment a request is accepted, every way out leaves one audit row."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -15,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from morphguard import telemetry
-from morphguard.policy.actions import answer_of
+from morphguard.policy.answers import prose
 from morphguard.policy.record import DecisionRecord
-from morphguard.proxy.body import loads_upstream, parse_object
+from morphguard.proxy.body import OFFLOAD_BYTES, loads_upstream, parse_object
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD
-from morphguard.proxy.errors import JSON, ProxyError, json_bytes, upstream_malformed
+from morphguard.proxy.errors import JSON, ProxyError, json_bytes, upstream_malformed, upstream_stream_broken
 from morphguard.proxy.native import VERDICT_EVENT, Dialect, Event, Messages, as_completion, read_events, sse_event
 from morphguard.proxy.upstream import Upstream, response_headers
 from morphguard.telemetry import names
@@ -47,10 +48,11 @@ class NativeRoutes:
             # The proxy's own key, the way Anthropic's API takes it.
             headers["x-api-key"] = headers.pop("authorization").removeprefix("Bearer ")
         headers["content-type"] = "application/json"
-        body = parse_object(await proxy._read_body(request))
-        view = dialect.chat_view(body)
-        extraction = proxy.extractor.extract(view)
-        review = proxy._review(request, extraction)
+        raw = await proxy._read_body(request)
+        if len(raw) > OFFLOAD_BYTES:
+            body, view, review = await asyncio.to_thread(self._intake, request, raw, dialect)
+        else:
+            body, view, review = self._intake(request, raw, dialect)
         forwarded = json_bytes({k: v for k, v in body.items() if k != OUR_FIELD})
         # Accepted: from here on, every way out leaves one audit row.
         try:
@@ -64,6 +66,13 @@ class NativeRoutes:
         except Exception:
             await proxy.guard.account(review, "internal_error")
             raise
+
+    def _intake(self, request: Request, raw: bytes,
+                dialect: Dialect) -> tuple[dict[str, Any], dict[str, Any], CheckRequest]:
+        """Parse, read as a chat, extract the context, choose profile and topic: CPU work, off the loop when big."""
+        body = parse_object(raw)
+        view = dialect.chat_view(body)
+        return body, view, self.proxy._review(request, self.proxy.extractor.extract(view))
 
     async def _complete(self, dialect: Dialect, upstream: Upstream, provider: str, headers: dict[str, str],
                         forwarded: bytes, review: CheckRequest, span: Span) -> Response:
@@ -86,27 +95,27 @@ class NativeRoutes:
                             headers=response_headers(response.headers, body="decoded"))
         native = loads_upstream(data)
         try:
-            text = dialect.answer(native)
-            _record_call(span, provider, review, native, time.perf_counter() - started, text)
-            native, record = await self._checked(dialect, review, native, text, span, can_change=True,
+            message = dialect.answer(native)
+            _record_call(span, provider, review, native, time.perf_counter() - started, message["content"])
+            native, record = await self._checked(dialect, review, native, message, span, can_change=True,
                                                  later=self.proxy.settings.mode == "async")
         finally:
             span.end(end_time=answered)
         return JSON(native, headers=response_headers(response.headers, body="ours") | record.headers())
 
-    async def _checked(self, dialect: Dialect, review: CheckRequest, native: dict[str, Any], text: str, span: Span,
-                       *, can_change: bool, later: bool) -> tuple[dict[str, Any], DecisionRecord]:
+    async def _checked(self, dialect: Dialect, review: CheckRequest, native: dict[str, Any], message: dict[str, Any],
+                       span: Span, *, can_change: bool, later: bool) -> tuple[dict[str, Any], DecisionRecord]:
         """The response as the client gets it (verdict in, answer rewritten by policy) and the record;
         `later`: queue the check (async mode) unless the queue sends it back to be done now."""
         guard = self.proxy.guard
         review.chat_span = span
         span.set_attribute(names.REQUEST_ID, review.request_id)
-        record = await guard.check_later(review, as_completion(text)) if later else None
+        record = await guard.check_later(review, as_completion(message)) if later else None
         if record is None:
             with trace.use_span(span, end_on_exit=False):
-                checked, record = await guard.review(review, as_completion(text), can_change=can_change)
-            new_text = answer_of(checked)
-            if can_change and (new_text != text or record.action == "block"):
+                checked, record = await guard.review(review, as_completion(message), can_change=can_change)
+            new_text = prose(checked)
+            if can_change and (new_text != message["content"] or record.action == "block"):
                 native = dialect.rewrite(native, new_text, blocked=record.action == "block")
         native = {**native, OUR_FIELD: record.payload()}
         return native, record
@@ -150,15 +159,16 @@ class NativeRoutes:
         if native is None or not collected or not dialect.is_last(collected[-1]):
             span.end()
             raise upstream_malformed("the stream ended before its last event")
-        text = dialect.answer(native)
-        _record_call(span, provider, review, native, time.perf_counter() - started, text)
+        message = dialect.answer(native)
+        _record_call(span, provider, review, native, time.perf_counter() - started, message["content"])
         ended = time.time_ns()
         try:
-            checked, record = await self._checked(dialect, review, native, text, span, can_change=True, later=False)
+            checked, record = await self._checked(dialect, review, native, message, span, can_change=True,
+                                                  later=False)
         finally:
             span.end(end_time=ended)
         verdict = sse_event(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: record.payload()})
-        if dialect.answer(checked) != text or record.action == "block":
+        if dialect.answer(checked) != message or record.action == "block":
             out = list(dialect.synthesize({k: v for k, v in checked.items() if k != OUR_FIELD}))
             out = [*out[:-1], verdict, out[-1]]
         else:
@@ -171,16 +181,20 @@ class NativeRoutes:
         """Events go out as they come; the last waits for the verdict, which goes out just before it."""
         guard = self.proxy.guard
         parts: list[str] = []
+        seen: list[Event] = []
         last: Event | None = None
         recorded = False
         try:
             try:
                 async for event in events:
+                    seen.append(event)
                     if dialect.is_last(event):
                         last = event
                         continue
                     parts.append(dialect.delta(event))
                     yield event.encode()
+                if last is None:
+                    raise upstream_stream_broken("the stream ended before its last event")
             except ProxyError as exc:  # the status line is sent: say it in the stream
                 await guard.account(review, exc.code or "upstream_stream_broken", "".join(parts))
                 recorded = True
@@ -189,20 +203,21 @@ class NativeRoutes:
                 return
             finally:
                 await opened.aclose()
-            text = "".join(parts)
+            collected = dialect.collected(seen)
+            message = dialect.answer(collected) if collected is not None else {"role": "assistant",
+                                                                                 "content": "".join(parts)}
             telemetry.record_chat(span, provider=provider, role="upstream", request_model=review.model,
                                   response_model=None, input_tokens=None, output_tokens=None,
-                                  seconds=time.perf_counter() - started, output_text=text)
+                                  seconds=time.perf_counter() - started, output_text=message["content"])
             ended = time.time_ns()
             try:
-                _, record = await self._checked(dialect, review, {}, text, span, can_change=False,
+                _, record = await self._checked(dialect, review, {}, message, span, can_change=False,
                                                 later=self.proxy.settings.stream_mode == "async")
                 recorded = True
             finally:
                 span.end(end_time=ended)
             yield sse_event(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: record.payload()})
-            if last is not None:
-                yield dialect.with_verdict(last, record.payload()).encode()
+            yield dialect.with_verdict(last, record.payload()).encode()
         finally:
             if not recorded:
                 if span.is_recording():

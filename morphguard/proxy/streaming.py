@@ -38,6 +38,8 @@ class StreamedAnswer:
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     parts: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
     finish_reason: str | None = None
 
     def add(self, chunk: Any) -> bool:
@@ -52,12 +54,31 @@ class StreamedAnswer:
         self.created = created if isinstance(created, int) else self.created
         for choice in choices:
             if choice.get("index", 0) == 0:
-                content = (choice.get("delta") or {}).get("content")
-                if isinstance(content, str):
-                    self.parts.append(content)
+                delta = choice.get("delta") or {}
+                if isinstance(delta.get("content"), str):
+                    self.parts.append(delta["content"])
+                if isinstance(delta.get("refusal"), str):
+                    self.refusal.append(delta["refusal"])
+                self._add_calls(delta.get("tool_calls"))
                 if choice.get("finish_reason"):
                     self.finish_reason = str(choice["finish_reason"])
         return True
+
+    def _add_calls(self, calls: Any) -> None:
+        """Tool calls arrive in pieces: an id, type and name first, then the arguments a fragment at a time."""
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+                continue
+            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function",
+                                                                       "function": {"name": "", "arguments": ""}})
+            for key in ("id", "type"):
+                if isinstance(call.get(key), str):
+                    whole[key] = call[key]
+            function = call.get("function")
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    if isinstance(function.get(key), str):
+                        whole["function"][key] += function[key]
 
     @property
     def text(self) -> str:
@@ -69,16 +90,25 @@ class StreamedAnswer:
 
     def as_completion(self) -> dict[str, Any]:
         """The assembled answer as a non-streamed completion, for review."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
-                             "finish_reason": self.finish_reason or "stop"}]}
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
 
     def decision_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One extra chunk with no choices (clients skip it like a usage chunk) carrying our `morphguard` object."""
         return self.chunk([], morphguard=payload)
 
-    def replacement_chunks(self, content: str, finish_reason: str) -> list[dict[str, Any]]:
-        return [self.chunk([{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": None}]),
+    def replacement_chunks(self, message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
+        """The chunks of a rewritten answer: its text, then its tool calls (none once blocked), then the end."""
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return [self.chunk([{"index": 0, "delta": delta, "finish_reason": None}]),
                 self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
 
 

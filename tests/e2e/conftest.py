@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -86,3 +88,25 @@ def proxy_factory(provider, tmp_path_factory):
     yield make
     for process in started:
         stop(process)
+
+
+@pytest.fixture(scope="session")
+def attacker():
+    """A server the proxy must never reach; it records what arrives."""
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _record(self) -> None:
+            seen.append({"path": self.path, "authorization": self.headers.get("authorization")})
+            self.send_response(200)
+            self.end_headers()
+
+        do_GET = do_POST = _record
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], seen
+    server.shutdown()

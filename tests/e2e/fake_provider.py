@@ -23,6 +23,12 @@ webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/do
 Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed delay. POST /v1/responses
 and /v1/messages answer in the OpenAI Responses and Anthropic Messages shapes (streamed as their SSE
 events), picking the answer by model as chat does; GET /_native lists what they received.
+Answers outside the text, by model name: "tool-answer" (the hallucinated answer as a tool call's argument,
+on all three APIs, streamed too), "refusal-answer" and "audio-answer" (chat: in `refusal`, in an audio
+transcript), "image-answer" (Responses: only an image). Chat answers carry logprobs when asked for them.
+Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
+input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
+of Responses and Messages stop before their last event.
 """
 
 from __future__ import annotations
@@ -76,20 +82,45 @@ def _judge(system: str, user: str) -> str | None:
     return None
 
 
-def _completion(model: str, text: str) -> dict:
+def _completion(model: str, text: str, logprobs: bool = False) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    finish = "stop"
+    if model == "tool-answer":
+        message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(text)]}
+        finish = "tool_calls"
+    elif model == "refusal-answer":
+        message = {"role": "assistant", "content": None, "refusal": text}
+    elif model == "audio-answer":
+        message = {"role": "assistant", "content": None,
+                   "audio": {"id": "audio_1", "data": "UklGRg==", "expires_at": 0, "transcript": text}}
+    choice = {"index": 0, "message": message, "finish_reason": finish,
+              "logprobs": {"content": [{"token": w, "logprob": -0.1, "bytes": None, "top_logprobs": []}
+                                       for w in _words(text)]} if logprobs else None}
     return {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
+            "choices": [choice], "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
             "system_fingerprint": "fp_fake_unknown_field_kept"}
 
 
+def _tool_call(text: str) -> dict:
+    arguments = json.dumps({"answer": text})
+    return {"id": "call_1", "type": "function", "function": {"name": "answer", "arguments": arguments}}
+
+
+def _lenient(handler):
+    """As a real provider does: odd input is the client's error, never a 500."""
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:
+            return JSONResponse({"error": {"message": f"cannot read the request: {type(exc).__name__}",
+                                           "type": "invalid_request_error", "param": None, "code": None}},
+                                status_code=400)
+    return answer
+
+
+@_lenient
 async def chat(request: Request) -> Response:
-    try:
-        return await _chat(request)
-    except Exception as exc:  # as a real provider does: odd input is the client's error, never a 500
-        return JSONResponse({"error": {"message": f"cannot read the request: {type(exc).__name__}",
-                                       "type": "invalid_request_error", "param": None, "code": None}},
-                            status_code=400)
+    return await _chat(request)
 
 
 async def _chat(request: Request) -> Response:
@@ -127,14 +158,26 @@ async def _chat(request: Request) -> Response:
     if fault is not None:
         return fault
     text = str(messages[-1].get("content")) if model == "echo" else ANSWERS.get(model, ANSWERS["faithful"])
+    if model.endswith("-answer"):
+        text = ANSWERS["hallucinated"]
     if not body.get("stream"):
-        return JSONResponse(_completion(model, text))
+        return JSONResponse(_completion(model, text, logprobs=bool(body.get("logprobs"))))
     return StreamingResponse(_chunks(model, text), media_type="text/event-stream")
 
 
 async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    if model == "tool-answer":  # the call's name first, then its arguments in two pieces
+        call = _tool_call(text)
+        arguments = call["function"]["arguments"]
+        head = {"index": 0, "id": call["id"], "type": "function", "function": {"name": "answer", "arguments": ""}}
+        for delta in (head, {"index": 0, "function": {"arguments": arguments[:10]}},
+                      {"index": 0, "function": {"arguments": arguments[10:]}}):
+            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}) + "\n\n"
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        yield "\n\ndata: [DONE]\n\n"
+        return
     for i, word in enumerate(re.findall(r"\S+\s*", text)):
         if i == 2 and broken == "malformed":
             yield "data: [1,2,3]\n\n"
@@ -211,14 +254,26 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\S+\s*", text)
 
 
+stored: dict[str, str] = {}  # response id → its text, for previous_response_id
+
+
 def _response(model: str, text: str) -> dict:
-    return {"id": "resp_fake", "object": "response", "created_at": int(time.time()), "status": "completed",
-            "model": model, "output": [{"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
-                                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+    number = len(stored) + 1
+    output: list[dict] = [{"type": "message", "id": f"msg_{number}", "status": "completed", "role": "assistant",
+                           "content": [{"type": "output_text", "text": text, "annotations": []}]}]
+    if model == "tool-answer":
+        output = [{"type": "function_call", "id": f"fc_{number}", "call_id": "call_1", "name": "answer",
+                   "arguments": json.dumps({"answer": text}), "status": "completed"}]
+    elif model == "image-answer":
+        output = [{"type": "image_generation_call", "id": f"ig_{number}", "status": "completed", "result": "iVBORw0K"}]
+    stored[f"resp_{number}"] = text
+    return {"id": f"resp_{number}", "object": "response", "created_at": int(time.time()), "status": "completed",
+            "model": model, "output": output,
             "usage": {"input_tokens": 20, "output_tokens": 9, "total_tokens": 29},
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
 
 
+@_lenient
 async def responses(request: Request) -> Response:
     body = json.loads(await request.body())
     native_received.append({"path": "responses", "body": body, "headers": dict(request.headers)})
@@ -226,7 +281,15 @@ async def responses(request: Request) -> Response:
     if model == "fail-400":
         return JSONResponse({"error": {"message": "model rejected", "type": "invalid_request_error",
                                        "param": "model", "code": "model_not_found"}}, status_code=400)
-    final = _response(model, ANSWERS.get(model, ANSWERS["faithful"]))
+    previous = body.get("previous_response_id")
+    if previous is not None and previous not in stored:
+        return JSONResponse({"error": {"message": f"Previous response with id '{previous}' not found.",
+                                       "type": "invalid_request_error", "param": "previous_response_id",
+                                       "code": "previous_response_not_found"}}, status_code=400)
+    text = ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    if previous is not None and "repeat" in json.dumps(body.get("input")):
+        text = stored[previous]
+    final = _response(model, text)
     if not body.get("stream"):
         return JSONResponse(final)
 
@@ -253,21 +316,28 @@ async def responses(request: Request) -> Response:
         yield event("response.content_part.done", output_index=0, item_id=item["id"], content_index=0,
                     part=item["content"][0])
         yield event("response.output_item.done", output_index=0, item=item)
-        yield event("response.completed", response=final)
+        if model != "truncated":
+            yield event("response.completed", response=final)
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def _message(model: str, text: str) -> dict:
+    if model == "tool-answer":
+        return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "answer", "input": {"answer": text}}],
+                "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 20, "output_tokens": 9}}
     return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
             "usage": {"input_tokens": 20, "output_tokens": 9}}
 
 
+@_lenient
 async def messages(request: Request) -> Response:
     body = json.loads(await request.body())
     native_received.append({"path": "messages", "body": body, "headers": dict(request.headers)})
     model = body.get("model", "")
-    final = _message(model, ANSWERS.get(model, ANSWERS["faithful"]))
+    text = ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    final = _message(model, text)
     if not body.get("stream"):
         return JSONResponse(final)
 
@@ -277,14 +347,22 @@ async def messages(request: Request) -> Response:
 
         yield event("message_start", message={**final, "content": [], "stop_reason": None,
                                               "usage": {"input_tokens": 20, "output_tokens": 1}})
-        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-        yield event("ping")
-        for word in _words(final["content"][0]["text"]):
-            yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": word})
+        block = final["content"][0]
+        if block["type"] == "tool_use":
+            yield event("content_block_start", index=0, content_block={**block, "input": {}})
+            arguments = json.dumps(block["input"])
+            for piece in (arguments[:10], arguments[10:]):
+                yield event("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": piece})
+        else:
+            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+            yield event("ping")
+            for word in _words(block["text"]):
+                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": word})
         yield event("content_block_stop", index=0)
-        yield event("message_delta", delta={"stop_reason": "end_turn", "stop_sequence": None},
+        yield event("message_delta", delta={"stop_reason": final["stop_reason"], "stop_sequence": None},
                     usage={"output_tokens": 9})
-        yield event("message_stop")
+        if model != "truncated":
+            yield event("message_stop")
     return StreamingResponse(events(), media_type="text/event-stream")
 
 

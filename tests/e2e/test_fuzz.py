@@ -1,4 +1,5 @@
-"""Fuzzing the running proxy over real sockets: generated bodies, headers and paths (2,100 inputs a run).
+"""Fuzzing the running proxy over real sockets: generated bodies, headers and paths on chat completions, and
+bodies and headers shaped like the Responses and Messages APIs (4,900 inputs a run).
 
 Whatever a client sends: no response >= 500, every error OpenAI-shaped JSON, nothing hangs (each
 request has 5 s), and the proxy still answers /healthz afterwards.
@@ -39,6 +40,49 @@ bodies = st.one_of(
                            "messages": st.one_of(st.lists(messages, min_size=1, max_size=4), json_values)},
                           optional={"stream": st.one_of(st.booleans(), json_values), "morphguard": ours,
                                     "temperature": scalars}))
+output_parts = st.fixed_dictionaries({"type": st.one_of(st.sampled_from(["input_text", "output_text", "text",
+                                                                         "refusal", "input_image"]), json_values),
+                                       "text": st.one_of(texts, json_values)})
+response_items = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["system", "user", "assistant", "developer"]),
+                                             json_values),
+                           "content": st.one_of(texts, st.lists(output_parts, max_size=3), json_values)},
+                          optional={"type": st.sampled_from(["message", "item_reference", 7])}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": texts,
+                           "output": st.one_of(texts, json_values)}),
+    st.fixed_dictionaries({"type": st.just("file_search_call"), "results": st.one_of(
+        st.lists(st.fixed_dictionaries({"text": st.one_of(texts, json_values)}), max_size=3), json_values)}))
+responses_bodies = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"model": st.one_of(st.sampled_from(["faithful", "hallucinated", "tool-answer"]),
+                                              json_values),
+                           "input": st.one_of(texts, st.lists(response_items, min_size=1, max_size=4), json_values)},
+                          optional={"instructions": st.one_of(texts, json_values), "morphguard": ours,
+                                    "stream": st.one_of(st.booleans(), json_values), "metadata": json_values,
+                                    "previous_response_id": st.one_of(texts, json_values)}))
+blocks = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "tool_use", 3]), "text": st.one_of(texts,
+                                                                                                     json_values)}),
+    st.fixed_dictionaries({"type": st.just("document"), "source": st.one_of(json_values, st.fixed_dictionaries(
+        {"type": st.sampled_from(["text", "content", "base64"]), "data": st.one_of(texts, json_values),
+         "content": st.one_of(st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+                                       max_size=2), json_values)}))}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": texts,
+                           "content": st.one_of(texts, st.lists(st.fixed_dictionaries(
+                               {"type": st.just("text"), "text": st.one_of(texts, json_values)}), max_size=2))}))
+turns = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "assistant"]), json_values),
+                               "content": st.one_of(texts, st.lists(blocks, max_size=3), json_values)})
+messages_bodies = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"model": st.one_of(st.sampled_from(["faithful", "hallucinated", "tool-answer"]),
+                                              json_values),
+                           "max_tokens": st.one_of(st.integers(), json_values),
+                           "messages": st.one_of(st.lists(turns, min_size=1, max_size=4), json_values)},
+                          optional={"system": st.one_of(texts, st.lists(blocks, max_size=2), json_values),
+                                    "morphguard": ours, "stream": st.one_of(st.booleans(), json_values),
+                                    "metadata": json_values}))
 header_text = st.text(st.characters(min_codepoint=32, max_codepoint=255, exclude_characters="\x7f"), max_size=30)
 header_names = st.one_of(st.sampled_from(["authorization", "x-morphguard-topic", "x-morphguard-policy",
                                           "content-type", "x-tenant", "api-key", "accept-encoding"]),
@@ -87,14 +131,33 @@ def test_fuzzed_bodies(target):
     run()
 
 
-def test_fuzzed_headers(target):
-    valid = json.dumps({"model": "faithful", "messages": [{"role": "user", "content": "Ibuprofen?"}],
-                        "morphguard": {"context": PASSAGE}}).encode()
+@pytest.mark.parametrize("path, strategy", [("/v1/responses", responses_bodies), ("/v1/messages", messages_bodies)])
+def test_fuzzed_native_bodies(target, path, strategy):
+    @settings(max_examples=900, **SETTINGS)
+    @given(strategy)
+    def run(body: object) -> None:
+        send(target, "POST", path, json.dumps(body).encode(), AUTH)
+
+    run()
+
+
+VALID = {
+    "/v1/chat/completions": {"model": "faithful", "messages": [{"role": "user", "content": "Ibuprofen?"}],
+                             "morphguard": {"context": PASSAGE}},
+    "/v1/responses": {"model": "faithful", "input": "Ibuprofen?", "morphguard": {"context": PASSAGE}},
+    "/v1/messages": {"model": "faithful", "max_tokens": 50, "messages": [{"role": "user", "content": "Ibuprofen?"}],
+                     "morphguard": {"context": PASSAGE}},
+}
+
+
+@pytest.mark.parametrize("path", list(VALID))
+def test_fuzzed_headers(target, path):
+    valid = json.dumps(VALID[path]).encode()
 
     @settings(max_examples=500, **SETTINGS)
     @given(st.lists(st.tuples(header_names, header_text), max_size=6))
     def run(extra: list[tuple[str, str]]) -> None:
-        send(target, "POST", "/v1/chat/completions", valid, AUTH + extra)
+        send(target, "POST", path, valid, AUTH + extra)
 
     run()
 

@@ -9,7 +9,6 @@ import socket
 import sqlite3
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import httpx
@@ -17,7 +16,6 @@ import openai
 import pytest
 
 from morphguard.policy.actions import MAX_CITATIONS
-from tests.e2e.conftest import free_port
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
@@ -34,28 +32,6 @@ def guarded(proxy_factory) -> str:
                                  "audit": {"store_text": "full"}},
                          stream_mode="buffer", upstream={"api_key": UPSTREAM_KEY}, keys=[KEY],
                          unchecked_routes=["completions"])
-
-
-@pytest.fixture(scope="module")
-def attacker():
-    """A server the proxy must never reach; it records what arrives."""
-    seen: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _record(self) -> None:
-            seen.append({"path": self.path, "authorization": self.headers.get("authorization")})
-            self.send_response(200)
-            self.end_headers()
-
-        do_GET = do_POST = _record
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1], seen
-    server.shutdown()
 
 
 def raw(base: str, method: str, path: str, body: object = None, headers: list[tuple[str, str]] | None = None,

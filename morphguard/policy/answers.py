@@ -1,0 +1,76 @@
+"""What an answer says, read from every field of a chat completion that carries the model's words.
+
+The check reads the prose (`content`), a refusal, a spoken answer's transcript and, unless policy says
+otherwise (`policy.tool_calls`), the arguments of tool calls: apps that take a structured answer through
+a tool call find it there. The Responses and Messages dialects translate their outputs into this chat
+message shape; output they cannot translate (an image, a computer action) is named under `UNREADABLE`,
+and `policy.unreadable_output` says what happens to an answer that carries some.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+UNREADABLE = "unreadable"  # key of a translated message: the output types the check cannot read
+
+
+def message_of(completion: Any) -> dict[str, Any]:
+    """The first choice's message, or an empty one."""
+    try:
+        message = completion["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def prose(completion: Any) -> str:
+    """The answer's text content: what `highlight`, `cite` and `block` rewrite."""
+    content = message_of(completion).get("content")
+    return content if isinstance(content, str) else ""
+
+
+def tool_arguments(message: dict[str, Any]) -> list[str]:
+    """The argument strings of a message's tool calls (and of the legacy `function_call`)."""
+    calls = message.get("tool_calls")
+    out = []
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, dict):
+            continue
+        function, custom = call.get("function"), call.get("custom")
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            out.append(function["arguments"])
+        elif isinstance(custom, dict) and isinstance(custom.get("input"), str):
+            out.append(custom["input"])
+    legacy = message.get("function_call")
+    if isinstance(legacy, dict) and isinstance(legacy.get("arguments"), str):
+        out.append(legacy["arguments"])
+    return out
+
+
+def has_tool_calls(completion: Any) -> bool:
+    message = message_of(completion)
+    return bool(message.get("tool_calls")) or isinstance(message.get("function_call"), dict)
+
+
+def checked_text(completion: Any, *, tool_calls: bool = True) -> str:
+    """Everything the check reads, in one text: prose, refusal, transcript, then tool-call arguments.
+
+    The prose comes first, so the spans the check reports within it are offsets into `prose` too."""
+    message = message_of(completion)
+    audio = message.get("audio")
+    parts = [prose(completion), message.get("refusal"),
+             audio.get("transcript") if isinstance(audio, dict) else None]
+    if tool_calls:
+        parts += tool_arguments(message)
+    return "\n\n".join(p for p in parts if isinstance(p, str) and p.strip())
+
+
+def unreadable(completion: Any) -> list[str]:
+    """The parts of the answer the check cannot read (named by type)."""
+    message = message_of(completion)
+    named = message.get(UNREADABLE)
+    out = [str(n) for n in named] if isinstance(named, list) else []
+    audio = message.get("audio")
+    if isinstance(audio, dict) and not (isinstance(audio.get("transcript"), str) and audio["transcript"].strip()):
+        out.append("audio")
+    return out

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 _FORM_LIMIT = 64_000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_FOREIGN_FORM = "This form has expired or did not come from this console; reload the page and try again."
 _HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -110,8 +111,8 @@ class ReviewConsole:
                 return self._page(request, "error.html", 403, message="Log in first.")
             if request.method == "POST":
                 form = await self._form(request)
-                if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
-                    return self._page(request, "error.html", 403, message="This form has expired; reload the page.")
+                if form is None or not _token_matches(request, form):
+                    return self._page(request, "error.html", 403, message=_FOREIGN_FORM)
                 request.state.form = form
             return await handler(request)
         return guarded
@@ -150,8 +151,8 @@ class ReviewConsole:
 
     async def login(self, request: Request) -> Response:
         form = await self._form(request)
-        if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
-            return self._page(request, "login.html", 403, error="This form has expired; try again.")
+        if form is None or not _token_matches(request, form):
+            return self._page(request, "login.html", 403, error=_FOREIGN_FORM)
         name, key = form.get("name", ""), form.get("key", "")
         if not self._valid(name, key):
             await asyncio.sleep(0.5)  # slows guessing; the comparison itself does not leak timing
@@ -263,6 +264,14 @@ class ReviewConsole:
             text, media = out.getvalue(), "text/csv"
         return Response(text, media_type=media, headers={
             **_HEADERS, "content-disposition": f'attachment; filename="morphguard-reviews.{kind}"'})
+
+
+def _token_matches(request: Request, form: dict[str, str]) -> bool:
+    """Whether the form carries the CSRF token this console gave this browser in its signed session cookie
+    (GET /login gives one before anyone logs in). No cookie means no token, and an empty token matches nothing:
+    a cross-site page can send neither."""
+    issued = request.session.get("csrf", "")
+    return bool(issued) and hmac.compare_digest(form.get("csrf", "").encode(), issued.encode())
 
 
 _ACTIONS = ("annotate", "highlight", "cite", "regenerate", "block", "pass")

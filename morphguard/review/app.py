@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 _FORM_LIMIT = 64_000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_ROW_ID = re.compile(r"[0-9]{1,18}")  # below 2**63: what SQLite and PostgreSQL take as an integer
 _FOREIGN_FORM = "This form has expired or did not come from this console; reload the page and try again."
 _HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -77,8 +78,8 @@ class ReviewConsole:
                 Route("/logout", self._auth(self.logout), methods=["POST"]),
                 Route("/", self.home, methods=["GET"]),
                 Route("/queue", self._auth(self.queue), methods=["GET"]),
-                Route("/decisions/{decision_id:int}", self._auth(self.detail), methods=["GET"]),
-                Route("/decisions/{decision_id:int}/review", self._auth(self.review), methods=["POST"]),
+                Route("/decisions/{decision_id}", self._auth(self.detail), methods=["GET"]),
+                Route("/decisions/{decision_id}/review", self._auth(self.review), methods=["POST"]),
                 Route("/insights", self._auth(self.insights), methods=["GET"]),
                 Route("/export.{kind:str}", self._auth(self.export), methods=["GET"]),
                 Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -86,7 +87,7 @@ class ReviewConsole:
             middleware=[Middleware(SessionMiddleware, secret_key=secret, session_cookie="morphguard_review",
                                    max_age=self.settings.session_max_age_s, same_site="strict",
                                    https_only=self.settings.secure_cookies)],
-            exception_handlers={404: self._not_found, 405: self._not_found},
+            exception_handlers={404: self._not_found, 405: self._not_found, Exception: self._server_error},
         )
 
     # --- plumbing ---------------------------------------------------------------------------------------
@@ -95,9 +96,11 @@ class ReviewConsole:
         session = request.session
         if "csrf" not in session:
             session["csrf"] = secrets.token_urlsafe(32)
-        html = self.templates.get_template(template).render(
-            base=request.scope.get("root_path", ""), reviewer=session.get("reviewer"), csrf=session["csrf"],
-            **values)
+        return self._html(request, template, status, reviewer=session.get("reviewer"), csrf=session["csrf"],
+                          **values)
+
+    def _html(self, request: Request, template: str, status: int, **values: Any) -> HTMLResponse:
+        html = self.templates.get_template(template).render(base=request.scope.get("root_path", ""), **values)
         return HTMLResponse(html, status_code=status, headers=_HEADERS)
 
     def _redirect(self, request: Request, path: str) -> RedirectResponse:
@@ -143,6 +146,14 @@ class ReviewConsole:
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return self._page(request, "error.html", 404, message="No such page.")
+
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        # Runs outside the session middleware (Starlette's outermost layer): a page without the session's parts.
+        return self._html(request, "error.html", 500, reviewer=None, csrf="",
+                          message="Something went wrong; the console's log has the details.")
+
+    def _no_decision(self, request: Request) -> HTMLResponse:
+        return self._page(request, "error.html", 404, message="No such decision.")
 
     # --- routes -----------------------------------------------------------------------------------------
 
@@ -200,11 +211,13 @@ class ReviewConsole:
                           topics=self.topics, actions=_ACTIONS)
 
     async def detail(self, request: Request) -> Response:
-        decision_id = int(request.path_params["decision_id"])
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
         store = self._audit()
         row = await asyncio.to_thread(store.decision, decision_id)
         if row is None:
-            return self._page(request, "error.html", 404, message="No such decision.")
+            return self._no_decision(request)
         judgements = await asyncio.to_thread(store.judgements, decision_id)
         delivery = await asyncio.to_thread(store.delivery, row["request_id"]) if row["escalated"] else None
         newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
@@ -223,7 +236,9 @@ class ReviewConsole:
             saved=request.query_params.get("saved") == "1")
 
     async def review(self, request: Request) -> Response:
-        decision_id = int(request.path_params["decision_id"])
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
         form: dict[str, str] = request.state.form
         label = form.get("label", "")
         factoid_labels = {int(k[1:]): v for k, v in form.items() if re.fullmatch(r"f[0-9]{1,4}", k) and v}
@@ -233,7 +248,7 @@ class ReviewConsole:
             await asyncio.to_thread(store.judge, decision_id, request.session["reviewer"], label, factoid_labels,
                                     note)
         except KeyError:
-            return self._page(request, "error.html", 404, message="No such decision.")
+            return self._no_decision(request)
         except ValueError:
             return self._page(request, "error.html", 400, message="Choose hallucinated, faithful or unsure.")
         _newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
@@ -264,6 +279,12 @@ class ReviewConsole:
             text, media = out.getvalue(), "text/csv"
         return Response(text, media_type=media, headers={
             **_HEADERS, "content-disposition": f'attachment; filename="morphguard-reviews.{kind}"'})
+
+
+def _decision_id(request: Request) -> int | None:
+    """The decision id in the path; None when no row can have it (not digits, or too large for the database)."""
+    text = request.path_params["decision_id"]
+    return int(text) if _ROW_ID.fullmatch(text) else None
 
 
 def _token_matches(request: Request, form: dict[str, str]) -> bool:

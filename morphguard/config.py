@@ -300,7 +300,7 @@ class ReviewSettings(Section):
     # name → key, separate from proxy keys. None configured: `morphguard review` makes a one-time key for "local".
     reviewers: dict[str, SecretStr] = {}
     session_secret: SecretStr | None = None  # signs session cookies; None: random per process
-    session_max_age_s: int = Field(8 * 3600, ge=60)
+    session_max_age_s: int = Field(8 * 3600, ge=60)  # a session ends this long after login, however active
     secure_cookies: bool = True  # cookies only over HTTPS (browsers count http://localhost as secure)
     trace_url: str | None = None  # e.g. http://localhost:6006/projects/default/traces/{trace_id}
     page_size: int = Field(50, ge=1, le=500)

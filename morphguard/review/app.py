@@ -2,9 +2,11 @@
 insights, export. Server-rendered (Jinja2, autoescaped); the one script only adds keyboard shortcuts.
 
 Access: reviewer keys are separate from proxy keys and compared in constant time; the session is a
-signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off); every form carries the
-session's CSRF token; pages forbid framing, inline scripts and caching. URLs carry ids and filter names,
-never answer text.
+signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off) holding the reviewer, a random
+session id and the session's end (`session_max_age_s` after login, however active). Logging out revokes
+the id in the audit store, which every process serving the console reads, so a copy of the cookie is
+refused from then on. Every form, login and logout included, carries the session's CSRF token; pages
+forbid framing, inline scripts and caching. URLs carry ids and filter names, never answer text.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -108,7 +111,7 @@ class ReviewConsole:
 
     def _auth(self, handler: Handler) -> Handler:
         async def guarded(request: Request) -> Response:
-            if not request.session.get("reviewer"):
+            if not await self._logged_in(request):
                 if request.method == "GET":
                     return self._redirect(request, "/login")
                 return self._page(request, "error.html", 403, message="Log in first.")
@@ -119,6 +122,18 @@ class ReviewConsole:
                 request.state.form = form
             return await handler(request)
         return guarded
+
+    async def _logged_in(self, request: Request) -> bool:
+        """Whether the session is a reviewer's that has not ended: past its end, or revoked by logging out in
+        any process. An ended session is cleared."""
+        session = request.session
+        if not session.get("reviewer"):
+            return False
+        alive = session.get("expires", 0) > time.time() and not await asyncio.to_thread(
+            self._audit().session_revoked, session.get("sid", ""))
+        if not alive:
+            session.clear()
+        return alive
 
     @staticmethod
     async def _form(request: Request) -> dict[str, str] | None:
@@ -170,7 +185,8 @@ class ReviewConsole:
             log.warning("review console: failed login")
             return self._page(request, "login.html", 401, error="Unknown reviewer or wrong key.")
         request.session.clear()
-        request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32)})
+        request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32), "sid": secrets.token_urlsafe(24),
+                                "expires": int(time.time()) + self.settings.session_max_age_s})
         return self._redirect(request, "/queue")
 
     def _valid(self, name: str, key: str) -> bool:
@@ -184,7 +200,9 @@ class ReviewConsole:
         return self._redirect(request, "/queue")
 
     async def logout(self, request: Request) -> Response:
-        request.session.clear()
+        session = request.session
+        await asyncio.to_thread(self._audit().revoke_session, session["sid"], session["expires"])
+        session.clear()
         return self._redirect(request, "/login")
 
     def _filter(self, request: Request) -> QueueFilter:

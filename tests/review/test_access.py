@@ -1,10 +1,22 @@
-"""Getting in and out of the review console over HTTP: login and logout only from the console's own forms."""
+"""Getting in and out of the review console over HTTP: login and logout only from the console's own forms, and
+a session ended by logging out ends in every process."""
 
 from __future__ import annotations
 
-from tests.review.conftest import csrf_of
+import base64
+import json
+import time
+
+import httpx
+from itsdangerous import TimestampSigner
+
+from morphguard.config import AuditSettings, ReviewSettings
+from morphguard.policy.audit import AuditStore
+from morphguard.review.app import ReviewConsole
+from tests.review.conftest import Console, csrf_of, serving
 
 FOREIGN = "did not come from this console"
+COOKIE = "morphguard_review"
 
 
 def test_a_login_from_another_site_is_refused(console):
@@ -28,3 +40,45 @@ def test_a_logout_from_another_site_is_refused(console):
         assert refused.status_code == 403 and FOREIGN in refused.text
     assert client.get("/queue").status_code == 200  # still logged in
     assert console.client().post("/logout", data={}).status_code == 403  # no session: nothing to end
+
+
+def test_a_session_cookie_is_refused_after_logout_by_every_process(tmp_path):
+    # Two processes of one fleet: the same session secret, the same audit store, nothing else shared.
+    settings = ReviewSettings(secure_cookies=False, session_secret="one secret for the fleet")
+    stores = [AuditStore(AuditSettings(path=str(tmp_path / "audit.db"))) for _ in range(2)]
+    consoles = [ReviewConsole(settings, lambda store=store: store, {"alice": "k"}) for store in stores]
+    try:
+        with serving(consoles[0]) as first, serving(consoles[1]) as second:
+            client = Console(first, stores[0], {}, key="k").login()
+            cookie = client.cookies[COOKIE]
+            other = httpx.Client(base_url=second, cookies={COOKIE: cookie}, timeout=10)
+            assert other.get("/queue").status_code == 200  # the session holds in the other process
+            logout = client.post("/logout", data={"csrf": csrf_of(client.get("/queue").text)})
+            assert logout.status_code == 303
+            for base in (first, second):  # the cookie as it was before logging out, replayed
+                replayed = httpx.Client(base_url=base, cookies={COOKIE: cookie}, timeout=10)
+                assert replayed.get("/queue").status_code == 303
+                assert replayed.get("/export.jsonl").status_code == 303
+            assert Console(second, stores[1], {}, key="k").login().get("/queue").status_code == 200  # a new one
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_session_is_refused_past_its_end_however_recently_used(tmp_path):
+    secret = "one secret for the fleet"
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+
+    def cookie(expires: float) -> str:  # a session cookie as the console signs it (Starlette's SessionMiddleware)
+        session = {"reviewer": "alice", "csrf": "t", "sid": "s", "expires": int(expires)}
+        return TimestampSigner(secret).sign(base64.b64encode(json.dumps(session).encode())).decode()
+
+    try:
+        with serving(ReviewConsole(ReviewSettings(secure_cookies=False, session_secret=secret), lambda: store,
+                                   {"alice": "k"})) as base:
+            alive = httpx.Client(base_url=base, cookies={COOKIE: cookie(time.time() + 60)}, timeout=10)
+            assert alive.get("/queue").status_code == 200
+            ended = httpx.Client(base_url=base, cookies={COOKIE: cookie(time.time() - 1)}, timeout=10)
+            assert ended.get("/queue").status_code == 303
+    finally:
+        store.close()

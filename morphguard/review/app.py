@@ -5,7 +5,8 @@ Access: reviewer keys are separate from proxy keys and compared in constant time
 signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off) holding the reviewer, a random
 session id and the session's end (`session_max_age_s` after login, however active). Logging out revokes
 the id in the audit store, which every process serving the console reads, so a copy of the cookie is
-refused from then on. Every form, login and logout included, carries the session's CSRF token; pages
+refused from then on. Failed logins lock the client address out, and all addresses after many
+(review/throttle.py). Every form, login and logout included, carries the session's CSRF token; pages
 forbid framing, inline scripts and caching. URLs carry ids and filter names, never answer text.
 """
 
@@ -17,6 +18,7 @@ import hmac
 import io
 import json
 import logging
+import math
 import re
 import secrets
 import time
@@ -39,6 +41,7 @@ from morphguard.policy.audit import AuditStore, parse_time
 from morphguard.policy.reviews import LABELS, QueueFilter, ReviewStore, text_kept
 from morphguard.review import charts
 from morphguard.review.pages import answer_pieces, passage_pieces, passages_of
+from morphguard.review.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -68,6 +71,7 @@ class ReviewConsole:
         self.topics = sorted(topics)  # the configured topics, offered by the queue's filter
         self._store = store
         self.reviewers = reviewers
+        self.throttle = LoginThrottle(settings)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(
             default=True, default_for_string=True))
 
@@ -95,16 +99,18 @@ class ReviewConsole:
 
     # --- plumbing ---------------------------------------------------------------------------------------
 
-    def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
+    def _page(self, request: Request, template: str, status: int = 200, headers: dict[str, str] | None = None,
+              **values: Any) -> HTMLResponse:
         session = request.session
         if "csrf" not in session:
             session["csrf"] = secrets.token_urlsafe(32)
-        return self._html(request, template, status, reviewer=session.get("reviewer"), csrf=session["csrf"],
+        return self._html(request, template, status, headers, reviewer=session.get("reviewer"), csrf=session["csrf"],
                           **values)
 
-    def _html(self, request: Request, template: str, status: int, **values: Any) -> HTMLResponse:
+    def _html(self, request: Request, template: str, status: int, headers: dict[str, str] | None = None,
+              **values: Any) -> HTMLResponse:
         html = self.templates.get_template(template).render(base=request.scope.get("root_path", ""), **values)
-        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+        return HTMLResponse(html, status_code=status, headers={**_HEADERS, **(headers or {})})
 
     def _redirect(self, request: Request, path: str) -> RedirectResponse:
         return RedirectResponse(request.scope.get("root_path", "") + path, status_code=303, headers=_HEADERS)
@@ -179,11 +185,17 @@ class ReviewConsole:
         form = await self._form(request)
         if form is None or not _token_matches(request, form):
             return self._page(request, "login.html", 403, error=_FOREIGN_FORM)
+        address = request.client.host if request.client else ""
+        wait = math.ceil(self.throttle.retry_after(address))
+        if wait:
+            return self._page(request, "login.html", 429, {"retry-after": str(wait)},
+                              error=f"Too many failed logins; try again in {wait} seconds.")
         name, key = form.get("name", ""), form.get("key", "")
         if not self._valid(name, key):
-            await asyncio.sleep(0.5)  # slows guessing; the comparison itself does not leak timing
-            log.warning("review console: failed login")
+            self.throttle.failed(address)
+            log.warning("review console: failed login from %r", address)
             return self._page(request, "login.html", 401, error="Unknown reviewer or wrong key.")
+        self.throttle.succeeded(address)
         request.session.clear()
         request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32), "sid": secrets.token_urlsafe(24),
                                 "expires": int(time.time()) + self.settings.session_max_age_s})

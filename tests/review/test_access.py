@@ -1,5 +1,5 @@
-"""Getting in and out of the review console over HTTP: login and logout only from the console's own forms, and
-a session ended by logging out ends in every process."""
+"""Getting in and out of the review console over HTTP: login and logout only from the console's own forms, a
+session ended by logging out ends in every process, and failed logins lock the guesser out."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from itsdangerous import TimestampSigner
 from morphguard.config import AuditSettings, ReviewSettings
 from morphguard.policy.audit import AuditStore
 from morphguard.review.app import ReviewConsole
+from morphguard.review.throttle import LoginThrottle
 from tests.review.conftest import Console, csrf_of, serving
 
 FOREIGN = "did not come from this console"
@@ -82,3 +83,45 @@ def test_a_session_is_refused_past_its_end_however_recently_used(tmp_path):
             assert ended.get("/queue").status_code == 303
     finally:
         store.close()
+
+
+def login_from(console: Console, address: str, key: str) -> httpx.Response:
+    """A login as if from `address` (uvicorn takes X-Forwarded-For from the loopback proxy the tests are)."""
+    client = console.client()
+    client.headers["x-forwarded-for"] = address
+    csrf = csrf_of(client.get("/login").text)
+    return client.post("/login", data={"csrf": csrf, "name": "alice", "key": key})
+
+
+def test_failed_logins_lock_their_address_out_even_with_the_right_key(console):
+    for _ in range(ReviewSettings().login_failures):
+        assert login_from(console, "10.0.0.1", "guess").status_code == 401
+    locked = login_from(console, "10.0.0.1", console.key)
+    assert locked.status_code == 429 and int(locked.headers["retry-after"]) > 0
+    assert "Too many failed logins" in locked.text
+    assert login_from(console, "10.0.0.2", console.key).status_code == 303  # only that address
+
+
+def test_failed_logins_from_many_addresses_lock_every_address_out(console):
+    for n in range(ReviewSettings().login_failures_overall):  # one each: no address reaches its own limit
+        assert login_from(console, f"10.0.{n // 200}.{n % 200}", "guess").status_code == 401
+    locked = login_from(console, "10.1.0.1", console.key)
+    assert locked.status_code == 429 and int(locked.headers["retry-after"]) > 0
+
+
+def test_each_further_lockout_is_twice_as_long_until_the_address_stays_quiet():
+    settings = ReviewSettings(login_lockout_s=30, login_lockout_max_s=100)
+    now = [1000.0]
+    throttle = LoginThrottle(settings, clock=lambda: now[0])
+
+    def lockout_after_failures() -> float:
+        for _ in range(settings.login_failures):
+            throttle.failed("10.0.0.1")
+        wait = throttle.retry_after("10.0.0.1")
+        now[0] += wait
+        return wait
+
+    assert [lockout_after_failures() for _ in range(4)] == [30, 60, 100, 100]
+    assert throttle.retry_after("10.0.0.1") == 0
+    now[0] += settings.login_window_s + 1  # a window without failures after the last lockout: forgotten
+    assert lockout_after_failures() == 30

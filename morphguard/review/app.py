@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 _FORM_LIMIT = 64_000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
-_ROW_ID = re.compile(r"[0-9]{1,18}")  # below 2**63: what SQLite and PostgreSQL take as an integer
+_ROW_ID = re.compile(r"[0-9]{1,10}")
+_MAX_ROW_ID = 2**31 - 1  # ids are INTEGER columns: 32 bits on PostgreSQL, where a larger number is an error
 _FOREIGN_FORM = "This form has expired or did not come from this console; reload the page and try again."
 _HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -314,7 +315,7 @@ class ReviewConsole:
 def _decision_id(request: Request) -> int | None:
     """The decision id in the path; None when no row can have it (not digits, or too large for the database)."""
     text = request.path_params["decision_id"]
-    return int(text) if _ROW_ID.fullmatch(text) else None
+    return int(text) if _ROW_ID.fullmatch(text) and int(text) <= _MAX_ROW_ID else None
 
 
 def _token_matches(request: Request, form: dict[str, str]) -> bool:

@@ -9,11 +9,11 @@ import re
 import httpx
 import sqlalchemy as sa
 
-from morphguard.config import ReviewSettings
-from morphguard.policy.audit import decisions
+from morphguard.config import AuditSettings, ReviewSettings, StoreSettings
+from morphguard.policy.audit import AuditStore, decisions
 from morphguard.policy.record import DecisionRecord
 from morphguard.review.app import ReviewConsole
-from tests.review.conftest import csrf_of, serving
+from tests.review.conftest import Console, csrf_of, serving
 
 
 def test_nothing_is_shown_before_logging_in(console):
@@ -147,15 +147,29 @@ def test_unknown_pages_are_plain_404s(console):
     assert client.get("/decisions/abc").status_code == 404
 
 
-def test_a_path_no_decision_can_have_is_a_404_page(console):
-    client = console.login()
+def assert_no_decision_pages(client: httpx.Client) -> None:
+    """Paths no decision can have, shown and judged: the console's 404 page."""
     csrf = csrf_of(client.get("/queue").text)
-    for wrong in ("9" * 40, str(2**63), "-1", "1.5", "0x10", "abc", "%C3%A9"):
+    for wrong in ("9" * 40, "9" * 5000, str(2**63), str(2**31), "-1", "1.5", "0x10", "abc", "%C3%A9", "%C2%B2"):
         page = client.get(f"/decisions/{wrong}")
         assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
         assert "<h1>No such decision.</h1>" in page.text
         judged = client.post(f"/decisions/{wrong}/review", data={"label": "faithful", "csrf": csrf})
         assert judged.status_code == 404 and "<h1>No such decision.</h1>" in judged.text
+
+
+def test_a_path_no_decision_can_have_is_a_404_page(console):
+    assert_no_decision_pages(console.login())
+
+
+def test_a_path_no_decision_can_have_is_a_404_page_on_postgresql(postgres_url, tmp_path):
+    # PostgreSQL refuses a number past its 32-bit INTEGER where SQLite would look it up
+    store = AuditStore(AuditSettings(path=str(tmp_path / "unused.db")), StoreSettings(url=postgres_url))
+    try:
+        with serving(ReviewConsole(ReviewSettings(secure_cookies=False), lambda: store, {"alice": "k"})) as base:
+            assert_no_decision_pages(Console(base, store, {}, key="k").login())
+    finally:
+        store.close()
 
 
 def test_an_unexpected_error_is_a_page_of_the_console_without_details():

@@ -8,9 +8,10 @@ import json
 import time
 
 import httpx
+import pytest
 from itsdangerous import TimestampSigner
 
-from morphguard.config import AuditSettings, ReviewSettings
+from morphguard.config import AuditSettings, ReviewSettings, StoreSettings
 from morphguard.policy.audit import AuditStore
 from morphguard.review.app import ReviewConsole
 from morphguard.review.throttle import LoginThrottle
@@ -43,10 +44,12 @@ def test_a_logout_from_another_site_is_refused(console):
     assert console.client().post("/logout", data={}).status_code == 403  # no session: nothing to end
 
 
-def test_a_session_cookie_is_refused_after_logout_by_every_process(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_session_cookie_is_refused_after_logout_by_every_process(backend, tmp_path, request):
     # Two processes of one fleet: the same session secret, the same audit store, nothing else shared.
     settings = ReviewSettings(secure_cookies=False, session_secret="one secret for the fleet")
-    stores = [AuditStore(AuditSettings(path=str(tmp_path / "audit.db"))) for _ in range(2)]
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
+    stores = [AuditStore(AuditSettings(path=str(tmp_path / "audit.db")), StoreSettings(url=url)) for _ in range(2)]
     consoles = [ReviewConsole(settings, lambda store=store: store, {"alice": "k"}) for store in stores]
     try:
         with serving(consoles[0]) as first, serving(consoles[1]) as second:

@@ -306,7 +306,15 @@ class ReviewSettings(Section):
     # name → key, separate from proxy keys. None configured: `morphguard review` makes a one-time key for "local".
     reviewers: dict[str, SecretStr] = {}
     session_secret: SecretStr | None = None  # signs session cookies; None: random per process
-    session_max_age_s: int = Field(8 * 3600, ge=60)
+    session_max_age_s: int = Field(8 * 3600, ge=60)  # a session ends this long after login, however active
+    # Failed logins, counted in each process's memory (review/throttle.py): this many from one address within the
+    # window lock it out for login_lockout_s, doubled at each further lockout up to login_lockout_max_s;
+    # login_failures_overall from all addresses lock every address out alike.
+    login_failures: int = Field(5, ge=1)
+    login_failures_overall: int = Field(50, ge=1)
+    login_window_s: float = Field(300.0, gt=0)
+    login_lockout_s: float = Field(30.0, gt=0)
+    login_lockout_max_s: float = Field(3600.0, gt=0)
     secure_cookies: bool = True  # cookies only over HTTPS (browsers count http://localhost as secure)
     trace_url: str | None = None  # e.g. http://localhost:6006/projects/default/traces/{trace_id}
     page_size: int = Field(50, ge=1, le=500)

@@ -82,6 +82,11 @@ reviews = sa.Table(
     sa.Column("note", sa.Text),
     sa.Index("reviews_decision", "decision_id"),
 )
+revoked_sessions = sa.Table(
+    "revoked_sessions", metadata,  # review console sessions ended by logging out (policy.reviews)
+    sa.Column("session_id", sa.Text, primary_key=True),
+    sa.Column("expires_at", sa.Float, nullable=False),  # the session's own end (epoch seconds): the row may go then
+)
 COLUMNS = tuple(decisions.columns.keys())
 _JSON_FIELDS = frozenset(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
 

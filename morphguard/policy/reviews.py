@@ -3,18 +3,19 @@
 A judgement is its own row in `reviews` (who, when, which label, per-factoid labels, a note); the
 decision it is about is never changed, and the newest judgement of a decision is its current one.
 Queries page by keyset (the last row's id, or score and id), so a page costs the same at row 100,000
-as at row 1.
+as at row 1. The console's sessions ended by logging out are kept here too, for every process to refuse.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from morphguard.policy.audit import AuditStore, decisions, escalations, reviews
+from morphguard.policy.audit import AuditStore, decisions, escalations, reviews, revoked_sessions
 from morphguard.policy.record import now
 
 Label = Literal["hallucinated", "faithful", "unsure"]
@@ -167,6 +168,22 @@ class ReviewStore:
                .where(c.score.is_not(None), sa.exists().where(reviews.c.decision_id == c.id)))
         with self.engine.connect() as db:
             return [(t, str(time)[:10], float(s), lab) for t, time, s, lab in db.execute(sql)]
+
+    def revoke_session(self, session_id: str, expires_at: float) -> None:
+        """End a console session for every process that reads this store; rows of sessions past their own end
+        go (those sessions are refused anyway)."""
+        with self.engine.begin() as db:
+            db.execute(revoked_sessions.delete().where(revoked_sessions.c.expires_at < time.time()))
+        try:
+            with self.engine.begin() as db:
+                db.execute(revoked_sessions.insert().values(session_id=session_id, expires_at=expires_at))
+        except sa.exc.IntegrityError:
+            pass  # revoked already: two tabs logged out at once
+
+    def session_revoked(self, session_id: str) -> bool:
+        with self.engine.connect() as db:
+            return db.execute(sa.select(revoked_sessions.c.session_id)
+                              .where(revoked_sessions.c.session_id == session_id)).first() is not None
 
 
 def _cursor(text: str) -> tuple[float, int]:

@@ -2,9 +2,12 @@
 insights, export. Server-rendered (Jinja2, autoescaped); the one script only adds keyboard shortcuts.
 
 Access: reviewer keys are separate from proxy keys and compared in constant time; the session is a
-signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off); every form carries the
-session's CSRF token; pages forbid framing, inline scripts and caching. URLs carry ids and filter names,
-never answer text.
+signed cookie (HttpOnly, SameSite=Strict, Secure unless configured off) holding the reviewer, a random
+session id and the session's end (`session_max_age_s` after login, however active). Logging out revokes
+the id in the audit store, which every process serving the console reads, so a copy of the cookie is
+refused from then on. Failed logins lock the client address out, and all addresses after many
+(review/throttle.py). Every form, login and logout included, carries the session's CSRF token; pages
+forbid framing, inline scripts and caching. URLs carry ids and filter names, never answer text.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import hmac
 import io
 import json
 import logging
+import math
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,11 +41,15 @@ from morphguard.policy.audit import AuditStore, parse_time
 from morphguard.policy.reviews import LABELS, QueueFilter, ReviewStore, text_kept
 from morphguard.review import charts
 from morphguard.review.pages import answer_pieces, passage_pieces, passages_of
+from morphguard.review.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 _FORM_LIMIT = 64_000
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_ROW_ID = re.compile(r"[0-9]{1,10}")
+_MAX_ROW_ID = 2**31 - 1  # ids are INTEGER columns: 32 bits on PostgreSQL, where a larger number is an error
+_FOREIGN_FORM = "This form has expired or did not come from this console; reload the page and try again."
 _HEADERS = {
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -63,6 +72,7 @@ class ReviewConsole:
         self.topics = sorted(topics)  # the configured topics, offered by the queue's filter
         self._store = store
         self.reviewers = reviewers
+        self.throttle = LoginThrottle(settings)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(
             default=True, default_for_string=True))
 
@@ -76,8 +86,8 @@ class ReviewConsole:
                 Route("/logout", self._auth(self.logout), methods=["POST"]),
                 Route("/", self.home, methods=["GET"]),
                 Route("/queue", self._auth(self.queue), methods=["GET"]),
-                Route("/decisions/{decision_id:int}", self._auth(self.detail), methods=["GET"]),
-                Route("/decisions/{decision_id:int}/review", self._auth(self.review), methods=["POST"]),
+                Route("/decisions/{decision_id}", self._auth(self.detail), methods=["GET"]),
+                Route("/decisions/{decision_id}/review", self._auth(self.review), methods=["POST"]),
                 Route("/insights", self._auth(self.insights), methods=["GET"]),
                 Route("/export.{kind:str}", self._auth(self.export), methods=["GET"]),
                 Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -85,36 +95,52 @@ class ReviewConsole:
             middleware=[Middleware(SessionMiddleware, secret_key=secret, session_cookie="morphguard_review",
                                    max_age=self.settings.session_max_age_s, same_site="strict",
                                    https_only=self.settings.secure_cookies)],
-            exception_handlers={404: self._not_found, 405: self._not_found},
+            exception_handlers={404: self._not_found, 405: self._not_found, Exception: self._server_error},
         )
 
     # --- plumbing ---------------------------------------------------------------------------------------
 
-    def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> HTMLResponse:
+    def _page(self, request: Request, template: str, status: int = 200, headers: dict[str, str] | None = None,
+              **values: Any) -> HTMLResponse:
         session = request.session
         if "csrf" not in session:
             session["csrf"] = secrets.token_urlsafe(32)
-        html = self.templates.get_template(template).render(
-            base=request.scope.get("root_path", ""), reviewer=session.get("reviewer"), csrf=session["csrf"],
-            **values)
-        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+        return self._html(request, template, status, headers, reviewer=session.get("reviewer"), csrf=session["csrf"],
+                          **values)
+
+    def _html(self, request: Request, template: str, status: int, headers: dict[str, str] | None = None,
+              **values: Any) -> HTMLResponse:
+        html = self.templates.get_template(template).render(base=request.scope.get("root_path", ""), **values)
+        return HTMLResponse(html, status_code=status, headers={**_HEADERS, **(headers or {})})
 
     def _redirect(self, request: Request, path: str) -> RedirectResponse:
         return RedirectResponse(request.scope.get("root_path", "") + path, status_code=303, headers=_HEADERS)
 
     def _auth(self, handler: Handler) -> Handler:
         async def guarded(request: Request) -> Response:
-            if not request.session.get("reviewer"):
+            if not await self._logged_in(request):
                 if request.method == "GET":
                     return self._redirect(request, "/login")
                 return self._page(request, "error.html", 403, message="Log in first.")
             if request.method == "POST":
                 form = await self._form(request)
-                if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
-                    return self._page(request, "error.html", 403, message="This form has expired; reload the page.")
+                if form is None or not _token_matches(request, form):
+                    return self._page(request, "error.html", 403, message=_FOREIGN_FORM)
                 request.state.form = form
             return await handler(request)
         return guarded
+
+    async def _logged_in(self, request: Request) -> bool:
+        """Whether the session is a reviewer's that has not ended: past its end, or revoked by logging out in
+        any process. An ended session is cleared."""
+        session = request.session
+        if not session.get("reviewer"):
+            return False
+        alive = session.get("expires", 0) > time.time() and not await asyncio.to_thread(
+            self._audit().session_revoked, session.get("sid", ""))
+        if not alive:
+            session.clear()
+        return alive
 
     @staticmethod
     async def _form(request: Request) -> dict[str, str] | None:
@@ -143,6 +169,14 @@ class ReviewConsole:
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return self._page(request, "error.html", 404, message="No such page.")
 
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        # Runs outside the session middleware (Starlette's outermost layer): a page without the session's parts.
+        return self._html(request, "error.html", 500, reviewer=None, csrf="",
+                          message="Something went wrong; the console's log has the details.")
+
+    def _no_decision(self, request: Request) -> HTMLResponse:
+        return self._page(request, "error.html", 404, message="No such decision.")
+
     # --- routes -----------------------------------------------------------------------------------------
 
     async def login_page(self, request: Request) -> Response:
@@ -150,15 +184,22 @@ class ReviewConsole:
 
     async def login(self, request: Request) -> Response:
         form = await self._form(request)
-        if form is None or not hmac.compare_digest(form.get("csrf", ""), request.session.get("csrf", "")):
-            return self._page(request, "login.html", 403, error="This form has expired; try again.")
+        if form is None or not _token_matches(request, form):
+            return self._page(request, "login.html", 403, error=_FOREIGN_FORM)
+        address = request.client.host if request.client else ""
+        wait = math.ceil(self.throttle.retry_after(address))
+        if wait:
+            return self._page(request, "login.html", 429, {"retry-after": str(wait)},
+                              error=f"Too many failed logins; try again in {wait} seconds.")
         name, key = form.get("name", ""), form.get("key", "")
         if not self._valid(name, key):
-            await asyncio.sleep(0.5)  # slows guessing; the comparison itself does not leak timing
-            log.warning("review console: failed login")
+            self.throttle.failed(address)
+            log.warning("review console: failed login from %r", address)
             return self._page(request, "login.html", 401, error="Unknown reviewer or wrong key.")
+        self.throttle.succeeded(address)
         request.session.clear()
-        request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32)})
+        request.session.update({"reviewer": name, "csrf": secrets.token_urlsafe(32), "sid": secrets.token_urlsafe(24),
+                                "expires": int(time.time()) + self.settings.session_max_age_s})
         return self._redirect(request, "/queue")
 
     def _valid(self, name: str, key: str) -> bool:
@@ -172,7 +213,9 @@ class ReviewConsole:
         return self._redirect(request, "/queue")
 
     async def logout(self, request: Request) -> Response:
-        request.session.clear()
+        session = request.session
+        await asyncio.to_thread(self._audit().revoke_session, session["sid"], session["expires"])
+        session.clear()
         return self._redirect(request, "/login")
 
     def _filter(self, request: Request) -> QueueFilter:
@@ -199,11 +242,13 @@ class ReviewConsole:
                           topics=self.topics, actions=_ACTIONS)
 
     async def detail(self, request: Request) -> Response:
-        decision_id = int(request.path_params["decision_id"])
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
         store = self._audit()
         row = await asyncio.to_thread(store.decision, decision_id)
         if row is None:
-            return self._page(request, "error.html", 404, message="No such decision.")
+            return self._no_decision(request)
         judgements = await asyncio.to_thread(store.judgements, decision_id)
         delivery = await asyncio.to_thread(store.delivery, row["request_id"]) if row["escalated"] else None
         newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
@@ -222,7 +267,9 @@ class ReviewConsole:
             saved=request.query_params.get("saved") == "1")
 
     async def review(self, request: Request) -> Response:
-        decision_id = int(request.path_params["decision_id"])
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
         form: dict[str, str] = request.state.form
         label = form.get("label", "")
         factoid_labels = {int(k[1:]): v for k, v in form.items() if re.fullmatch(r"f[0-9]{1,4}", k) and v}
@@ -232,7 +279,7 @@ class ReviewConsole:
             await asyncio.to_thread(store.judge, decision_id, request.session["reviewer"], label, factoid_labels,
                                     note)
         except KeyError:
-            return self._page(request, "error.html", 404, message="No such decision.")
+            return self._no_decision(request)
         except ValueError:
             return self._page(request, "error.html", 400, message="Choose hallucinated, faithful or unsure.")
         _newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
@@ -263,6 +310,20 @@ class ReviewConsole:
             text, media = out.getvalue(), "text/csv"
         return Response(text, media_type=media, headers={
             **_HEADERS, "content-disposition": f'attachment; filename="morphguard-reviews.{kind}"'})
+
+
+def _decision_id(request: Request) -> int | None:
+    """The decision id in the path; None when no row can have it (not digits, or too large for the database)."""
+    text = request.path_params["decision_id"]
+    return int(text) if _ROW_ID.fullmatch(text) and int(text) <= _MAX_ROW_ID else None
+
+
+def _token_matches(request: Request, form: dict[str, str]) -> bool:
+    """Whether the form carries the CSRF token this console gave this browser in its signed session cookie
+    (GET /login gives one before anyone logs in). No cookie means no token, and an empty token matches nothing:
+    a cross-site page can send neither."""
+    issued = request.session.get("csrf", "")
+    return bool(issued) and hmac.compare_digest(form.get("csrf", "").encode(), issued.encode())
 
 
 _ACTIONS = ("annotate", "highlight", "cite", "regenerate", "block", "pass")

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def csrf_of(html: str) -> str:
     return match.group(1)
 
 
-def serve_console(console: ReviewConsole) -> tuple[str, uvicorn.Server, threading.Thread]:
+@contextmanager
+def serving(console: ReviewConsole) -> Iterator[str]:
+    """The console on a port of its own while the block runs; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(console.app(), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -81,7 +84,11 @@ def serve_console(console: ReviewConsole) -> tuple[str, uvicorn.Server, threadin
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server, thread
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @pytest.fixture
@@ -92,10 +99,8 @@ def console(tmp_path: Path) -> Iterator[Console]:
                               trace_url="http://phoenix.local/projects/default/traces/{trace_id}")
     app = ReviewConsole(settings, lambda: store, {"alice": "s3cret-key", "bob": "other-key"},
                         topics=["healthcare", "legal"])
-    base, server, thread = serve_console(app)
     try:
-        yield Console(base, store, ids)
+        with serving(app) as base:
+            yield Console(base, store, ids)
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         store.close()

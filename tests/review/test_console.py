@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import sqlalchemy as sa
 
-from morphguard.policy.audit import decisions
+from morphguard.config import AuditSettings, ReviewSettings, StoreSettings
+from morphguard.policy.audit import AuditStore, decisions
 from morphguard.policy.record import DecisionRecord
-from tests.review.conftest import csrf_of
+from morphguard.review.app import ReviewConsole
+from tests.review.conftest import Console, csrf_of, serving
 
 
 def test_nothing_is_shown_before_logging_in(console):
@@ -142,6 +145,44 @@ def test_unknown_pages_are_plain_404s(console):
     assert client.get("/nowhere").status_code == 404
     assert client.get("/decisions/424242").status_code == 404
     assert client.get("/decisions/abc").status_code == 404
+
+
+def assert_no_decision_pages(client: httpx.Client) -> None:
+    """Paths no decision can have, shown and judged: the console's 404 page."""
+    csrf = csrf_of(client.get("/queue").text)
+    for wrong in ("9" * 40, "9" * 5000, str(2**63), str(2**31), "-1", "1.5", "0x10", "abc", "%C3%A9", "%C2%B2"):
+        page = client.get(f"/decisions/{wrong}")
+        assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+        assert "<h1>No such decision.</h1>" in page.text
+        judged = client.post(f"/decisions/{wrong}/review", data={"label": "faithful", "csrf": csrf})
+        assert judged.status_code == 404 and "<h1>No such decision.</h1>" in judged.text
+
+
+def test_a_path_no_decision_can_have_is_a_404_page(console):
+    assert_no_decision_pages(console.login())
+
+
+def test_a_path_no_decision_can_have_is_a_404_page_on_postgresql(postgres_url, tmp_path):
+    # PostgreSQL refuses a number past its 32-bit INTEGER where SQLite would look it up
+    store = AuditStore(AuditSettings(path=str(tmp_path / "unused.db")), StoreSettings(url=postgres_url))
+    try:
+        with serving(ReviewConsole(ReviewSettings(secure_cookies=False), lambda: store, {"alice": "k"})) as base:
+            assert_no_decision_pages(Console(base, store, {}, key="k").login())
+    finally:
+        store.close()
+
+
+def test_an_unexpected_error_is_a_page_of_the_console_without_details():
+    # Mounted in `serve`, the console answers before the proxy's audit store exists: a request then fails.
+    settings = ReviewSettings(secure_cookies=False)
+    with serving(ReviewConsole(settings, lambda: None, {"alice": "k"})) as base:
+        client = httpx.Client(base_url=base, timeout=10)
+        login = client.post("/login", data={"csrf": csrf_of(client.get("/login").text), "name": "alice", "key": "k"})
+        assert login.status_code == 303
+        page = client.get("/queue")
+    assert page.status_code == 500 and page.headers["content-type"].startswith("text/html")
+    assert "<h1>Something went wrong" in page.text and "RuntimeError" not in page.text
+    assert page.headers["x-frame-options"] == "DENY"
 
 
 def test_text_is_kept_for_flagged_answers_only_and_purged_after_its_days(console):

@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(check)
     check.set_defaults(run=_check)
 
+    doctor = commands.add_parser("doctor", help="probe each judge the configured check calls: whether it answers "
+                                                "and what it accepts (exit code 2 if one cannot be called)")
+    _config_option(doctor)
+    doctor.set_defaults(run=_doctor)
+
     serve = commands.add_parser("serve", help="run the OpenAI-compatible proxy")
     serve.add_argument("--host", default=None, help="default: proxy.host of the config")
     serve.add_argument("--port", type=int, default=None, help="default: proxy.port of the config")
@@ -193,12 +198,53 @@ def _check(args: argparse.Namespace) -> int:
             raise MorphguardError(str(exc)) from None
         config = config.with_section(spec.name, settings).model_copy(
             update={"detector": config.detector.model_copy(update={"name": spec.name})})
+    _require_judges(config)
     result = detect(args.question, passages, answer, config=config)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
         print(render_detection(answer, result, color=sys.stdout.isatty()))
     return EXIT_FLAGGED if result.flagged else EXIT_OK
+
+
+def _require_judges(config: Config) -> None:
+    import asyncio
+
+    from morphguard.detectors import stage_models
+    from morphguard.detectors.judges import require_judges
+    from morphguard.llm import build_client
+
+    models = stage_models(config)
+    if models and config.judge.probe != "off":
+        asyncio.run(require_judges(config, build_client(config, models)))
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from morphguard.detectors import stage_models
+    from morphguard.detectors.judges import probe_judges
+    from morphguard.llm import build_client
+
+    config = _load(args)
+    models = stage_models(config)
+    if not models:
+        print(f"the detector {config.detector.name} calls no judge")
+        return EXIT_OK
+    statuses = asyncio.run(probe_judges(config, build_client(config, models)))
+    for status in statuses:
+        found = status.abilities
+        yes = {True: "yes", False: "no"}
+        print(f"{'ok  ' if status.error is None else 'FAIL'} judge {status.model} (provider {found.provider}; "
+              f"log-probabilities {yes[found.logprobs]}; reasoning {yes[found.reasoning]}; "
+              f"probe {status.seconds:.1f} s)")
+        if status.error is not None:
+            print(f"     {status.error}")
+        if not found.logprobs:
+            votes = config.judge.votes
+            print("     no log-probabilities: yes/no verdicts are " + (
+                f"the share of NO in {votes} samples" if votes > 1 else "hard (0 or 1); judge.votes > 1 softens them"))
+    return EXIT_OK if all(s.error is None for s in statuses) else EXIT_ERROR
 
 
 def _serve(args: argparse.Namespace) -> int:

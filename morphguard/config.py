@@ -44,6 +44,17 @@ class JudgeSettings(Section):
     max_attempts: int = Field(4, ge=1)
     concurrency: int = Field(8, ge=1)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    # What the judge model accepts; None: as litellm knows the model. Set them for a model litellm does not know.
+    logprobs: bool | None = None  # it returns log-probabilities (OpenAI's chat models, vLLM, llama.cpp do)
+    reasoning: bool | None = None  # it thinks before answering (o-series, gpt-5, Gemini 2.5): no temperature
+    reasoning_tokens: int = Field(2048, ge=0)  # a reasoning judge's room to think, beside the answer's tokens
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = "low"
+    # Without log-probabilities a yes/no verdict is a hard 0 or 1; with votes > 1 it is the share of NO among
+    # that many samples (temperature 1), at that many times the calls.
+    votes: int = Field(1, ge=1, le=15)
+    # One probe call per judge model at start (serve, worker, check): "required" refuses to start with a judge
+    # that cannot answer, "warn" logs it and starts (checks then fail as `on_error` says), "off" skips it.
+    probe: Literal["required", "warn", "off"] = "required"
 
 
 class LocalModelSettings(Section):

@@ -13,6 +13,7 @@ import signal
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
+from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
 from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy.guard import build_guard
@@ -30,6 +31,7 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
                                                                                  "inline_via": "process"})})
     telemetry_setup.configure(config.telemetry)
     detector = await asyncio.to_thread(build_detector, config)  # may start the embedded judge
+    await require_judges(config, getattr(detector, "llm", None))
     guard = await asyncio.to_thread(build_guard, config, detector, PolicyEngine(config.policy))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -4,6 +4,7 @@ log-probabilities) how much the model believed in each verdict.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -87,13 +88,24 @@ async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str 
     """Ask the judge a question it answers with one word, YES or NO, and return its probability of NO against
     YES: from the log-probabilities where the reply has them, else from the word itself (0.5 when it is
     neither). The call is counted on `stage`."""
+    if llm.votes > 1 and not llm.abilities(model).logprobs:
+        replies = await asyncio.gather(*(llm.complete(messages, model=model, max_tokens=2, temperature=1.0)
+                                         for _ in range(llm.votes)))
+        for reply in replies:
+            stage.count(reply)
+        stage.seconds += max(reply.seconds for reply in replies)  # asked at once
+        return sum(_said_no(reply.text) for reply in replies) / len(replies)
     reply = await llm.complete(messages, model=model, max_tokens=2, top_logprobs=5)
     stage.count(reply)
     stage.seconds += reply.seconds
     probabilities = verdict_probabilities(reply.logprobs)
     if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
         return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
-    said = reply.text.strip().upper()
+    return _said_no(reply.text)
+
+
+def _said_no(text: str) -> float:
+    said = text.strip().upper()
     return 0.0 if said.startswith("YES") else 1.0 if said.startswith("NO") else 0.5
 
 

@@ -37,4 +37,9 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
         max_attempts=judge.max_attempts,
         concurrency=concurrency,
         cache_entries=judge.cache.max_entries if judge.cache.enabled else 0,
+        logprobs=judge.logprobs,
+        reasoning=judge.reasoning,
+        reasoning_tokens=judge.reasoning_tokens,
+        reasoning_effort=judge.reasoning_effort,
+        votes=judge.votes,
     )

@@ -24,6 +24,7 @@ from tenacity import (
 
 from morphguard import telemetry
 from morphguard.errors import LLMError, LLMTimeoutError
+from morphguard.llm.providers import Abilities, abilities, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -101,6 +102,11 @@ class LLMClient:
     max_attempts: int = 4
     concurrency: int = 8
     cache_entries: int = 0  # 0 disables the response cache
+    logprobs: bool | None = None  # None: as litellm knows the model (llm.providers)
+    reasoning: bool | None = None
+    reasoning_tokens: int = 2048  # a reasoning model's room to think, on top of the answer's own tokens
+    reasoning_effort: str | None = "low"
+    votes: int = 1  # without log-probabilities: samples of a yes/no question, for a soft verdict
     usage: Usage = field(default_factory=Usage)
 
     def __post_init__(self) -> None:
@@ -118,6 +124,26 @@ class LLMClient:
     def endpoint(self, model: str | None) -> Endpoint:
         name = model or self.default_model
         return self.routes.get(name) or Endpoint(name, self.api_base, self.api_key)
+
+    def abilities(self, model: str | None = None) -> Abilities:
+        """What the model behind `model` (None: the default judge) accepts."""
+        return abilities(self.endpoint(model).model, self.logprobs, self.reasoning)
+
+    async def probe(self, model: str | None = None) -> None:
+        """Two calls shaped like the checks' own (a yes/no word with log-probabilities, a verdict in a JSON
+        schema); LLMError, saying what failed, if the judge cannot answer them."""
+        question = [{"role": "system", "content": "You check facts. Answer with one word: YES or NO."},
+                    {"role": "user", "content": "Passage: Water boils at 100 degrees Celsius at sea level.\n"
+                                                "Statement: Water boils at 100 degrees Celsius at sea level.\n"
+                                                "Does the passage state this?"}]
+        schema = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["YES", "NO"]}},
+                  "required": ["verdict"]}
+        name = self.endpoint(model).model
+        for call in ({"max_tokens": 2, "top_logprobs": 5}, {"max_tokens": 16, "json_schema": schema}):
+            reply = await self.complete(question, model=model, **call)
+            if not reply.text.strip():
+                raise LLMError(f"{name}: the judge answered with no text (a reasoning model out of tokens? "
+                               "raise judge.reasoning_tokens)")
 
     async def complete(
         self,
@@ -139,11 +165,13 @@ class LLMClient:
         if json_schema is not None:
             request["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": json_schema, "strict": True},
+                "json_schema": {"name": "answer", "schema": strict_schema(json_schema), "strict": True},
             }
         if top_logprobs:
             request["logprobs"] = True
             request["top_logprobs"] = top_logprobs
+        request = fitted(request, self.abilities(model), reasoning_tokens=self.reasoning_tokens,
+                         reasoning_effort=self.reasoning_effort)
         key = self._cache_key(request, endpoint) if temperature == 0 and self.cache_entries else None
         if key is not None and key in self._cache:
             self._cache.move_to_end(key)

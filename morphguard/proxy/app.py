@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
+from morphguard.detectors.judges import require_judges
 from morphguard.policy.answers import message_of
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.proxy.adapter import LitellmAdapter
@@ -80,6 +81,7 @@ class Proxy:
         telemetry_setup.configure(self.config.telemetry)
         detector = self._detector if self._detector is not None else await asyncio.to_thread(
             build_detector, self.config)  # may start the judge
+        await require_judges(self.config, getattr(detector, "llm", None))
         self.upstream = Upstream(self.settings)
         self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic})) \
             if self.settings.anthropic is not None else None

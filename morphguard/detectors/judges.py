@@ -1,0 +1,52 @@
+"""Whether the judges a detector calls can be called, asked once at start (`serve`, `worker`, `check`,
+`doctor`) rather than found out on every request, where a refused call would pass the answer unchecked."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from morphguard.config import Config
+from morphguard.detectors.registry import stage_models
+from morphguard.errors import MorphguardError
+from morphguard.llm import LLMClient
+from morphguard.llm.providers import Abilities
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JudgeStatus:
+    model: str  # as configured ("local", "openai/gpt-4.1-mini", ...)
+    abilities: Abilities
+    seconds: float
+    error: str | None = None  # None: it answered both probe calls
+
+
+async def probe_judges(config: Config, llm: LLMClient, name: str | None = None) -> list[JudgeStatus]:
+    """Each distinct model the detector `name` (None: the configured one) calls, probed."""
+    out = []
+    for model in dict.fromkeys(m or config.judge.model for m in stage_models(config, name)):
+        started = time.perf_counter()
+        try:
+            await llm.probe(model)
+            error = None
+        except Exception as exc:
+            error = str(exc) or type(exc).__name__
+        out.append(JudgeStatus(model, llm.abilities(model), time.perf_counter() - started, error))
+    return out
+
+
+async def require_judges(config: Config, llm: LLMClient | None, name: str | None = None) -> None:
+    """As `judge.probe` says: refuse to start with a judge that cannot answer, or warn."""
+    if config.judge.probe == "off" or llm is None:
+        return
+    for status in await probe_judges(config, llm, name):
+        if status.error is None:
+            continue
+        message = f"the judge {status.model} cannot be called: {status.error}"
+        if config.judge.probe == "required":
+            raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
+                                            "anyway, and checks then fail as the profile's on_error says)")
+        log.warning("%s; starting anyway (judge.probe: warn)", message)

@@ -1,0 +1,130 @@
+"""Judge calls as each provider takes them: litellm's real provider code against loopback fakes that enforce
+the providers' documented request rules (tests/llm/fake_judges.py): OpenAI's strict schemas, its reasoning
+models, Anthropic's Messages API, an OpenAI-compatible server. Every judge part returns a verdict on each,
+and a judge that cannot answer is an error at start, never an unchecked pass."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from morphguard import Config, detect
+from morphguard.detectors.judges import probe_judges, require_judges
+from morphguard.errors import MorphguardError
+from morphguard.llm import build_client
+from morphguard.llm.providers import strict_schema
+from tests.e2e.conftest import start
+from tests.servers import free_port, stop
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen in the third trimester?"
+ANSWER = "Ibuprofen is not contraindicated in the third trimester of pregnancy."  # a changed copy: every part asks
+ROOT = Path(__file__).resolve().parents[2]
+
+PROVIDERS = {  # model → the fake's path
+    "openai/gpt-4.1-mini": "openai/v1",
+    "openai/o3-mini": "openai/v1",
+    "openai/gpt-5-mini": "openai/v1",
+    "anthropic/claude-sonnet-4-5": "anthropic",
+    "anthropic/claude-3-5-haiku-20241022": "anthropic",
+    "hosted_vllm/qwen2.5-7b-instruct": "vllm/v1",
+}
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory) -> str:
+    port = free_port()
+    process = start([sys.executable, "-m", "tests.llm.fake_judges", str(port)], f"http://127.0.0.1:{port}/_seen",
+                    tmp_path_factory.mktemp("fake-judges") / "log")
+    yield f"http://127.0.0.1:{port}"
+    stop(process)
+
+
+def config_for(fakes: str, model: str, detector: str, **judge: object) -> Config:
+    return Config.model_validate({
+        "judge": {"model": model, "api_base": f"{fakes}/{PROVIDERS[model]}", "api_key": "sk-judge", "max_attempts": 1,
+                  **judge},
+        "detector": {"name": detector.split(":")[0]},
+        **({"metarag": {"profile": detector.split(":")[1]}} if ":" in detector else {}),
+    })
+
+
+@pytest.mark.parametrize("model", list(PROVIDERS))
+@pytest.mark.parametrize("detector", ["spotcheck", "restatement", "direct", "combined", "metarag:paper", "claims",
+                                      "hierarchical"])
+def test_every_judge_part_returns_a_verdict_on_every_provider(fakes, model, detector):
+    found = detect(QUESTION, [PASSAGE], ANSWER, config=config_for(fakes, model, detector))
+    assert found.cost.llm_calls > 0, found
+    # The fakes answer NO to every question, in the shape asked for: every reply read, and the answer flagged.
+    assert found.stats.unparseable_verdicts == 0 and found.stats.unparseable_mutations == 0, found.stats
+    assert found.flagged, found
+
+
+@pytest.mark.parametrize("model", list(PROVIDERS))
+def test_the_probe_passes_on_every_provider_and_says_what_the_judge_accepts(fakes, model):
+    config = config_for(fakes, model, "spotcheck")
+    [status] = asyncio.run(probe_judges(config, build_client(config, [None])))
+    assert status.error is None, status
+    assert status.abilities.logprobs == model.startswith(("openai/gpt-4.1", "hosted_vllm/"))
+    assert status.abilities.reasoning == model.startswith(("openai/o3", "openai/gpt-5"))
+
+
+def test_a_reasoning_judge_without_room_to_think_is_an_error_at_start(fakes):
+    config = config_for(fakes, "openai/o3-mini", "spotcheck", reasoning_tokens=100)
+    with pytest.raises(MorphguardError, match=r"no text .*judge\.reasoning_tokens"):
+        asyncio.run(require_judges(config, build_client(config, [None])))
+
+
+def test_log_probabilities_claimed_for_a_provider_without_them_fail_the_probe(fakes):
+    config = config_for(fakes, "anthropic/claude-sonnet-4-5", "spotcheck", logprobs=True)
+    with pytest.raises(MorphguardError, match="cannot be called"):
+        asyncio.run(require_judges(config, build_client(config, [None])))
+    warn = config.model_copy(update={"judge": config.judge.model_copy(update={"probe": "warn"})})
+    asyncio.run(require_judges(warn, build_client(warn, [None])))  # warns, starts
+
+
+def test_votes_make_a_soft_verdict_without_log_probabilities(fakes):
+    config = config_for(fakes, "anthropic/claude-sonnet-4-5", "spotcheck", votes=3)
+    found = detect(QUESTION, [PASSAGE], ANSWER, config=config)
+    assert found.cost.llm_calls >= 3 and found.flagged
+
+
+def test_strict_schemas_close_every_object_and_require_every_property():
+    schema = {"type": "object", "required": ["verdict"], "properties": {
+        "verdict": {"type": "string", "enum": ["YES", "NO"]}, "reason": {"type": "string", "maxLength": 200},
+        "items": {"type": "array", "minItems": 2,
+                  "items": {"type": "object", "properties": {"x": {"type": "string"}}}}}}
+    strict = strict_schema(schema)
+    assert strict["additionalProperties"] is False and strict["required"] == ["verdict", "reason", "items"]
+    assert strict["properties"]["reason"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    inner = strict["properties"]["items"]["anyOf"][0]
+    assert "minItems" not in inner and inner["items"]["additionalProperties"] is False
+
+
+def morphguard(*args: str, config: dict, folder: Path) -> subprocess.CompletedProcess[str]:
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    return subprocess.run([sys.executable, "-m", "morphguard.cli", *args, "--config", str(folder / "config.yaml")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_doctor_and_serve_say_when_a_judge_cannot_be_called(fakes, tmp_path):
+    good = {"judge": {"model": "openai/o3-mini", "api_base": f"{fakes}/openai/v1", "api_key": "sk-judge"},
+            "detector": {"name": "spotcheck"}}
+    done = morphguard("doctor", config=good, folder=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "ok   judge openai/o3-mini (provider openai; log-probabilities no; reasoning yes" in done.stdout
+    assert "yes/no verdicts are hard" in done.stdout
+
+    bad = {**good, "judge": {**good["judge"], "api_base": f"http://127.0.0.1:{free_port()}/v1", "max_attempts": 1,
+                             "timeout_s": 5}}
+    done = morphguard("doctor", config=bad, folder=tmp_path)
+    assert done.returncode == 2 and "FAIL judge openai/o3-mini" in done.stdout, done.stdout
+    port = free_port()
+    served = morphguard("serve", "--port", str(port), config={**bad, "proxy": {"port": port}}, folder=tmp_path)
+    assert served.returncode != 0
+    assert "the judge openai/o3-mini cannot be called" in served.stdout + served.stderr

@@ -101,14 +101,19 @@ GENERAL_THRESHOLD = 0.3
 SENSITIVE_THRESHOLD = 0.175
 
 
+AUTO_DETECTOR = "auto"
+
+
 class DetectorSettings(Section):
-    name: str = "combined"  # a registered detector
+    # A registered detector, or "auto": `combined` with the judge its weights were fitted with (the embedded one),
+    # `sentences` with any other judge (detectors/judges.py).
+    name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
 
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        if name not in DETECTOR_SECTIONS:
+        if name != AUTO_DETECTOR and name not in DETECTOR_SECTIONS:
             raise ValueError(f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTOR_SECTIONS))}")
         return name
 

@@ -1,11 +1,14 @@
-"""Whether the judges a detector calls can be called, asked once at start (`serve`, `worker`, `check`,
-`doctor`) rather than found out on every request, where a refused call would pass the answer unchecked."""
+"""The judges a check calls: which check suits the configured judge, and whether each judge can be called,
+asked once at start (`serve`, `worker`, `check`, `doctor`) rather than found out on every request, where a
+refused call would pass the answer unchecked."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from morphguard.config import Config
 from morphguard.detectors.registry import stage_models
@@ -14,6 +17,34 @@ from morphguard.llm import LLMClient
 from morphguard.llm.providers import Abilities
 
 log = logging.getLogger(__name__)
+
+
+def judge_identity(config: Config, model: str | None = None) -> dict[str, Any]:
+    """What tells one judge from another: its model and where it is served (the weights' hash, embedded)."""
+    name = model or config.judge.model
+    if name == "local":
+        return {"model": name, "sha256": config.local.sha256}
+    return {"model": name, "api_base": config.judge.api_base}
+
+
+def chosen_detector(config: Config) -> str:
+    """What `detector.name: auto` runs: `combined` with the judge its weights were fitted with, else `sentences`,
+    which leaves the verdict to the judge instead of to weights and rules fitted around another one."""
+    from morphguard.detectors.combined import CombinedSettings, load_weights
+
+    settings = config.section("combined", CombinedSettings)
+    judge = judge_identity(config, settings.model)
+    fitted = load_weights(settings.weights, settings.profile).fitted_on.get("judge")
+    if fitted == judge:
+        return "combined"
+    _say_once(repr(fitted), repr(judge))
+    return "sentences"
+
+
+@cache
+def _say_once(fitted: str, judge: str) -> None:
+    log.warning("detector auto: the combined check's weights were fitted with the judge %s, not %s; checking with "
+                "`sentences`, which leaves each verdict to the judge (set detector.name to choose)", fitted, judge)
 
 
 @dataclass(frozen=True)

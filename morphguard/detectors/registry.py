@@ -16,7 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
-from morphguard.config import DETECTOR_SECTIONS, Config
+from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config
 from morphguard.detectors.prompts import template
 from morphguard.llm import LLMClient, build_client
 from morphguard.models import Detection, RagInput
@@ -80,6 +80,10 @@ def is_known(name: object) -> bool:
 def resolve(config: Config, name: str | None = None) -> tuple[DetectorSpec[Any], Any]:
     """The spec of `name` (default: the configured detector) and the settings it runs with."""
     name = name or config.detector.name
+    if name == AUTO_DETECTOR:
+        from morphguard.detectors.judges import chosen_detector  # it reads the specs registered here
+
+        name = chosen_detector(config)
     base, _, profile = name.partition(":")
     if base not in SPECS:
         raise ValueError(f"unknown detector {base!r}; choose from {', '.join(sorted(SPECS))}")

@@ -135,12 +135,13 @@ def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
 
 
 def label_probabilities(tokens: Sequence[TokenChoice] | None, key: str,
-                        labels: Sequence[str]) -> dict[str, float] | None:
-    """P(label) at the token where the JSON value of `key` is written, for labels with distinct first letters."""
+                        labels: Sequence[str], occurrence: int = 0) -> dict[str, float] | None:
+    """P(label) at the token where the `occurrence`-th JSON value of `key` is written, for labels with distinct
+    first letters."""
     if not tokens:
         return None
-    match = re.search(rf'"{re.escape(key)}"\s*:\s*"', "".join(choice.token for choice in tokens))
-    choice = _token_at(tokens, match.end()) if match else None
+    found = list(re.finditer(rf'"{re.escape(key)}"\s*:\s*"', "".join(choice.token for choice in tokens)))
+    choice = _token_at(tokens, found[occurrence].end()) if occurrence < len(found) else None
     if choice is None:
         return None
     mass: dict[str, float] = {}

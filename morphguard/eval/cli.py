@@ -17,6 +17,7 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
 from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, short_context
 from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
 from morphguard.models import RagInput
@@ -88,7 +89,8 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     groups = [g for (rows, _) in found for g in rows[2]]
     short = [s for (rows, _) in found for s in rows[3]]
     sources = [dataset for (rows, dataset) in found for _ in rows[1]]
-    about = {"datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
+    about = {"judge": judge_identity(config, settings.model),
+             "datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
              "short_context": settings.short_context,
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
     if args.recalibrate:

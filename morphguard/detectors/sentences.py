@@ -1,0 +1,176 @@
+"""Sentences: the judge reads every sentence of the answer that states something, beside the context, and names
+the words of it that the context does not support. The check for a judge that can be trusted with the task.
+
+The combined check was fitted around a 1.5B judge: lexical evidence leads, the judge is asked about one sentence
+or only near the thresholds, and floors flag what the judge passed. A strong judge knows better than those rules,
+and this check lets it decide. It sees the lexical evidence (each sentence's words the context never uses) as a
+hint, never as a verdict.
+
+One round of calls: the stating sentences go in batches of `batch`, all sent at once, each with the whole context
+(beyond `context_budget` characters, the context focused on that batch). The judge gives a verdict on each
+sentence and then on the answer as a whole; each verdict's score is its probability of UNSUPPORTED where the judge
+returns log-probabilities, else its word (1 or 0). The answer's score is the mean of the worst sentence's score
+and the whole-answer verdict's (the highest of those, over batches): two readings of one answer, so that one
+wrong verdict among many sentences does not decide alone (benchmarks/judge_quality.py measures the choice). The
+spans are the judge's phrases where they are found in the sentence, else the whole sentence. Text in the answer
+that addresses its checker (`injection`) scores 1 whatever the judge says: the judge is the one being
+addressed, so it cannot be the one to clear it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from pydantic import Field
+
+from morphguard.config import Section
+from morphguard.detectors.focus import focus, statements
+from morphguard.detectors.grounding import ungrounded
+from morphguard.detectors.injection import instructions
+from morphguard.detectors.prompts import as_data, numbered, render
+from morphguard.detectors.registry import DetectorSpec, changed_options, register
+from morphguard.detectors.replies import json_list
+from morphguard.detectors.verdicts import label_probabilities
+from morphguard.llm.client import LLMClient
+from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
+
+VERSION = 2
+LABELS = ("SUPPORTED", "UNSUPPORTED")
+
+
+class SentencesSettings(Section):
+    """The `sentences` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
+    context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
+    hints: bool = True  # show the judge each sentence's words the context never uses
+
+
+class Sentences:
+    name = "sentences"
+
+    def __init__(self, llm: LLMClient, settings: SentencesSettings, threshold: float = 0.5) -> None:
+        self.llm = llm
+        self.settings = settings
+        self.threshold = threshold
+
+    def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, list[str]]]:
+        """The sentences that state something, each with the words of it the context never uses."""
+        return [(r.start, r.end, [w.text for w in r.unsupported]) for r in ungrounded(answer, rag.passages)
+                if statements(answer[r.start:r.end])]
+
+    def _messages(self, rag: RagInput, answer: str, batch: list[tuple[int, int, list[str]]]) -> list[dict[str, str]]:
+        lines = []
+        for i, (start, end, words) in enumerate(batch, 1):
+            hint = f"   [words the documents never use: {', '.join(words)}]" if self.settings.hints and words else ""
+            lines.append(f"{i}. {as_data(answer[start:end])}{hint}")
+        passages = rag.passages
+        if sum(len(p) for p in passages) > self.settings.context_budget:
+            passages = focus([answer[s:e] for s, e, _ in batch], passages, self.settings.context_budget)
+        return [{"role": "system", "content": render("sentences_system")},
+                {"role": "user", "content": render("sentences_user", passages=numbered(passages),
+                                                   question=as_data(rag.question), sentences="\n".join(lines))}]
+
+    async def _judge(self, rag: RagInput, answer: str, batch: list[tuple[int, int, list[str]]],
+                     stage: StageCost) -> tuple[list[tuple[float | None, list[str]]], float | None]:
+        """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
+        P(UNSUPPORTED) of the whole answer."""
+        schema = {"type": "object", "required": ["sentences", "answer"], "properties": {"sentences": {
+            "type": "array", "items": {"type": "object", "required": ["id", "verdict", "phrases"], "properties": {
+                "id": {"type": "integer"}, "verdict": {"type": "string", "enum": list(LABELS)},
+                "phrases": {"type": "array", "items": {"type": "string"}}}}},
+            "answer": {"type": "string", "enum": list(LABELS)}}}
+        reply = await self.llm.complete(self._messages(rag, answer, batch), model=self.settings.model,
+                                        max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5)
+        stage.count(reply)
+        stage.seconds = max(stage.seconds, reply.seconds)  # the batches are asked at once
+        entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]
+        out: list[tuple[float | None, list[str]]] = []
+        for i in range(len(batch)):
+            # Entries are read by their id, else by their place; log-probabilities by the verdict's place in the reply.
+            at = next((k for k, e in enumerate(entries) if e.get("id") == i + 1), i if i < len(entries) else None)
+            entry: dict[str, Any] = entries[at] if at is not None else {}
+            verdict = str(entry.get("verdict", "")).strip().upper()
+            phrases = [p for p in entry.get("phrases") or [] if isinstance(p, str) and p.strip()]
+            weighed = label_probabilities(reply.logprobs, "verdict", [lb.lower() for lb in LABELS],
+                                          occurrence=at) if at is not None else None
+            if weighed is not None:
+                out.append((weighed["unsupported"], phrases))
+            elif verdict in LABELS:
+                out.append((1.0 if verdict == "UNSUPPORTED" else 0.0, phrases))
+            else:
+                out.append((None, phrases))
+        return out, _whole(reply.text, reply.logprobs)
+
+    async def detect(self, rag: RagInput, answer: str) -> Detection:
+        started = time.perf_counter()
+        # Pure Python over the whole context: off the event loop, as in grounding.
+        chosen = await asyncio.to_thread(self.plan, rag, answer)
+        size = self.settings.batch
+        batches = [chosen[i:i + size] for i in range(0, len(chosen), size)]
+        stage = StageCost()
+        judged = await asyncio.gather(*(self._judge(rag, answer, batch, stage) for batch in batches))
+        scored: list[tuple[int, int, float, list[str]]] = []
+        unreadable = 0
+        for (start, end, _), (found, phrases) in zip(chosen, [v for verdicts, _ in judged for v in verdicts],
+                                                     strict=True):
+            if found is None:
+                unreadable += 1
+            scored.append((start, end, 0.5 if found is None else found, phrases))  # no verdict: 0.5
+        worst = max((s for _, _, s, _ in scored), default=0.0)
+        wholes = [w for _, w in judged if w is not None]
+        score = (worst + max(wholes)) / 2 if wholes else worst
+        planted = instructions(answer)
+        if planted:
+            score = 1.0
+        # No sentence scores above its answer, so a flagged sentence is always in a flagged answer.
+        factoids = [f for s, e, found, phrases in scored
+                    for f in _factoids(answer, s, e, min(found, score), phrases, self.threshold)]
+        factoids += [Factoid(text=answer[s:e], start=s, end=e, score=1.0, label="unsupported") for s, e in planted]
+        return Detection(
+            detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
+            factoids=factoids, cost=Cost.of({"verify": stage} if batches else {}, time.perf_counter() - started),
+            stats=DetectionStats(factoids=len(chosen), unparseable_verdicts=unreadable),
+            settings={"judged": len(chosen), "calls": len(batches)},
+        )
+
+
+def _whole(text: str, logprobs: Any) -> float | None:
+    """P(UNSUPPORTED) of the verdict on the whole answer, or None where the reply has none."""
+    weighed = label_probabilities(logprobs, "answer", [lb.lower() for lb in LABELS])
+    if weighed is not None:
+        return weighed["unsupported"]
+    try:
+        said = json.loads(text).get("answer")
+    except (ValueError, AttributeError):
+        return None
+    verdict = str(said).strip().upper()
+    return (1.0 if verdict == "UNSUPPORTED" else 0.0) if verdict in LABELS else None
+
+
+def _factoids(answer: str, start: int, end: int, score: float, phrases: list[str],
+              threshold: float) -> list[Factoid]:
+    """A flagged sentence as the phrases the judge named, where they are found in it; else the whole sentence."""
+    sentence = answer[start:end]
+    if score >= threshold:
+        found = []
+        for phrase in phrases:
+            at = sentence.lower().find(phrase.strip().lower())
+            if at >= 0:
+                found.append((start + at, start + at + len(phrase.strip())))
+        if found:
+            return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported")
+                    for s, e in sorted(set(found))]
+    return [Factoid(text=sentence, start=start, end=end, score=score,
+                    label="unsupported" if score >= threshold else "supported")]
+
+
+register(DetectorSpec(
+    name="sentences", settings=SentencesSettings, models=lambda settings: [settings.model],
+    prompts=lambda settings: ["sentences_system", "sentences_user"],
+    fingerprint=lambda settings: {**changed_options(settings), "version": VERSION},
+    build=lambda settings, threshold, llm: Sentences(llm, settings, threshold)))

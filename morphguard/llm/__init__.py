@@ -27,7 +27,8 @@ def build_client(config: Config, models: Iterable[str | None] = ()) -> LLMClient
         concurrency = min(concurrency, config.local.parallel)
         base_url = shared_judge(config.local).start()
         # llama.cpp serves one model whatever name it is asked for; "openai/" makes litellm speak its API.
-        routes[LOCAL_MODEL] = Endpoint("openai/" + config.local.filename, base_url, "no-key", provider="llama.cpp")
+        routes[LOCAL_MODEL] = Endpoint("openai/" + config.local.filename, base_url, "no-key", provider="llama.cpp",
+                                       strict_schemas=False)
     return LLMClient(
         default_model=judge.model,
         routes=routes,

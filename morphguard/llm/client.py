@@ -62,6 +62,9 @@ class Endpoint:
     api_base: str | None = None
     api_key: str | None = None
     provider: str | None = None  # gen_ai.provider.name; None: the litellm prefix ("openai/..." → openai)
+    # JSON schemas sent in the strict subset APIs compile (llm.providers); False where the server compiles the
+    # whole schema, bounds included (llama.cpp turns it into a grammar)
+    strict_schemas: bool = True
 
     @property
     def provider_name(self) -> str:
@@ -165,7 +168,8 @@ class LLMClient:
         if json_schema is not None:
             request["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": strict_schema(json_schema), "strict": True},
+                "json_schema": {"name": "answer", "strict": True,
+                                "schema": strict_schema(json_schema) if endpoint.strict_schemas else json_schema},
             }
         if top_logprobs:
             request["logprobs"] = True

@@ -7,7 +7,8 @@ Providers differ in what a judge call may ask for:
 - OpenAI's reasoning models (o-series, gpt-5) take no temperature but 1, count `max_completion_tokens` rather
   than `max_tokens`, and spend hidden reasoning tokens from that budget before the first visible one: two tokens
   leave them nothing to answer with. Gemini's thinking models spend their thinking from the same budget.
-- Anthropic's models, OpenAI's reasoning models and some servers (Ollama) return no log-probabilities.
+- Anthropic's models, OpenAI's reasoning models and some servers (Ollama) return no log-probabilities, and Gemini
+  returns the chosen token's alone, without the alternatives a verdict's weight is read from.
 
 litellm knows the parameters of the models it has seen (`get_supported_openai_params`, `supports_reasoning`);
 `judge.logprobs` and `judge.reasoning` say it for a model it does not know (a fine-tune, a self-hosted name).
@@ -51,7 +52,7 @@ def abilities(model: str, logprobs: bool | None = None, reasoning: bool | None =
             supported = litellm.get_supported_openai_params(model=name, custom_llm_provider=provider) or []
         except Exception:
             supported = []
-        logprobs = "logprobs" in supported
+        logprobs = {"logprobs", "top_logprobs"} <= set(supported)  # a verdict's weight needs the alternatives
     if reasoning is None:
         try:
             reasoning = bool(litellm.supports_reasoning(model=f"{provider}/{name}")) and provider in _THINKS_BY_DEFAULT

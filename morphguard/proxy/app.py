@@ -81,7 +81,8 @@ class Proxy:
         telemetry_setup.configure(self.config.telemetry)
         detector = self._detector if self._detector is not None else await asyncio.to_thread(
             build_detector, self.config)  # may start the judge
-        await require_judges(self.config, getattr(detector, "llm", None))
+        if self.settings.inline_via == "process" or self.settings.workers:  # else the worker pool judges, not we
+            await require_judges(self.config, getattr(detector, "llm", None))
         self.upstream = Upstream(self.settings)
         self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic})) \
             if self.settings.anthropic is not None else None

@@ -11,6 +11,10 @@
   with a JSON-schema `format`, or the beta's `output_format` with its `anthropic-beta: structured-outputs-2025-11-13`
   header, each with every object closed (`additionalProperties: false`), answered as JSON text; a forced tool is
   answered with a `tool_use` block whose input fits the tool's schema.
+- /gemini/models/{model}:generateContent, the Gemini API: the key in `x-goog-api-key` (or `?key=`); a field of
+  `generationConfig` the API does not define is a 400; a JSON schema in `responseJsonSchema` (or the OpenAPI-style
+  `responseSchema`); the 2.5 models think by default, spending up to 300 tokens of `maxOutputTokens` (or the
+  thinking budget, if lower) before the answer: too few, and the candidate has no text, cut off by MAX_TOKENS.
 - /vllm/v1/chat/completions, an OpenAI-compatible server (vLLM, llama.cpp): log-probabilities when asked, a
   JSON schema followed loosely.
 
@@ -219,6 +223,48 @@ def open_object(schema: object) -> str | None:
     return next((p for p in map(open_object, schema.values()) if p), None)
 
 
+GEMINI_CONFIG = {"temperature", "topP", "topK", "candidateCount", "maxOutputTokens", "stopSequences",
+                 "responseMimeType", "responseSchema", "responseJsonSchema", "responseLogprobs", "logprobs",
+                 "thinkingConfig", "seed", "presencePenalty", "frequencyPenalty", "responseModalities"}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+async def gemini_generate(request: Request) -> Response:
+    """The API takes its fields in either case (proto JSON): read them as camelCase."""
+    body = await request.json()
+    model = request.path_params["model"]
+    seen.append({"provider": "gemini", "model": model, "body": body})
+    if not (request.headers.get("x-goog-api-key") or request.query_params.get("key")):
+        return error(403, "Method doesn't allow unregistered callers. Please use an API key.", "PERMISSION_DENIED")
+    config = {_camel(k): v for k, v in (body.get("generationConfig") or body.get("generation_config") or {}).items()}
+    unknown = set(config) - GEMINI_CONFIG
+    if unknown:
+        return error(400, f'Invalid JSON payload received. Unknown name "{sorted(unknown)[0]}" at '
+                          "'generation_config': Cannot find field.", "INVALID_ARGUMENT")
+    if "logprobs" in config and not config.get("responseLogprobs"):
+        return error(400, "logprobs requires responseLogprobs to be set.", "INVALID_ARGUMENT")
+    schema = config.get("responseJsonSchema") or config.get("responseSchema")
+    text = json.dumps(instance(schema)) if schema else "NO"
+    budget = (config.get("thinkingConfig") or {}).get("thinkingBudget", REASONING_TOKENS)
+    thoughts = min(REASONING_TOKENS, budget if budget >= 0 else REASONING_TOKENS) if model.startswith("gemini-2.5") \
+        else 0
+    limit = config.get("maxOutputTokens") or 65_536
+    parts: list[dict] = [{"text": text}]
+    finish = "STOP"
+    if limit < thoughts + len(text) // 3 + 1:
+        parts, finish = [], "MAX_TOKENS"
+    return JSONResponse({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
+                                         "index": 0}],
+                         "usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": len(text) // 3 + 1,
+                                           "thoughtsTokenCount": thoughts,
+                                           "totalTokenCount": 51 + thoughts + len(text) // 3},
+                         "modelVersion": model})
+
+
 async def listing(request: Request) -> Response:
     return JSONResponse(seen)
 
@@ -227,6 +273,7 @@ app = Starlette(routes=[
     Route("/openai/v1/chat/completions", openai_chat, methods=["POST"]),
     Route("/vllm/v1/chat/completions", vllm_chat, methods=["POST"]),
     Route("/anthropic/v1/messages", anthropic_messages, methods=["POST"]),
+    Route("/gemini/models/{model}:generateContent", gemini_generate, methods=["POST"]),
     Route("/_seen", listing),
 ])
 

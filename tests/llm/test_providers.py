@@ -1,7 +1,7 @@
 """Judge calls as each provider takes them: litellm's real provider code against loopback fakes that enforce
 the providers' documented request rules (tests/llm/fake_judges.py): OpenAI's strict schemas, its reasoning
-models, Anthropic's Messages API, an OpenAI-compatible server. Every judge part returns a verdict on each,
-and a judge that cannot answer is an error at start, never an unchecked pass."""
+models, Anthropic's Messages API, Gemini's generateContent, an OpenAI-compatible server. Every judge part
+returns a verdict on each, and a judge that cannot answer is an error at start, never an unchecked pass."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ PROVIDERS = {  # model → the fake's path
     "anthropic/claude-sonnet-4-5": "anthropic",
     "anthropic/claude-3-5-haiku-20241022": "anthropic",
     "hosted_vllm/qwen2.5-7b-instruct": "vllm/v1",
+    "gemini/gemini-2.5-flash": "gemini",
 }
 
 
@@ -71,11 +72,12 @@ def test_the_probe_passes_on_every_provider_and_says_what_the_judge_accepts(fake
     [status] = asyncio.run(probe_judges(config, build_client(config, [None])))
     assert status.error is None, status
     assert status.abilities.logprobs == model.startswith(("openai/gpt-4.1", "hosted_vllm/"))
-    assert status.abilities.reasoning == model.startswith(("openai/o3", "openai/gpt-5"))
+    assert status.abilities.reasoning == model.startswith(("openai/o3", "openai/gpt-5", "gemini/gemini-2.5"))
 
 
-def test_a_reasoning_judge_without_room_to_think_is_an_error_at_start(fakes):
-    config = config_for(fakes, "openai/o3-mini", "spotcheck", reasoning_tokens=100)
+@pytest.mark.parametrize("model", ["openai/o3-mini", "gemini/gemini-2.5-flash"])
+def test_a_reasoning_judge_without_room_to_think_is_an_error_at_start(fakes, model):
+    config = config_for(fakes, model, "spotcheck", reasoning_tokens=100, reasoning_effort=None)
     with pytest.raises(MorphguardError, match=r"no text .*judge\.reasoning_tokens"):
         asyncio.run(require_judges(config, build_client(config, [None])))
 

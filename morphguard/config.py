@@ -160,7 +160,9 @@ SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finan
 
 
 class TopicRule(Section):
-    """How the tagger recognises a topic in the question and context: whole words (`*` = any ending) or regexes."""
+    """How the tagger recognises a topic in the conversation and context: whole words (`*` = any ending, a space =
+    any white space) matched on the folded text (morphguard.text.fold: look-alike letters, invisible characters,
+    accents and case written one way), or regexes (matched on the text as sent and folded, case-insensitively)."""
 
     keywords: list[str] = []
     patterns: list[str] = []
@@ -176,6 +178,9 @@ class TopicPolicy(Section):
 
 
 class ProfileSettings(Section):
+    """A profile's own rule is also what a request no topic matches gets (its topic is then "general"): to treat
+    untagged requests strictly, set it strict and give looser topics their own rules."""
+
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
@@ -240,7 +245,9 @@ class AuditSettings(Section):
 def _default_topics() -> dict[str, TopicRule]:
     words = {
         "pregnancy": "pregnan* trimester* prenatal antenatal postnatal breastfeed* lactat* fetus fetal foetal "
-                     "gestation* miscarriage* obstetric* midwife midwives newborn*",
+                     "gestation* miscarriage* obstetric* midwife midwives newborn* expectant unborn childbirth "
+                     "postpartum post-partum placenta* embryo* caesarean* cesarean* c-section* preeclampsia "
+                     "pre-eclampsia maternity",
         "healthcare": "dose dosage* medication* medicine* drug drugs prescription* contraindicat* symptom* "
                       "diagnos* treatment* therapy therapies vaccin* surgery surgical clinical patient* "
                       "side-effect* overdose* ibuprofen paracetamol acetaminophen aspirin antibiotic*",
@@ -253,7 +260,9 @@ def _default_topics() -> dict[str, TopicRule]:
         "legal": "law laws legal* court* lawsuit* statute* regulation* liabilit* attorney* lawyer* appeal* "
                  "tribunal* rights",
     }
-    return {topic: TopicRule(keywords=text.split()) for topic, text in words.items()}
+    phrases = {"pregnancy": ["expecting a baby", "expecting a child", "expecting twins", "having a baby",
+                             "trying to conceive", "morning sickness", "weeks along", "baby bump"]}
+    return {topic: TopicRule(keywords=text.split() + phrases.get(topic, [])) for topic, text in words.items()}
 
 
 def _default_profiles() -> dict[str, ProfileSettings]:
@@ -269,7 +278,9 @@ class PolicySettings(Section):
     # Let a request name its profile, topic or detector (morphguard.policy / .topic / .detector and the
     # x-morphguard-* headers). Off: a request may only make policy stricter (a stricter topic).
     request_override: bool = False
-    topic_scan_chars: int = Field(20_000, ge=0)  # context characters the topic tagger reads (the question always)
+    # Deprecated, no effect: the tagger reads the whole conversation and context (a keyword placed past a limit
+    # went untagged). Accepted so that configs which set it still load; a warning says so.
+    topic_scan_chars: int | None = Field(None, ge=0)
     safe_message: str = ("I can't give a reliable answer to that from the available sources. "
                          "Please check the source documents or ask a specialist.")
     highlight: HighlightSettings = Field(default_factory=HighlightSettings)

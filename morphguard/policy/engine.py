@@ -1,12 +1,14 @@
 """From a detection to a decision: the route's profile, the request's topic, that topic's threshold and action.
 
 Several topics can match one request; the strictest rule among them applies (lowest threshold, then the
-strongest action), so a question about pregnancy and employment gets the care of the stricter one.
+strongest action), so a question about pregnancy and employment gets the care of the stricter one. A request
+no topic matches gets the topic "general": its profile's own threshold and action.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -14,6 +16,9 @@ from fnmatch import fnmatchcase
 from morphguard.config import Action, PolicySettings, RouteRule
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy.topics import TopicTagger
+from morphguard.text import warm
+
+log = logging.getLogger(__name__)
 
 ACTIONS: tuple[Action, ...] = ("pass", "annotate", "highlight", "cite", "regenerate", "block")  # weakest first
 GENERAL = "general"
@@ -51,7 +56,11 @@ def _clean(name: str | None) -> str | None:
 class PolicyEngine:
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
-        self.tagger = TopicTagger(settings.topics, settings.topic_scan_chars)
+        self.tagger = TopicTagger(settings.topics)
+        if settings.topic_scan_chars is not None:
+            log.warning("policy.topic_scan_chars no longer limits what the topic tagger reads: it reads the whole "
+                        "conversation and context (a keyword past a limit went untagged); remove the setting")
+        warm()  # the folding tables, now rather than on the first request
 
     def profile_for(self, facts: RequestFacts) -> str:
         requested = _clean(facts.requested_profile)

@@ -8,6 +8,8 @@ characters, backslashes) is refused, so every later decision sees the path the u
 
 Headers that decide who the client is or which policy applies must appear once: with two
 `Authorization` headers, one part of a stack may authenticate the first and another route on the last.
+
+`bearer_token` is the one reading of `Authorization`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SINGLE = frozenset({"authorization", "api-key", "x-api-key", "content-length", "content-type", "host",
                      "transfer-encoding"})
 _OURS = "x-morphguard-"
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value, the scheme in any case and any white space after it
+    (auth schemes are case-insensitive, RFC 9110, and providers accept `bearer` and a tab); None for another scheme."""
+    parts = authorization.split(None, 1)
+    if len(parts) == 2 and parts[0].lower() == "bearer":
+        return parts[1].strip() or None
+    return None
 
 
 def canonical_path(path: str) -> str:

@@ -347,6 +347,10 @@ class AnnotationSettings(Section):
     delay_s: float = Field(2.0, gt=0)  # first attempt after this; again while the span is not yet ingested
 
 
+DEFAULT_METRIC_MODELS = ("gpt-5*", "gpt-4.1*", "gpt-4o*", "gpt-4*", "gpt-3.5*", "o1*", "o3*", "o4*", "claude-*",
+                         "gemini-*", "mistral*", "mixtral*", "llama*", "qwen*", "deepseek*", "command*")
+
+
 class TelemetrySettings(Section):
     """OpenTelemetry export. A field left unset follows the standard OTEL_* environment variables, read as
     the SDK's own autoconfiguration reads them; a field set here wins."""
@@ -369,6 +373,14 @@ class TelemetrySettings(Section):
     # Regexes of request paths that get no server span. None: OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS, else
     # OTEL_PYTHON_EXCLUDED_URLS, else the health, readiness and metrics probes.
     excluded_urls: list[str] | None = None
+    # The model names metric labels may carry. Every label value is a series kept for the life of the process and
+    # sent on every scrape, so no label may be a string a client or a provider chose (3,000 made-up model names
+    # grew /metrics to 22 MB). A model's label is the first of these glob patterns its name matches (case folded,
+    # with or without a provider prefix such as openai/), as written here; then the patterns of policy.routes'
+    # `models` and the proxy.litellm_routes prefixes (as `prefix*`); any other name is "other". Exact names
+    # first give a model its own label; the defaults are the families of the main providers. Spans keep the name
+    # as sent, and a judge's model (always from this config) is its own label.
+    metric_models: list[str] = Field(default_factory=lambda: list(DEFAULT_METRIC_MODELS))
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -64,6 +64,7 @@ class Guard:
         self._busy = 0  # queue entries this process has taken and not finished
         self._accounting: set[asyncio.Task[DecisionRecord]] = set()
         self.audit_failures = 0
+        telemetry.labels.configure(config)  # the metrics this guard emits carry labels from this config only
 
     async def check(self, request: CheckRequest, answer: str) -> CheckOutcome:
         started = time.perf_counter()

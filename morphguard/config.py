@@ -381,6 +381,9 @@ class TelemetrySettings(Section):
     # first give a model its own label; the defaults are the families of the main providers. Spans keep the name
     # as sent, and a judge's model (always from this config) is its own label.
     metric_models: list[str] = Field(default_factory=lambda: list(DEFAULT_METRIC_MODELS))
+    # A bearer token that GET /metrics requires (`Authorization: Bearer <token>`, the scheme in any case, compared
+    # in constant time; 401 otherwise). None: /metrics is open, as a scrape target on a private network usually is.
+    metrics_token: SecretStr | None = None
 
 
 S = TypeVar("S", bound=BaseModel)

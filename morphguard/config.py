@@ -176,7 +176,9 @@ SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finan
 
 
 class TopicRule(Section):
-    """How the tagger recognises a topic in the question and context: whole words (`*` = any ending) or regexes."""
+    """How the tagger recognises a topic in the conversation and context: whole words (`*` = any ending, a space =
+    any white space) matched on the folded text (morphguard.text.fold: look-alike letters, invisible characters,
+    accents and case written one way), or regexes (matched on the text as sent and folded, case-insensitively)."""
 
     keywords: list[str] = []
     patterns: list[str] = []
@@ -192,6 +194,9 @@ class TopicPolicy(Section):
 
 
 class ProfileSettings(Section):
+    """A profile's own rule is also what a request no topic matches gets (its topic is then "general"): to treat
+    untagged requests strictly, set it strict and give looser topics their own rules."""
+
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
@@ -256,7 +261,9 @@ class AuditSettings(Section):
 def _default_topics() -> dict[str, TopicRule]:
     words = {
         "pregnancy": "pregnan* trimester* prenatal antenatal postnatal breastfeed* lactat* fetus fetal foetal "
-                     "gestation* miscarriage* obstetric* midwife midwives newborn*",
+                     "gestation* miscarriage* obstetric* midwife midwives newborn* expectant unborn childbirth "
+                     "postpartum post-partum placenta* embryo* caesarean* cesarean* c-section* preeclampsia "
+                     "pre-eclampsia maternity",
         "healthcare": "dose dosage* medication* medicine* drug drugs prescription* contraindicat* symptom* "
                       "diagnos* treatment* therapy therapies vaccin* surgery surgical clinical patient* "
                       "side-effect* overdose* ibuprofen paracetamol acetaminophen aspirin antibiotic*",
@@ -269,7 +276,9 @@ def _default_topics() -> dict[str, TopicRule]:
         "legal": "law laws legal* court* lawsuit* statute* regulation* liabilit* attorney* lawyer* appeal* "
                  "tribunal* rights",
     }
-    return {topic: TopicRule(keywords=text.split()) for topic, text in words.items()}
+    phrases = {"pregnancy": ["expecting a baby", "expecting a child", "expecting twins", "having a baby",
+                             "trying to conceive", "morning sickness", "weeks along", "baby bump"]}
+    return {topic: TopicRule(keywords=text.split() + phrases.get(topic, [])) for topic, text in words.items()}
 
 
 def _default_profiles() -> dict[str, ProfileSettings]:
@@ -285,7 +294,9 @@ class PolicySettings(Section):
     # Let a request name its profile, topic or detector (morphguard.policy / .topic / .detector and the
     # x-morphguard-* headers). Off: a request may only make policy stricter (a stricter topic).
     request_override: bool = False
-    topic_scan_chars: int = Field(20_000, ge=0)  # context characters the topic tagger reads (the question always)
+    # Deprecated, no effect: the tagger reads the whole conversation and context (a keyword placed past a limit
+    # went untagged). Accepted so that configs which set it still load; a warning says so.
+    topic_scan_chars: int | None = Field(None, ge=0)
     # Tool-call arguments: "check" reads them with the answer (apps take structured answers that way); "record"
     # leaves them unchecked, noted in the audit row as `tool_calls_unchecked` (agents whose calls are actions).
     tool_calls: Literal["check", "record"] = "check"
@@ -366,6 +377,10 @@ class AnnotationSettings(Section):
     delay_s: float = Field(2.0, gt=0)  # first attempt after this; again while the span is not yet ingested
 
 
+DEFAULT_METRIC_MODELS = ("gpt-5*", "gpt-4.1*", "gpt-4o*", "gpt-4*", "gpt-3.5*", "o1*", "o3*", "o4*", "claude-*",
+                         "gemini-*", "mistral*", "mixtral*", "llama*", "qwen*", "deepseek*", "command*")
+
+
 class TelemetrySettings(Section):
     """OpenTelemetry export. A field left unset follows the standard OTEL_* environment variables, read as
     the SDK's own autoconfiguration reads them; a field set here wins."""
@@ -388,6 +403,17 @@ class TelemetrySettings(Section):
     # Regexes of request paths that get no server span. None: OTEL_PYTHON_MORPHGUARD_EXCLUDED_URLS, else
     # OTEL_PYTHON_EXCLUDED_URLS, else the health, readiness and metrics probes.
     excluded_urls: list[str] | None = None
+    # The model names metric labels may carry. Every label value is a series kept for the life of the process and
+    # sent on every scrape, so no label may be a string a client or a provider chose (3,000 made-up model names
+    # grew /metrics to 22 MB). A model's label is the first of these glob patterns its name matches (case folded,
+    # with or without a provider prefix such as openai/), as written here; then the patterns of policy.routes'
+    # `models` and the proxy.litellm_routes prefixes (as `prefix*`); any other name is "other". Exact names
+    # first give a model its own label; the defaults are the families of the main providers. Spans keep the name
+    # as sent, and a judge's model (always from this config) is its own label.
+    metric_models: list[str] = Field(default_factory=lambda: list(DEFAULT_METRIC_MODELS))
+    # A bearer token that GET /metrics requires (`Authorization: Bearer <token>`, the scheme in any case, compared
+    # in constant time; 401 otherwise). None: /metrics is open, as a scrape target on a private network usually is.
+    metrics_token: SecretStr | None = None
 
 
 S = TypeVar("S", bound=BaseModel)

@@ -27,6 +27,11 @@ class RagInput(BaseModel):
 
     question: str
     passages: list[str]
+    # The conversation as the client sent it (the text of every message but the system and developer ones,
+    # tagged blocks included, the question's message too), read by the topic tagger only: a subject stated in an
+    # earlier turn is still the subject. Not checked against and not serialised: the topic is chosen before a
+    # check is queued.
+    turns: list[str] = Field(default_factory=list, exclude=True)
 
     @field_validator("question")
     @classmethod

@@ -47,7 +47,7 @@ def propose(items: Sequence[Item], outcomes: Sequence[Outcome], detector: str, p
             recall: float | None = None, precision: float | None = None) -> dict[str, Any]:
     scores = {o.item_id: o.score for o in outcomes if o.detector == detector and o.repeat == 0
               and o.error is None and o.score is not None}
-    tagger = TopicTagger(policy.topics, policy.topic_scan_chars)
+    tagger = TopicTagger(policy.topics)
     groups: dict[str, list[tuple[bool, float]]] = defaultdict(list)
     for item in items:
         if item.id not in scores:

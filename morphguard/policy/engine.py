@@ -1,12 +1,19 @@
 """From a detection to a decision: the route's profile, the request's topic, that topic's threshold and action.
 
 Several topics can match one request; the strictest rule among them applies (lowest threshold, then the
-strongest action), so a question about pregnancy and employment gets the care of the stricter one.
+strongest action), so a question about pregnancy and employment gets the care of the stricter one. A request
+no topic matches gets the topic "general": its profile's own threshold and action.
+
+Routes compare what a client can spell several ways in one form: model patterns match the model name
+normalised (`morphguard.text.model_names`: NFKC, case folded, with and without a provider prefix), so
+`GPT-4o` and `openai/gpt-4o` are the `gpt-4*` they ask for; the key comes from `Authorization` with the
+scheme in any case (the proxy's `_presented_key`).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -14,6 +21,9 @@ from fnmatch import fnmatchcase
 from morphguard.config import Action, PolicySettings, RouteRule
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy.topics import TopicTagger
+from morphguard.text import model_name, model_names, warm
+
+log = logging.getLogger(__name__)
 
 ACTIONS: tuple[Action, ...] = ("pass", "annotate", "highlight", "cite", "regenerate", "block")  # weakest first
 GENERAL = "general"
@@ -51,23 +61,29 @@ def _clean(name: str | None) -> str | None:
 class PolicyEngine:
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
-        self.tagger = TopicTagger(settings.topics, settings.topic_scan_chars)
+        self.tagger = TopicTagger(settings.topics)
+        self._routes = [(route, [model_name(m) for m in route.models]) for route in settings.routes]
+        if settings.topic_scan_chars is not None:
+            log.warning("policy.topic_scan_chars no longer limits what the topic tagger reads: it reads the whole "
+                        "conversation and context (a keyword past a limit went untagged); remove the setting")
+        warm()  # the folding tables, now rather than on the first request
 
     def profile_for(self, facts: RequestFacts) -> str:
         requested = _clean(facts.requested_profile)
         if self.settings.request_override and requested in self.settings.profiles:
             return requested
-        for route in self.settings.routes:
-            if self._matches(route, facts):
+        for route, models in self._routes:
+            if self._matches(route, models, facts):
                 return route.profile
         return self.settings.default_profile
 
     @staticmethod
-    def _matches(route: RouteRule, facts: RequestFacts) -> bool:
+    def _matches(route: RouteRule, models: list[str], facts: RequestFacts) -> bool:
         if route.api_keys and not (facts.api_key and any(
                 hmac.compare_digest(facts.api_key.encode(), k.get_secret_value().encode()) for k in route.api_keys)):
             return False
-        if route.models and not (facts.model and any(fnmatchcase(facts.model, m) for m in route.models)):
+        if models and not (facts.model and any(fnmatchcase(name, pattern) for name in model_names(facts.model)
+                                               for pattern in models)):
             return False
         if any(facts.headers.get(name.lower()) != value for name, value in route.headers.items()):
             return False

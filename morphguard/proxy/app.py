@@ -389,8 +389,12 @@ class Proxy:
 
 
 def _presented_key(headers: dict[str, str]) -> str | None:
-    """The client's key: a bearer token (OpenAI's clients) or x-api-key (Anthropic's)."""
-    return headers.get("authorization", "").removeprefix("Bearer ").strip() or headers.get("x-api-key") or None
+    """The client's key: a bearer token (OpenAI's clients; the scheme in any case, any white space after it, as
+    providers take it) or x-api-key (Anthropic's). Another scheme's value counts whole, as it always has."""
+    from morphguard.proxy.gate import bearer_token  # the one reading of Authorization
+
+    authorization = headers.get("authorization", "")
+    return bearer_token(authorization) or authorization.strip() or headers.get("x-api-key") or None
 
 
 def _string(value: Any) -> str | None:

@@ -6,7 +6,9 @@
 3. tags: `<context>…</context>`-style blocks (and configured regexes) in the messages of
    `context.tag_roles`.
 
-The question is the last user message with any tagged blocks removed.
+The question is the last user message with any tagged blocks removed. The topic tagger also reads the
+whole conversation (`RagInput.turns`: every message but the system and developer ones, tagged blocks
+included), so a subject cannot be hidden in an earlier turn or inside a block that is not context.
 
 Trust: the explicit field and tool messages are written by the app; tags in a `user` message may have
 been typed by the end user, which is why the roles that may carry tags are configurable. A retrieved
@@ -28,6 +30,7 @@ from morphguard.config import ContextSettings
 from morphguard.models import RagInput
 
 OUR_FIELD = "morphguard"
+_INSTRUCTIONS = frozenset({"system", "developer"})  # the app's own messages; every other role is the conversation
 
 
 @dataclass
@@ -100,8 +103,8 @@ class ContextExtractor:
         for source in self.sources:
             passages = getattr(self, f"_{source}")(ours, messages)
             if passages:
-                return Extraction(forwarded, RagInput(question=self._question(messages), passages=passages),
-                                  source, options)
+                rag = RagInput(question=self._question(messages), passages=passages, turns=self._turns(messages))
+                return Extraction(forwarded, rag, source, options)
         return Extraction(forwarded, None, None, options)
 
     def _explicit(self, ours: Any, messages: list[dict[str, Any]]) -> list[str]:
@@ -123,6 +126,12 @@ class ContextExtractor:
                     blocks += [m.group(1 if pattern.groups else 0) or "" for m in pattern.finditer(text)]
                 passages += [b.strip() for b in blocks if b.strip()]
         return passages
+
+    @staticmethod
+    def _turns(messages: list[dict[str, Any]]) -> list[str]:
+        """The conversation for the topic tagger: every message but the app's instructions, whole."""
+        return [text for m in messages
+                if m.get("role") not in _INSTRUCTIONS and (text := message_text(m.get("content")))]
 
     def _question(self, messages: list[dict[str, Any]]) -> str:
         for message in reversed(messages):

@@ -6,7 +6,7 @@ trail records for a request that ended in that error.
 
     ProxyError (status, message, type, param, code)
     ├── 400 invalid_request      bad_request: the client's body, path or headers
-    ├── 401 invalid_api_key      unauthorized
+    ├── 401 invalid_api_key      unauthorized, metrics_unauthorized (GET /metrics without its token)
     ├── 403 unchecked_route      a generation route the guard cannot check
     ├── 404 not_found            a path the proxy does not serve or pass through
     ├── 413 request_too_large
@@ -77,6 +77,11 @@ def bad_request(message: str, param: str | None = None) -> ProxyError:
 def unauthorized() -> ProxyError:
     return ProxyError(401, "A valid proxy API key is required (Authorization: Bearer <key>).",
                       "authentication_error", None, "invalid_api_key")
+
+
+def metrics_unauthorized() -> ProxyError:
+    return ProxyError(401, "GET /metrics needs the metrics token (Authorization: Bearer <token>).",
+                      "authentication_error", None, "invalid_api_key", {"www-authenticate": "Bearer"})
 
 
 def not_found(path: str) -> ProxyError:

@@ -8,14 +8,20 @@ characters, backslashes) is refused, so every later decision sees the path the u
 
 Headers that decide who the client is or which policy applies must appear once: with two
 `Authorization` headers, one part of a stack may authenticate the first and another route on the last.
+
+`GET /metrics` needs the bearer token `telemetry.metrics_token` when one is configured (401 otherwise), checked
+here, on the canonical path, before any route runs. `bearer_token` is the one reading of `Authorization`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from morphguard.proxy.errors import ProxyError, bad_request, json_bytes
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, metrics_unauthorized
+from morphguard.telemetry import setup as telemetry_setup
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
@@ -26,6 +32,30 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SINGLE = frozenset({"authorization", "api-key", "x-api-key", "content-length", "content-type", "host",
                      "transfer-encoding"})
 _OURS = "x-morphguard-"
+METRICS_PATH = "/metrics"
+
+
+def bearer_token(authorization: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` value, the scheme in any case and any white space after it
+    (auth schemes are case-insensitive, RFC 9110, and providers accept `bearer` and a tab); None for another scheme."""
+    parts = authorization.split(None, 1)
+    if len(parts) == 2 and parts[0].lower() == "bearer":
+        return parts[1].strip() or None
+    return None
+
+
+def may_scrape(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request may read /metrics: no token configured, or the token presented, compared in constant time
+    (both sides hashed first, so that not even the token's length shows in the timing)."""
+    token = telemetry_setup.metrics_token
+    if token is None:
+        return True
+    authorization = next((v for k, v in headers if k.lower() == b"authorization"), b"").decode("latin-1")
+    presented = bearer_token(authorization)
+    if presented is None:
+        return False
+    return hmac.compare_digest(hashlib.sha256(presented.encode("latin-1")).digest(),
+                               hashlib.sha256(token.get_secret_value().encode("utf-8")).digest())
 
 
 def canonical_path(path: str) -> str:
@@ -54,6 +84,8 @@ class Gate:
             duplicate = self._duplicate(scope.get("headers", []))
             if duplicate:
                 raise bad_request(f"The header '{duplicate}' was sent more than once.")
+            if path == METRICS_PATH and not may_scrape(scope.get("headers", [])):
+                raise metrics_unauthorized()
         except ProxyError as exc:
             await refuse(send, exc)
             return
@@ -74,6 +106,7 @@ class Gate:
 async def refuse(send: Send, error: ProxyError) -> None:
     """Answer with an error before any route ran (the body is not read)."""
     body = json_bytes(error.payload())
-    await send({"type": "http.response.start", "status": error.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -64,6 +64,7 @@ class Guard:
         self._busy = 0  # queue entries this process has taken and not finished
         self._accounting: set[asyncio.Task[DecisionRecord]] = set()
         self.audit_failures = 0
+        telemetry.labels.configure(config)  # the metrics this guard emits carry labels from this config only
 
     def answer_text(self, completion: dict[str, Any]) -> str:
         """What the check reads of a completion, as policy says (`policy.tool_calls`)."""

@@ -1,7 +1,8 @@
 """Spans, events and metrics for every request and every check.
 
 Instrumented code calls the helpers here; they go through the OpenTelemetry API, which does nothing
-until `telemetry.setup.configure` installs providers. Names come from `telemetry.names` only.
+until `telemetry.setup.configure` installs providers. Names come from `telemetry.names` only. Metric labels
+come from configured values only (`telemetry.labels`); spans keep the values as they were.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from morphguard.telemetry import names, setup
+from morphguard.telemetry import labels, names, setup
 
 if TYPE_CHECKING:  # for annotations only: telemetry imports no other layer at run time
     from morphguard.models import Decision, Detection
@@ -137,8 +138,10 @@ def record_chat(span: Span, *, provider: str, role: str, request_model: str | No
     if error:
         span.set_status(Status(StatusCode.ERROR, error))
     common = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider, names.ROLE: role}
-    if request_model:
-        common[names.REQUEST_MODEL] = request_model
+    # The upstream's model is the client's string; the judge's comes from the config.
+    label = request_model if role == "judge" else labels.model(request_model)
+    if label:
+        common[names.REQUEST_MODEL] = label
     instruments = _instruments()
     instruments["duration"].record(seconds, common)
     if input_tokens is not None:
@@ -216,18 +219,19 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
             if value:
                 span.set_attribute(key, value)
     instruments = _instruments()
-    instruments["decisions"].add(1, {names.ACTION: decision.action, names.TOPIC: decision.topic,
-                                     names.PROFILE: decision.profile, names.FLAGGED: decision.flagged})
+    topic, profile = labels.topic(decision.topic), labels.profile(decision.profile)
+    instruments["decisions"].add(1, {names.ACTION: labels.action(decision.action), names.TOPIC: topic,
+                                     names.PROFILE: profile, names.FLAGGED: decision.flagged})
     if detection is None:
         if decision.reason and decision.reason.startswith("fail_open"):
-            instruments["fail_open"].add(1, {names.PROFILE: decision.profile, names.TOPIC: decision.topic})
+            instruments["fail_open"].add(1, {names.PROFILE: profile, names.TOPIC: topic})
         return
     span.set_attribute(names.DETECTOR, detection.detector)
     span.set_attribute(names.SCORE, detection.score)
     span.set_attribute(names.FACTOIDS, len(detection.factoids))
-    instruments["score"].record(detection.score, {names.DETECTOR: detection.detector, names.TOPIC: decision.topic})
-    instruments["check_duration"].record(detection.cost.seconds, {names.DETECTOR: detection.detector,
-                                                                   names.TOPIC: decision.topic})
+    detector = labels.detector(detection.detector)
+    instruments["score"].record(detection.score, {names.DETECTOR: detector, names.TOPIC: topic})
+    instruments["check_duration"].record(detection.cost.seconds, {names.DETECTOR: detector, names.TOPIC: topic})
     for factoid in detection.factoids:
         event: dict[str, AttributeValue] = {names.FACTOID_SCORE: factoid.score,
                                             names.FACTOID_FLAGGED: factoid.score >= decision.threshold}
@@ -273,7 +277,7 @@ def queue_observed(stats: dict[str, int]) -> None:
 
 
 def count_error(reason: str) -> None:
-    _instruments()["errors"].add(1, {names.REASON: reason})
+    _instruments()["errors"].add(1, {names.REASON: labels.reason(reason)})
 
 
 def judge_restarted() -> None:

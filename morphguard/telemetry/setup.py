@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.util.http import ExcludeList, parse_excluded_urls
+from pydantic import SecretStr
 
 from morphguard.config import TelemetrySettings
 
@@ -144,9 +145,10 @@ def resource(settings: TelemetrySettings) -> Resource:
 def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None = None,
               metric_reader: MetricReader | None = None) -> None:
     """Install the providers (once per process) and instrument httpx. Explicit exporters win (tests)."""
-    global options, _configured, prometheus_enabled
+    global options, _configured, prometheus_enabled, metrics_token
     options = Options(settings.capture_content, settings.openinference, settings.upstream_provider,
                       excluded_urls(settings))
+    metrics_token = settings.metrics_token
     if _configured:
         return
     headers = {k: v.get_secret_value() for k, v in settings.headers.items()} or None  # None: OTEL_..._HEADERS
@@ -186,6 +188,7 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
 
 
 prometheus_enabled = False  # whether the proxy serves GET /metrics
+metrics_token: SecretStr | None = None  # what GET /metrics requires as a bearer token (proxy.gate); None: open
 annotation_sink: AnnotationSink | None = None  # verdicts as Phoenix span annotations (telemetry.annotations)
 
 

@@ -228,8 +228,9 @@ def serve(oracle: Oracle) -> tuple[str, uvicorn.Server]:
     return f"http://127.0.0.1:{port}/v1", server
 
 
-async def run(items: list[Item], detector: str, base: str, concurrency: int) -> list[tuple[float, list, float, int]]:
-    """Per item: score, flagged spans, seconds, judge calls."""
+async def run(items: list[Item], detector: str, base: str,
+              concurrency: int) -> list[tuple[float, list, float, int, dict[str, float]]]:
+    """Per item: score, flagged spans, seconds, judge calls, the detector's features."""
     config = Config.model_validate({
         "judge": {"model": "openai/oracle", "api_base": base, "api_key": "sk-oracle", "max_attempts": 1,
                   "cache": {"enabled": False}, "probe": "off"},
@@ -237,13 +238,13 @@ async def run(items: list[Item], detector: str, base: str, concurrency: int) -> 
     check = build_detector(config)
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(item: Item) -> tuple[float, list, float, int]:
+    async def one(item: Item) -> tuple[float, list, float, int, dict[str, float]]:
         async with limit:
             started = time.perf_counter()
             found = await check.detect(RagInput(question=item.question, passages=item.passages), item.answer)
             spans = [(f.start, f.end) for f in found.factoids
                      if f.score >= THRESHOLD and f.start is not None and f.end is not None]
-            return found.score, spans, time.perf_counter() - started, found.cost.llm_calls
+            return found.score, spans, time.perf_counter() - started, found.cost.llm_calls, found.features
 
     return await asyncio.gather(*(one(i) for i in items))
 
@@ -269,7 +270,11 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
             "f1_at_0.3": metrics.at_threshold(labels, scores, THRESHOLD).f1,
             "fit_threshold": chosen, "f1_at_fit": metrics.at_threshold(labels, scores, chosen).f1,
             "span_f1": span, "calls_per_check": statistics.mean(r[3] for r in report),
-            "p50_s": statistics.median(r[2] for r in report)}
+            "p50_s": statistics.median(r[2] for r in report),
+            # the parts a fused score is made of, for choosing how to weigh them (sentences: whole, worst)
+            "parts": {"report": [[i.hallucinated, r[4]] for i, r in zip(items, report, strict=True)],
+                      "fit": [[i.hallucinated, r[4]] for i, r in zip(fit_items, fitted, strict=True)]}
+            if any(r[4] for r in report) else None}
 
 
 def plot(results: dict[str, Any], noise: list[float], out: Path) -> None:
@@ -293,8 +298,37 @@ def plot(results: dict[str, Any], noise: list[float], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+WEIGHTS = (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def weigh(path: Path) -> None:
+    """The `sentences` check's whole-answer weight: for each candidate, the AUROC of the fused score on every fit
+    half and noise rate of a run's results, the chosen weight (the best mean), and its report-half AUROC."""
+    results = json.loads(path.read_text())
+    rows = [(name, p, row["parts"]) for name, by in results.items() if isinstance(by, dict) and "sentences" in by
+            for p, row in by["sentences"].items() if row.get("parts")]
+
+    def auroc(parts: list, weight: float) -> float:
+        labels = [label for label, _ in parts]
+        scores = [weight * f["whole"] + (1 - weight) * f["worst"] if "whole" in f else f.get("worst", 0.0)
+                  for _, f in parts]
+        return metrics.auroc(labels, scores) or 0.0
+
+    print(f"{'weight':>6} " + " ".join(f"{n[:9]}@{p:<4}" for n, p, _ in rows) + "   mean (fit halves)")
+    means = {}
+    for weight in WEIGHTS:
+        cells = [auroc(parts["fit"], weight) for _, _, parts in rows]
+        means[weight] = statistics.mean(cells)
+        print(f"{weight:>6} " + " ".join(f"{c:>14.3f}" for c in cells) + f"   {means[weight]:.4f}")
+    best = max(WEIGHTS, key=lambda w: (means[w], -abs(w - 0.5)))
+    print(f"chosen on the fit halves: {best}; report halves: "
+          + ", ".join(f"{n}@{p} {auroc(parts['report'], best):.3f}" for n, p, parts in rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weigh", type=Path, default=None,
+                        help="a results file: choose the sentences check's whole-answer weight from its fit halves")
     parser.add_argument("--noise", default="0,0.1,0.2,0.3")
     parser.add_argument("--detectors", default=",".join(DETECTORS))
     parser.add_argument("--datasets", default=",".join(SETS))
@@ -304,6 +338,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "judge_quality.json")
     args = parser.parse_args()
+    if args.weigh:
+        weigh(args.weigh)
+        return
     noise = [float(p) for p in args.noise.split(",")]
     results: dict[str, Any] = {"noise": noise, "delay_s": args.delay, "threshold": THRESHOLD}
     print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'spanF1':>6} "

@@ -9,9 +9,9 @@ hint, never as a verdict.
 One round of calls: the stating sentences go in batches of `batch`, all sent at once, each with the whole context
 (beyond `context_budget` characters, the context focused on that batch). The judge gives a verdict on each
 sentence and then on the answer as a whole; each verdict's score is its probability of UNSUPPORTED where the judge
-returns log-probabilities, else its word (1 or 0). The answer's score is the mean of the worst sentence's score
-and the whole-answer verdict's (the highest of those, over batches): two readings of one answer, so that one
-wrong verdict among many sentences does not decide alone (benchmarks/judge_quality.py measures the choice). The
+returns log-probabilities, else its word (1 or 0). The answer's score weighs the whole-answer verdict (the
+highest over batches) and the worst sentence's (`whole_weight`): two readings of one answer, so that one wrong
+verdict among many sentences does not decide alone (benchmarks/judge_quality.py measures the choice). The
 spans are the judge's phrases where they are found in the sentence, else the whole sentence. Text in the answer
 that addresses its checker (`injection`) scores 1 whatever the judge says: the judge is the one being
 addressed, so it cannot be the one to clear it.
@@ -48,6 +48,8 @@ class SentencesSettings(Section):
     batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
     context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
     hints: bool = True  # show the judge each sentence's words the context never uses
+    # The whole-answer verdict's share of the answer's score, the worst sentence's the rest (judge_quality.py).
+    whole_weight: float = Field(0.5, ge=0.0, le=1.0)
 
 
 class Sentences:
@@ -123,7 +125,9 @@ class Sentences:
             scored.append((start, end, 0.5 if found is None else found, phrases))  # no verdict: 0.5
         worst = max((s for _, _, s, _ in scored), default=0.0)
         wholes = [w for _, w in judged if w is not None]
-        score = (worst + max(wholes)) / 2 if wholes else worst
+        whole = max(wholes) if wholes else None
+        weight = self.settings.whole_weight
+        score = weight * whole + (1 - weight) * worst if whole is not None else worst
         planted = instructions(answer)
         if planted:
             score = 1.0
@@ -136,6 +140,7 @@ class Sentences:
             factoids=factoids, cost=Cost.of({"verify": stage} if batches else {}, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(chosen), unparseable_verdicts=unreadable),
             settings={"judged": len(chosen), "calls": len(batches)},
+            features={"worst": worst, **({"whole": whole} if whole is not None else {})},
         )
 
 

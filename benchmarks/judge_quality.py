@@ -131,7 +131,7 @@ class Oracle:
         entries, weighed = [], []
         whole: Item | None = None
         listed = [m for line in _tag(user, "answer").splitlines()
-                  if (m := re.match(r"(\d+)\. (.*?)(?:   \[words the documents never use: .*\])?$", line))]
+                  if (m := re.match(r"(\d+)\. (.*?)(?:   \[.*\])*$", line))]
         for match in listed:
             number, sentence = int(match.group(1)), match.group(2)
             where = self._item(sentence, user, [m.group(2) for m in listed])

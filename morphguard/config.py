@@ -125,6 +125,10 @@ class UpstreamSettings(Section):
     max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
     retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)
+    # The longest line of a streamed answer (an SSE `data:` line), in bytes: a longer one is a 502, read no further.
+    # 1 MiB is room for an event that carries a whole long answer (the Responses API's `response.completed`, ~250k
+    # tokens of English) and keeps what one line costs the event loop to milliseconds.
+    max_line_bytes: int = Field(1_048_576, ge=1024)
 
 
 class ContextSettings(Section):

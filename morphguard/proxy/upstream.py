@@ -13,12 +13,14 @@ elsewhere, and one client's cookies never reach another client's request.
 Retries never resend a request the provider may have processed (a billed generation sent twice):
 only connection failures and the explicit "come back later" answers 429 and 503 are retried, with
 backoff (honouring a short Retry-After); read timeouts and resets only when `upstream.retry_reads`.
+
+A streamed body is read as lines of at most `upstream.max_line_bytes`: a longer line is a 502 as soon as
+the limit is passed, never held whole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import hmac
 import logging
 import random
@@ -36,6 +38,7 @@ from morphguard.config import ProxySettings
 from morphguard.proxy.errors import (
     ProxyError,
     unauthorized,
+    upstream_malformed,
     upstream_stream_broken,
     upstream_timeout,
     upstream_unavailable,
@@ -53,7 +56,7 @@ _COME_BACK_LATER = (429, 503)
 _MAX_RETRY_AFTER_S = 5.0
 _MAX_BACKOFF_S = 4.0
 _SEGMENT_SAFE = "-._~:@!$&'()*+,;="
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 
 
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
@@ -97,8 +100,9 @@ def _reading(broken: Callable[[str], ProxyError], detail: str) -> Iterator[None]
 class UpstreamResponse:
     """The provider's answer with its body unread: read it whole, as text lines, or as the bytes sent."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, max_line_bytes: int) -> None:
         self._response = response
+        self._max_line = max_line_bytes
         self.status_code = response.status
         self.headers: Mapping[str, str] = response.headers
 
@@ -112,26 +116,40 @@ class UpstreamResponse:
                 yield chunk
 
     async def lines(self) -> AsyncIterator[str]:
-        """The body as UTF-8 text lines without their line breaks (SSE allows CRLF, LF and CR)."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        """The body as UTF-8 text lines without their line breaks (SSE allows CRLF, LF and CR). A line longer than
+        `max_line_bytes` is a 502 as soon as that many bytes of it have arrived: it is never held whole."""
+        limit = self._max_line
         # The unfinished line, in pieces: joined only once a line break arrives, so that a long line dripped in small
-        # chunks costs its length, not the square of it (this runs on the event loop).
-        pending: list[str] = []
+        # chunks costs its length, not the square of it (this runs on the event loop). Split as bytes: CR and LF
+        # never occur inside a UTF-8 sequence, so each line is decoded whole.
+        pending: list[bytes] = []
+        size = 0
         with _reading(upstream_stream_broken, "the connection broke off"):
             async for chunk in self._response.content.iter_any():
-                piece = decoder.decode(chunk)
-                if "\n" not in piece and "\r" not in piece and not (pending and pending[-1].endswith("\r")):
-                    pending.append(piece)
+                if b"\n" not in chunk and b"\r" not in chunk and not (pending and pending[-1].endswith(b"\r")):
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_long(limit)
+                    pending.append(chunk)
                     continue
-                text = "".join(pending) + piece
-                keep = 1 if text.endswith("\r") else 0  # a CR may be the first half of a CRLF
-                *complete, rest = _LINE_BREAK.split(text[:len(text) - keep])
-                pending = [rest + text[len(text) - keep:]]
+                data = b"".join(pending) + chunk
+                keep = 1 if data.endswith(b"\r") else 0  # a CR may be the first half of a CRLF
+                *complete, rest = _LINE_BREAK.split(data[:len(data) - keep])
                 for line in complete:
-                    yield line
-        last = "".join(pending) + decoder.decode(b"", final=True)
+                    if len(line) > limit:
+                        raise _too_long(limit)
+                    yield line.decode("utf-8", "replace")
+                rest += data[len(data) - keep:]
+                if len(rest) > limit + keep:
+                    raise _too_long(limit)
+                pending, size = [rest], len(rest)
+        last = b"".join(pending)
         if last:
-            yield last.removesuffix("\r")
+            yield last.decode("utf-8", "replace").removesuffix("\r")
+
+
+def _too_long(limit: int) -> ProxyError:
+    return upstream_malformed(f"a line of the stream is longer than {limit} bytes")
 
 
 class Upstream:
@@ -196,7 +214,7 @@ class Upstream:
         try:
             if response.status >= 500:
                 raise upstream_unavailable(f"HTTP {response.status}", response_headers(response.headers, body="ours"))
-            yield UpstreamResponse(response)
+            yield UpstreamResponse(response, self.settings.max_line_bytes)
         finally:
             response.release()  # back to the pool when the body was read in full, else the connection is closed
 

@@ -14,7 +14,8 @@ Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit head
 connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "surrogate" (a lone
 surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
 (`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream),
-"slow-stream" (a chunk every 0.5 s).
+"slow-stream" (a chunk every 0.5 s), "giant-line-<N>" (one SSE line of N KiB, sent in 64 KiB pieces, then
+the answer as usual; streamed Responses too).
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
 recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
@@ -194,7 +195,28 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
         yield "data: [DONE]\n\n"
 
 
+def _pad(kib: int):
+    """`kib` KiB of padding, in pieces of 64 KiB."""
+    for start in range(0, kib, 64):
+        yield "x" * 1024 * min(64, kib - start)
+
+
+async def _giant_line(model: str, kib: int):
+    """The role chunk, one chunk line of `kib` KiB (no choices, a long unknown field), then the answer."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    yield "data: " + json.dumps({**base, "choices": []})[:-1] + ', "pad": "'
+    for piece in _pad(kib):
+        yield piece
+    yield '"}\n\n'
+    async for line in _chunks(model, ANSWERS["faithful"]):
+        yield line
+
+
 def _fault(model: str, stream: bool) -> Response | None:
+    giant = re.fullmatch(r"giant-line-(\d+)", model)
+    if stream and giant:
+        return StreamingResponse(_giant_line(model, int(giant.group(1))), media_type="text/event-stream")
     if model == "redirect":  # a provider (or whoever answers for it) pointing the call elsewhere
         return Response(status_code=307, headers={"location": "/stolen/v1/chat/completions"})
     if model == "set-cookie":
@@ -304,6 +326,12 @@ async def responses(request: Request) -> Response:
         item = final["output"][0]
         text = item["content"][0]["text"]
         yield event("response.created", response={**final, "status": "in_progress", "output": []})
+        giant = re.fullmatch(r"giant-line-(\d+)", model)
+        if giant:  # an event the client would skip, of one long data line
+            yield 'event: response.in_progress\ndata: {"type": "response.in_progress", "pad": "'
+            for piece in _pad(int(giant.group(1))):
+                yield piece
+            yield '"}\n\n'
         yield event("response.output_item.added", output_index=0, item={**item, "content": [],
                                                                         "status": "in_progress"})
         yield event("response.content_part.added", output_index=0, item_id=item["id"], content_index=0,

@@ -1,0 +1,65 @@
+"""What the proxy reads and writes cannot be turned against it: over-long stream lines. Real processes over real
+sockets, as in test_security.py."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import httpx
+import openai
+import pytest
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+
+
+def chat(model: str, **extra: object) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": PASSAGE}, **extra}
+
+
+def audit_rows(proxy_factory, base: str) -> list[dict]:
+    with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT * FROM decisions ORDER BY id")]
+
+
+@pytest.fixture(scope="module")
+def buffered(proxy_factory) -> str:
+    return proxy_factory(stream_mode="buffer")
+
+
+# --- stream lines ------------------------------------------------------------------------------------------------
+
+def test_an_over_long_stream_line_is_a_502_and_audited(buffered, proxy_factory):
+    """32 MiB in one SSE line: refused once 1 MiB of it has arrived, never held whole."""
+    response = httpx.post(buffered + "/v1/chat/completions", json=chat("giant-line-32768", stream=True), timeout=60)
+    error = response.json()["error"]
+    assert response.status_code == 502 and error["code"] == "upstream_malformed"
+    assert "longer than 1048576 bytes" in error["message"]
+    row = audit_rows(proxy_factory, buffered)[-1]
+    assert (row["model"], row["reason"], row["checked"]) == ("giant-line-32768", "upstream_malformed", 0)
+    # A long line within the limit is a line like any other.
+    response = httpx.post(buffered + "/v1/chat/completions", json=chat("giant-line-512", stream=True), timeout=60)
+    assert response.status_code == 200 and '"checked":true' in response.text
+
+
+def test_an_over_long_line_mid_stream_ends_the_stream_with_an_error(proxy_factory):
+    base = proxy_factory(stream_mode="passthrough")
+    client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=60)
+    stream = client.chat.completions.create(model="giant-line-32768", messages=[{"role": "user", "content": QUESTION}],
+                                            stream=True, extra_body={"morphguard": {"context": PASSAGE}})
+    with pytest.raises(openai.APIError, match="longer than 1048576 bytes"):
+        list(stream)
+    deadline = time.monotonic() + 10
+    while audit_rows(proxy_factory, base)[-1:] == [] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert audit_rows(proxy_factory, base)[-1]["reason"] == "upstream_malformed"
+
+
+def test_an_over_long_line_of_a_responses_stream_is_a_502(buffered, proxy_factory):
+    body = {"model": "giant-line-32768", "input": QUESTION, "stream": True, "morphguard": {"context": PASSAGE}}
+    response = httpx.post(buffered + "/v1/responses", json=body, timeout=60)
+    assert response.status_code == 502 and response.json()["error"]["code"] == "upstream_malformed"
+    assert audit_rows(proxy_factory, buffered)[-1]["reason"] == "upstream_malformed"

@@ -1,9 +1,11 @@
-"""What the proxy reads and writes cannot be turned against it: over-long stream lines. Real processes over real
-sockets, as in test_security.py."""
+"""What the proxy reads and writes cannot be turned against it: over-long stream lines and bodies that are cheap to
+send and dear to parse. Real processes over real sockets, as in test_security.py."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import threading
 import time
 
 import httpx
@@ -63,3 +65,51 @@ def test_an_over_long_line_of_a_responses_stream_is_a_502(buffered, proxy_factor
     response = httpx.post(buffered + "/v1/responses", json=body, timeout=60)
     assert response.status_code == 502 and response.json()["error"]["code"] == "upstream_malformed"
     assert audit_rows(proxy_factory, buffered)[-1]["reason"] == "upstream_malformed"
+
+
+# --- bodies dear to parse ----------------------------------------------------------------------------------------
+
+def nested_lists_body(megabytes: float = 3.1, depth: int = 60) -> bytes:
+    """A chat body carrying ~1.5 million lists, none deeper than the 64-level limit."""
+    one = "[" * depth + "]" * depth
+    count = int(megabytes * 1_000_000) // (len(one) + 1)
+    return ('{"model":"faithful","messages":[{"role":"user","content":"hi"}],"x":['
+            + ",".join([one] * count) + "]}").encode()
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses"])
+def test_a_body_of_a_million_lists_is_refused_and_other_clients_are_answered_meanwhile(buffered, proxy_factory,
+                                                                                        route):
+    attack = nested_lists_body()
+    if route == "/v1/responses":
+        attack = attack.replace(b'"messages":[{"role":"user","content":"hi"}]', b'"input":"hi"')
+    before = len(audit_rows(proxy_factory, buffered))
+    results: list[httpx.Response] = []
+
+    def send() -> None:
+        with httpx.Client(timeout=60) as client:
+            for _ in range(3):
+                results.append(client.post(buffered + route, content=attack,
+                                           headers={"content-type": "application/json"}))
+
+    sender = threading.Thread(target=send)
+    latencies: list[float] = []
+    with httpx.Client(timeout=30) as health:
+        sender.start()
+        while sender.is_alive():
+            started = time.perf_counter()
+            assert health.get(buffered + "/healthz").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.005)
+    sender.join()
+    assert [r.status_code for r in results] == [400, 400, 400]
+    assert all("too many JSON values" in r.json()["error"]["message"] for r in results)
+    assert len(audit_rows(proxy_factory, buffered)) == before  # refused before it was accepted
+    print(f"\n{route}: worst /healthz {max(latencies) * 1000:.0f} ms over {len(latencies)} probes")
+
+
+def test_a_deep_but_small_body_is_still_accepted(buffered):
+    body = chat("faithful", tools=[{"type": "function", "function": {
+        "name": "f", "parameters": json.loads('{"type": "object", "x": ' + "[" * 58 + "]" * 58 + "}")}}])
+    response = httpx.post(buffered + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 200 and response.json()["morphguard"]["checked"]

@@ -165,6 +165,10 @@ class ProxySettings(Section):
     inline_via: Literal["process", "workers"] = "process"
     on_queue_full: Literal["drop", "inline"] = "drop"  # drop: recorded in the audit trail as not checked
     shutdown_grace_s: float = Field(30.0, ge=0)
+    # A request head (request line and headers) not complete this long after the connection opened, or on a kept-alive
+    # connection after its first byte, closes the connection (with a 408 when a request was begun): slow-header
+    # clients cannot hold connections. uvicorn's keep-alive timeout (5 s) still closes idle ones between requests.
+    header_timeout_s: float = Field(10.0, gt=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
     # /v1 paths passed through unchecked to the upstream (first path segment); everything else is 404.
     passthrough_routes: list[str] = ["models", "embeddings", "files", "moderations"]

@@ -1,12 +1,14 @@
-"""What the proxy reads and writes cannot be turned against it: over-long stream lines and bodies that are cheap to
-send and dear to parse. Real processes over real sockets, as in test_security.py."""
+"""What the proxy reads and writes cannot be turned against it: over-long stream lines, bodies that are cheap to send
+and dear to parse, and request heads that never end. Real processes over real sockets, as in test_security.py."""
 
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -25,6 +27,12 @@ def audit_rows(proxy_factory, base: str) -> list[dict]:
     with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
         db.row_factory = sqlite3.Row
         return [dict(r) for r in db.execute("SELECT * FROM decisions ORDER BY id")]
+
+
+def address(base: str) -> tuple[str, int]:
+    parts = urlsplit(base)
+    assert parts.hostname and parts.port
+    return parts.hostname, parts.port
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +121,55 @@ def test_a_deep_but_small_body_is_still_accepted(buffered):
         "name": "f", "parameters": json.loads('{"type": "object", "x": ' + "[" * 58 + "]" * 58 + "}")}}])
     response = httpx.post(buffered + "/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 200 and response.json()["morphguard"]["checked"]
+
+
+# --- request heads that never end --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-processes"])
+def impatient(proxy_factory, request) -> str:
+    return proxy_factory(header_timeout_s=1, processes=request.param)
+
+
+def until_closed(conn: socket.socket, timeout: float = 15) -> tuple[bytes, float]:
+    """What the server sends until it closes the connection, and how long that took; fails after `timeout`."""
+    conn.settimeout(timeout)
+    started, received = time.monotonic(), b""
+    try:
+        while chunk := conn.recv(4096):
+            received += chunk
+    except TimeoutError:
+        pytest.fail(f"still open after {timeout} s")
+    except ConnectionResetError:
+        pass
+    return received, time.monotonic() - started
+
+
+def test_a_request_head_that_never_ends_loses_its_connection(impatient):
+    with socket.create_connection(address(impatient)) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(3):  # a header line now and then, as slowloris sends them
+            time.sleep(0.3)
+            conn.sendall(b"X-Slow: 1\r\n")
+        received, took = until_closed(conn)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and json.loads(body)["error"]["code"] == "request_timeout"
+    print(f"\nan unfinished head kept its connection {took + 0.9:.1f} s")
+
+
+def test_a_silent_connection_is_closed(impatient):
+    with socket.create_connection(address(impatient)) as conn:
+        received, _ = until_closed(conn)
+    assert received == b""
+
+
+def test_a_slow_head_within_the_deadline_and_the_next_request_on_its_connection(impatient):
+    with socket.create_connection(address(impatient)) as conn:
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        for i in range(0, len(request), 8):  # dripped, complete in ~0.5 s
+            conn.sendall(request[i:i + 8])
+            time.sleep(0.1)
+        conn.settimeout(5)
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next request on the kept-alive connection stalls
+        received, _ = until_closed(conn)
+    assert received.startswith(b"HTTP/1.1 408")

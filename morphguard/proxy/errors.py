@@ -10,6 +10,7 @@ trail records for a request that ended in that error.
     ├── 403 unchecked_route      a generation route the guard cannot check
     ├── 404 not_found            a path the proxy does not serve or pass through
     ├── 413 request_too_large
+    ├── 499 client_disconnected  the client left before its request body was complete
     ├── 502 upstream_unavailable / upstream_malformed / upstream_stream_broken
     └── 504 upstream_timeout
 """
@@ -98,6 +99,12 @@ def unchecked_route(route: str) -> ProxyError:
 def too_large(limit: int) -> ProxyError:
     return ProxyError(413, f"The request body is larger than {limit} bytes.", "invalid_request_error", None,
                       "request_too_large")
+
+
+def client_disconnected() -> ProxyError:
+    """The client closed the connection mid-upload: nobody reads this answer, and no server error is counted."""
+    return ProxyError(499, "The client closed the connection before its request body was complete.",
+                      "invalid_request_error", None, "client_disconnected")
 
 
 def upstream_unavailable(detail: str, headers: dict[str, str] | None = None) -> ProxyError:

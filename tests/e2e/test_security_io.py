@@ -1,5 +1,6 @@
 """What the proxy reads and writes cannot be turned against it: over-long stream lines, bodies that are cheap to send
-and dear to parse, and request heads that never end. Real processes over real sockets, as in test_security.py."""
+and dear to parse, request heads that never end, and clients that leave mid-upload. Real processes over real
+sockets, as in test_security.py."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ def audit_rows(proxy_factory, base: str) -> list[dict]:
     with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
         db.row_factory = sqlite3.Row
         return [dict(r) for r in db.execute("SELECT * FROM decisions ORDER BY id")]
+
+
+def log_of(proxy_factory, base: str) -> str:
+    return (proxy_factory.folders[base] / "proxy.log").read_text(errors="replace")
 
 
 def address(base: str) -> tuple[str, int]:
@@ -173,3 +178,23 @@ def test_a_slow_head_within_the_deadline_and_the_next_request_on_its_connection(
         conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next request on the kept-alive connection stalls
         received, _ = until_closed(conn)
     assert received.startswith(b"HTTP/1.1 408")
+
+
+# --- a client that leaves mid-upload -----------------------------------------------------------------------------
+
+def test_a_client_that_leaves_mid_upload_ends_quietly(proxy_factory):
+    base = proxy_factory()
+    before = len(audit_rows(proxy_factory, base))
+    with socket.create_connection(address(base)) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 200000\r\n\r\n" + b'{"model": "faithful", "messages": [' + b" " * 5_000)
+        time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    while "the client left" not in log_of(proxy_factory, base) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(base + "/healthz", timeout=10).status_code == 200
+    log = log_of(proxy_factory, base)
+    left = [line for line in log.splitlines() if "the client left" in line]
+    assert len(left) == 1 and left[0].startswith("WARNING") and "/v1/chat/completions" in left[0]
+    assert "Traceback" not in log and "ERROR" not in log
+    assert len(audit_rows(proxy_factory, base)) == before

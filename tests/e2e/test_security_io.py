@@ -1,6 +1,6 @@
 """What the proxy reads and writes cannot be turned against it: over-long stream lines, bodies that are cheap to send
-and dear to parse, request heads that never end, and clients that leave mid-upload. Real processes over real
-sockets, as in test_security.py."""
+and dear to parse, request heads that never end, clients that leave mid-upload, and provider errors that echo a key.
+Real processes over real sockets, as in test_security.py."""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ import httpx
 import openai
 import pytest
 
+from tests.otlp_receiver import OtlpReceiver
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
+KEY = "mg-proxy-key-0001"
+UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+ROUTE_KEY = "sk-route-secret-9876543210"
+CLIENT_KEY = "sk-client-own-key-5555"
 
 
 def chat(model: str, **extra: object) -> dict:
@@ -198,3 +204,81 @@ def test_a_client_that_leaves_mid_upload_ends_quietly(proxy_factory):
     assert len(left) == 1 and left[0].startswith("WARNING") and "/v1/chat/completions" in left[0]
     assert "Traceback" not in log and "ERROR" not in log
     assert len(audit_rows(proxy_factory, base)) == before
+
+
+# --- provider errors that echo a key -----------------------------------------------------------------------------
+
+def partial(key: str) -> str:
+    return f"{key[:7]}*****{key[-4:]}"
+
+
+def leaks(text: str, *keys: str) -> list[str]:
+    """The keys, whole or as a provider echoes them partly, found in `text`."""
+    return [k for key in keys for k in (key, partial(key), key[-4:]) if k in text]
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with OtlpReceiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def injecting(proxy_factory, provider, receiver) -> str:
+    """Injects its own upstream key; a litellm route with its own key; spans to an OTLP receiver."""
+    return proxy_factory(upstream={"api_key": UPSTREAM_KEY}, keys=[KEY],
+                         litellm_routes=[{"prefix": "openai/", "api_base": provider, "api_key": ROUTE_KEY}],
+                         telemetry={"exporter": "otlp-http", "endpoint": receiver.endpoint, "metrics": False})
+
+
+@pytest.mark.parametrize("model", ["leak-key", "leak-key-full"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_provider_error_echoing_the_upstream_key_reaches_the_client_masked(injecting, model, stream):
+    response = httpx.post(injecting + "/v1/chat/completions", json=chat(model, stream=stream),
+                          headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+    assert response.status_code == 401
+    message = response.json()["error"]["message"]
+    assert message.startswith("Incorrect API key provided: [masked]. You can find your API key")
+    assert leaks(response.text, UPSTREAM_KEY, KEY) == []
+
+
+@pytest.mark.parametrize("path, body, headers", [
+    ("/v1/responses", {"model": "leak-key", "input": QUESTION}, {"authorization": f"Bearer {KEY}"}),
+    ("/v1/messages", {"model": "leak-key-full", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+     {"x-api-key": KEY}),
+    ("/v1/embeddings", {"model": "leak-key", "input": "hi"}, {"authorization": f"Bearer {KEY}"}),
+    ("/v1/embeddings", {"model": "leak-key-gzip", "input": "hi"}, {"authorization": f"Bearer {KEY}"}),
+])
+def test_every_route_masks_the_key_in_provider_errors(injecting, path, body, headers):
+    response = httpx.post(injecting + path, json=body, headers=headers, timeout=30)
+    assert response.status_code == 401 and "Incorrect API key provided: [masked]." in response.text
+    assert leaks(response.text, UPSTREAM_KEY, KEY) == []
+
+
+def test_a_litellm_route_error_is_masked_for_the_client_the_log_and_the_spans(injecting, proxy_factory, receiver):
+    response = httpx.post(injecting + "/v1/chat/completions", json=chat("openai/leak-key-full"),
+                          headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+    assert response.status_code == 401 and "[masked]" in response.json()["error"]["message"]
+    assert leaks(response.text, ROUTE_KEY) == []
+    deadline = time.monotonic() + 15
+    while not any(b"[masked]" in p for p in receiver.payloads) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spans = b"".join(receiver.payloads).decode("utf-8", "replace")
+    assert "[masked]" in spans  # the exception event of the upstream call carries the masked message
+    assert leaks(spans, ROUTE_KEY, UPSTREAM_KEY, KEY) == []
+    log = log_of(proxy_factory, injecting)
+    assert "the provider refused the proxy's upstream key: HTTP 401" in log  # from the chat route's leak-key
+    assert leaks(log, ROUTE_KEY, UPSTREAM_KEY, KEY) == []
+
+
+def test_the_key_a_client_presents_is_masked_when_the_provider_echoes_it(proxy_factory):
+    base = proxy_factory()  # no upstream key of its own: the client's key goes through
+    for model in ("leak-key", "leak-key-full"):
+        response = httpx.post(base + "/v1/chat/completions", json=chat(model),
+                              headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=30)
+        assert response.status_code == 401 and "Incorrect API key provided: [masked]." in response.text
+        assert leaks(response.text, CLIENT_KEY) == []
+    response = httpx.post(base + "/v1/embeddings", json={"model": "leak-key-gzip", "input": "hi"},
+                          headers={"authorization": f"Bearer {CLIENT_KEY}"}, timeout=30)
+    assert response.status_code == 401 and response.headers["content-encoding"] == "gzip"  # compressed again
+    assert "[masked]" in response.text and leaks(response.text, CLIENT_KEY) == []

@@ -292,6 +292,13 @@ def _masked_arg(value: Any) -> Any:
 _masking = SecretMaskingFilter()
 
 
+def mask_config_secrets(config: BaseModel) -> None:
+    """Mask every secret of `config` in this process: in error messages, upstream error bodies and log records.
+    Each serving process calls it (`server`); any other process that logs with the config's secrets should too."""
+    add_secrets(config_secrets(config))
+    install_log_masking()
+
+
 def install_log_masking() -> None:
     """Pass every log record of the process through `SecretMaskingFilter` as it is made: whichever logger made it
     and whichever handlers print it (uvicorn's, ours, litellm's own, added later, an OTel log exporter)."""

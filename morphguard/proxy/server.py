@@ -13,7 +13,7 @@ not complete `proxy.header_timeout_s` after the connection opened or, on a kept-
 the head's first byte (a 408 first when a request was begun).
 
 Every secret of the config, and the key each request presents, is masked in every log record of every
-process (`errors.install_log_masking`).
+process (`errors.mask_config_secrets`).
 
 With `processes` > 1 (`morphguard serve --workers N`) uvicorn binds the port once and N processes accept
 on it, each a whole proxy with its own event loop, so throughput scales with cores. What they share is
@@ -36,14 +36,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from morphguard.config import Config, load_config
 from morphguard.errors import ConfigError
-from morphguard.proxy.errors import (
-    ProxyError,
-    add_secrets,
-    bad_request,
-    config_secrets,
-    install_log_masking,
-    json_bytes,
-)
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, mask_config_secrets
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +106,7 @@ class HttpProtocol(HttpToolsProtocol):
 def _prepare(config: Config) -> None:
     """What every serving process sets up before it takes a connection: the head deadline, the secrets masked."""
     HttpProtocol.header_timeout_s = config.proxy.header_timeout_s
-    add_secrets(config_secrets(config))
-    install_log_masking()
+    mask_config_secrets(config)
 
 
 def serve(config: Config, config_path: Path | None, host: str, port: int, *, log_level: str, grace_s: int,

@@ -18,6 +18,7 @@ from morphguard.proxy.errors import (
     config_secrets,
     credentials_in,
     install_log_masking,
+    mask_config_secrets,
     mask_secrets,
     mask_secrets_in,
     present_keys,
@@ -68,6 +69,18 @@ def test_every_secret_of_a_config_is_found():
         "telemetry": {"headers": {"api-key": "otlp-key-123"}}})
     assert set(config_secrets(config)) >= {"judge-key-123", "up-key-123", "anthropic-key-123", "proxy-key-123",
                                            "route-key-123", "client-key-123", "otlp-key-123"}
+
+
+def test_a_process_masks_the_secrets_of_its_config_in_one_call():
+    previous = logging.getLogRecordFactory()
+    try:
+        mask_config_secrets(Config.model_validate({"judge": {"api_key": "sk-judge-of-worker-1"}}))
+        assert getattr(logging.getLogRecordFactory(), "masks_secrets", False)
+        record = logging.getLogger("x").makeRecord("x", logging.ERROR, "f", 1, "judge said %s",
+                                                   ("Incorrect API key provided: sk-judg*****er-1",), None)
+        assert record.getMessage() == f"judge said Incorrect API key provided: {MASK}"
+    finally:
+        logging.setLogRecordFactory(previous)
 
 
 def test_the_key_a_request_presents_is_masked_while_it_is_handled():

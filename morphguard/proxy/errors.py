@@ -211,14 +211,16 @@ def config_secrets(config: BaseModel) -> list[str]:
 
 def credentials_in(headers: Mapping[str, str]) -> tuple[str, ...]:
     """The keys in request headers: bearer token (and the whole Authorization value), x-api-key, api-key."""
+    from morphguard.proxy.gate import bearer_token  # the one reading of Authorization (gate imports this module)
+
     keys: list[str] = []
     for name in ("authorization", "x-api-key", "api-key"):
         value = headers.get(name, "").strip()
         if value:
             keys.append(value)
-            scheme, _, token = value.partition(" ")
-            if token.strip() and scheme.lower() == "bearer":
-                keys.append(token.strip())
+            token = bearer_token(value) if name == "authorization" else None
+            if token:
+                keys.append(token)
     return tuple(k for k in keys if len(k) >= MIN_SECRET_LENGTH)
 
 

@@ -86,6 +86,7 @@ def test_a_process_masks_the_secrets_of_its_config_in_one_call():
 def test_the_key_a_request_presents_is_masked_while_it_is_handled():
     assert credentials_in({"authorization": "Bearer sk-client-key-1", "x-api-key": "tiny"}) == \
         ("Bearer sk-client-key-1", "sk-client-key-1")
+    assert credentials_in({"authorization": "bearer\tsk-client-key-1"})[-1] == "sk-client-key-1"
 
     async def request(key: str) -> tuple[str, str]:
         present_keys({"authorization": f"Bearer {key}"})

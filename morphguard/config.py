@@ -125,6 +125,10 @@ class UpstreamSettings(Section):
     max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
     retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)
+    # The longest line of a streamed answer (an SSE `data:` line), in bytes: a longer one is a 502, read no further.
+    # 1 MiB is room for an event that carries a whole long answer (the Responses API's `response.completed`, ~250k
+    # tokens of English) and keeps what one line costs the event loop to milliseconds.
+    max_line_bytes: int = Field(1_048_576, ge=1024)
 
 
 class ContextSettings(Section):
@@ -161,6 +165,10 @@ class ProxySettings(Section):
     inline_via: Literal["process", "workers"] = "process"
     on_queue_full: Literal["drop", "inline"] = "drop"  # drop: recorded in the audit trail as not checked
     shutdown_grace_s: float = Field(30.0, ge=0)
+    # A request head (request line and headers) not complete this long after the connection opened, or on a kept-alive
+    # connection after its first byte, closes the connection (with a 408 when a request was begun): slow-header
+    # clients cannot hold connections. uvicorn's keep-alive timeout (5 s) still closes idle ones between requests.
+    header_timeout_s: float = Field(10.0, gt=0)
     context: ContextSettings = Field(default_factory=ContextSettings)
     # /v1 paths passed through unchecked to the upstream (first path segment); everything else is 404.
     passthrough_routes: list[str] = ["models", "embeddings", "files", "moderations"]

@@ -43,6 +43,7 @@ def _attributes(items: Any) -> dict[str, Any]:
 class OtlpReceiver:
     spans: list[ReceivedSpan] = field(default_factory=list)
     metrics: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # (resource, metric name)
+    payloads: list[bytes] = field(default_factory=list)  # every trace export as received: to search for any text
 
     def __post_init__(self) -> None:
         app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"]),
@@ -61,7 +62,9 @@ class OtlpReceiver:
 
     async def _traces(self, request: Request) -> Response:
         message = trace_service_pb2.ExportTraceServiceRequest()
-        message.ParseFromString(await self._body(request))
+        body = await self._body(request)
+        self.payloads.append(body)
+        message.ParseFromString(body)
         for resource_spans in message.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
             for scope in resource_spans.scope_spans:

@@ -170,15 +170,26 @@ class Proxy:
             return False
 
     async def _read_body(self, request: Request) -> bytes:
+        """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with
+        one log line: nothing was accepted yet (no audit row), and it is no server error (499)."""
+        from starlette.requests import ClientDisconnect
+
+        from morphguard.proxy.errors import client_disconnected
+
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise too_large(limit)
         body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise too_large(limit)
+        try:
+            async for part in request.stream():
+                body += part
+                if len(body) > limit:
+                    raise too_large(limit)
+        except ClientDisconnect:
+            log.warning("%s %s: the client left after %d bytes of its request body", request.method,
+                        request.url.path, len(body))
+            raise client_disconnected() from None
         return bytes(body)
 
     def _intake(self, request: Request, raw: bytes) -> tuple[Extraction, CheckRequest]:

@@ -1,13 +1,21 @@
 """What a chat request body and an upstream answer must look like before anything else reads them.
 
 Both are hostile input. A body is a 400 naming the field, never a crash further in: JSON deeper than
-`MAX_JSON_DEPTH` levels, `NaN`, non-string text parts and the like are refused here. An upstream answer
-that is not a readable chat completion is a 502, so what the client gets is always what was checked.
+`MAX_JSON_DEPTH` levels or of more than `MAX_JSON_VALUES` values, `NaN`, non-string text parts and the like
+are refused here. An upstream answer that is not a readable chat completion is a 502, so what the client gets
+is always what was checked.
+
+A body's size is bounded (`proxy.max_body_bytes`), but not what parsing it costs: 3 MB of brackets are 1.5
+million lists, half a second of the parser holding the GIL (the event loop stalls, even with the parse in a
+thread) and as long again to walk them. So the shape of a body is measured on its bytes, before the parser
+builds anything: how deep it nests and how many values it holds, outside its strings, in a few passes of
+`bytes` methods (C, milliseconds for the largest body). Only a body within both bounds is parsed.
 """
 
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -18,6 +26,13 @@ from morphguard.proxy.errors import bad_request, upstream_malformed
 
 MAX_JSON_DEPTH = 64
 OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event loop
+# Values (objects, arrays, keys and scalars) in one request body. A chat body holds a few thousand (a message is an
+# object with two keys and two strings); 100,000 of the dearest kind (lists) cost the parser ~25 ms with the GIL held.
+MAX_JSON_VALUES = 100_000
+
+
+class TooManyValues(ValueError):
+    """A document with more values than allowed."""
 
 
 # Every digit becomes "0" and every other byte a space: 19 digits in a row are then a plain substring search,
@@ -25,23 +40,65 @@ OFFLOAD_BYTES = 64_000  # bodies above this are parsed and scanned off the event
 # 20 digits up, and from 19 where it is negative (below -9223372036854775808).
 _DIGITS_AS_ZERO = bytes(ord("0") if ord("0") <= b <= ord("9") else ord(" ") for b in range(256))
 _LONG_DIGITS = b"0" * 19
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_STEP = [1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256)]
 
 
 def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | str, *, max_depth: int | None = None, max_values: int | None = None) -> Any:
     """JSON as the standard library reads it (NaN and Infinity refused), mostly read by orjson, which is
     several times faster: a document orjson refuses, or whose integers it could read as floats (beyond
-    64 bits, so 19 digits or more), is read by the standard library. ValueError or RecursionError if invalid."""
+    64 bits, so 19 digits or more), is read by the standard library. ValueError or RecursionError if invalid.
+
+    With `max_depth` / `max_values`: a document nested deeper is a RecursionError, one with more values a
+    `TooManyValues`, both found before anything is parsed."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    if max_depth is not None or max_values is not None:
+        raw = _as_utf8(raw)
+        _check_shape(raw, max_depth if max_depth is not None else 1 << 30,
+                    max_values if max_values is not None else 1 << 62)
+        data = raw
     if _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
     return json.loads(data, parse_constant=reject_constant)
+
+
+def _as_utf8(raw: bytes) -> bytes:
+    """UTF-16 and UTF-32 (which the standard library reads too) as UTF-8, whose bytes `check_shape` can read."""
+    encoding = json.detect_encoding(raw)
+    if encoding in ("utf-8", "utf-8-sig"):
+        return raw
+    return raw.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+
+
+def _check_shape(raw: bytes, max_depth: int, max_values: int) -> None:
+    """Raise RecursionError if the UTF-8 JSON `raw` nests deeper than `max_depth`, TooManyValues if it holds
+    more than `max_values` values, counted as its opening brackets, commas and colons (each value but the first
+    of a container follows a comma, each key precedes a colon). Exact for a document a parser reads; one it
+    refuses may be counted high, never low before the point where the parser stops."""
+    opens = raw.count(b"[") + raw.count(b"{")
+    if opens <= max_depth and opens + raw.count(b",") + raw.count(b":") <= max_values:
+        return  # counted inside strings too, and within both bounds all the same
+    # Every string but a lone top-level one is counted (a key, a container's first value or one after a comma):
+    # with surely more strings than that, stop here. An escaped quote is no string's end.
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > max_values + 1:
+        raise TooManyValues(f"more than {max_values} values")
+    # What lies outside the strings: escaped backslashes and quotes taken out, every other quote opens or
+    # closes a string, so the even pieces between quotes are the document's structure.
+    outside = b"".join(raw.replace(b"\\\\", b"").replace(b'\\"', b"").split(b'"')[::2])
+    opens = outside.count(b"[") + outside.count(b"{")
+    if opens + outside.count(b",") + outside.count(b":") > max_values:
+        raise TooManyValues(f"more than {max_values} values")
+    # The running depth at each bracket, as C iterators over the brackets alone (at most 2 * max_values of them).
+    if opens > max_depth and max(accumulate(map(_DEPTH_STEP.__getitem__, outside.translate(None, _NOT_BRACKETS)))) \
+            > max_depth:
+        raise RecursionError(f"nested deeper than {max_depth} levels")
 
 
 def loads_upstream(data: bytes) -> Any:
@@ -64,33 +121,19 @@ def chat_completion(value: Any) -> dict[str, Any]:
     return value
 
 
-def depth_ok(value: Any, limit: int) -> bool:
-    """Nesting no deeper than `limit`, checked without recursion."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return False
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values() if isinstance(child, (dict, list)))
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node if isinstance(child, (dict, list)))
-    return True
-
-
 def parse_object(raw: bytes) -> dict[str, Any]:
-    """A request body: a JSON object, not too deep, no NaN; `model`, `stream` and our field well typed."""
+    """A request body: a JSON object, not too deep nor too many values, no NaN; `model`, `stream` and our field well
+    typed."""
     try:
-        body = loads(raw)
+        body = loads(raw, max_depth=MAX_JSON_DEPTH, max_values=MAX_JSON_VALUES)
     except RecursionError:
         raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).") from None
+    except TooManyValues:
+        raise bad_request(f"The request body holds too many JSON values (at most {MAX_JSON_VALUES}).") from None
     except ValueError:
         raise bad_request("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
-    # Each level opens a bracket: with no more brackets than the limit, there is nothing to walk.
-    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and not depth_ok(body, MAX_JSON_DEPTH):
-        raise bad_request(f"The request body is nested too deeply (at most {MAX_JSON_DEPTH} levels).")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise bad_request("'stream' must be a boolean.", "stream")
     if "model" in body and not isinstance(body["model"], str):

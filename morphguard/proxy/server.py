@@ -1,10 +1,19 @@
 """Serving the proxy with uvicorn, in one process or several, whose own answers to unparseable HTTP are
-JSON errors too.
+JSON errors too, and which closes connections whose request head does not arrive in time.
 
 uvicorn answers a request it cannot parse (a bad header, a malformed request line) with a plain-text
 400 before any app code runs; here that answer is the same OpenAI-shaped error as every other. The
 HTTP parser is httptools (C, llhttp) and the event loop uvloop: benchmarks/proxy_overhead.py measures
-what each costs.
+what each costs; the only protocol class served is `HttpProtocol` (h11 is never selected).
+
+uvicorn bounds how long a connection may sit idle between requests (its keep-alive timeout), but not how
+long a request head may take to arrive: a client that sends a header line now and then holds its
+connection, and a slot of the server, forever. `HttpProtocol` closes a connection whose request head is
+not complete `proxy.header_timeout_s` after the connection opened or, on a kept-alive connection, after
+the head's first byte (a 408 first when a request was begun).
+
+Every secret of the config, and the key each request presents, is masked in every log record of every
+process (`errors.mask_config_secrets`).
 
 With `processes` > 1 (`morphguard serve --workers N`) uvicorn binds the port once and N processes accept
 on it, each a whole proxy with its own event loop, so throughput scales with cores. What they share is
@@ -16,6 +25,8 @@ processes need the shared queue (`queue.url`, Redis).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -25,7 +36,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from morphguard.config import Config, load_config
 from morphguard.errors import ConfigError
-from morphguard.proxy.errors import bad_request, json_bytes
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, mask_config_secrets
+
+log = logging.getLogger(__name__)
 
 # How each of several processes finds what the first set up: its config file ("" for the built-in
 # defaults) and the embedded judge's URL.
@@ -33,18 +46,74 @@ CONFIG_ENV = "MORPHGUARD_SERVE_CONFIG"
 JUDGE_ENV = "MORPHGUARD_SERVE_JUDGE"
 
 
-class JSONErrorHttpToolsProtocol(HttpToolsProtocol):
-    def send_400_response(self, msg: str) -> None:
-        body = json_bytes(bad_request(f"The HTTP request could not be parsed: {msg}").payload())
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with JSON 400s and a deadline for each request head."""
+
+    header_timeout_s = 10.0  # set from proxy.header_timeout_s in each serving process (`_prepare`)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_begun = False
+        super().connection_made(transport)
+        self._await_head()  # a connection that sends nothing at all is closed too
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._await_head()  # the first bytes of the next request: its head is due in time
+        self._head_begun = True
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        self._head_begun = False
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _head_done(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return
+        client = f"{self.client[0]}:{self.client[1]} " if self.client else ""
+        log.info("%sclosed: no complete request head within %g s", client, self.header_timeout_s)
+        if self._head_begun:  # a request was begun: tell it why it ends
+            error = ProxyError(408, f"The request head was not complete within {self.header_timeout_s:g} s.",
+                               "invalid_request_error", None, "request_timeout")
+            self._write_error(408, b"Request Timeout", json_bytes(error.payload()))
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        self._write_error(400, b"Bad Request",
+                          json_bytes(bad_request(f"The HTTP request could not be parsed: {msg}").payload()))
+        self.transport.close()
+
+    def _write_error(self, status: int, reason: bytes, body: bytes) -> None:
+        self.transport.write(b"HTTP/1.1 " + str(status).encode() + b" " + reason + b"\r\n"
+                             b"content-type: application/json\r\ncontent-length: " + str(len(body)).encode()
+                             + b"\r\nconnection: close\r\n\r\n" + body)
+
+
+def _prepare(config: Config) -> None:
+    """What every serving process sets up before it takes a connection: the head deadline, the secrets masked."""
+    HttpProtocol.header_timeout_s = config.proxy.header_timeout_s
+    mask_config_secrets(config)
 
 
 def serve(config: Config, config_path: Path | None, host: str, port: int, *, log_level: str, grace_s: int,
           processes: int = 1) -> None:
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
-                               "timeout_graceful_shutdown": grace_s, "http": JSONErrorHttpToolsProtocol}
+                               "timeout_graceful_shutdown": grace_s, "http": HttpProtocol}
+    _prepare(config)
     if processes == 1:
         from morphguard.proxy.app import create_app
 
@@ -65,6 +134,7 @@ def app_of_process() -> Any:
     judge = os.environ.get(JUDGE_ENV)
     if judge:
         config = config.model_copy(update={"local": config.local.model_copy(update={"base_url": judge})})
+    _prepare(config)
     return create_app(config)
 
 

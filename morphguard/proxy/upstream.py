@@ -13,16 +13,21 @@ elsewhere, and one client's cookies never reach another client's request.
 Retries never resend a request the provider may have processed (a billed generation sent twice):
 only connection failures and the explicit "come back later" answers 429 and 503 are retried, with
 backoff (honouring a short Retry-After); read timeouts and resets only when `upstream.retry_reads`.
+
+A streamed body is read as lines of at most `upstream.max_line_bytes`: a longer line is a 502 as soon as
+the limit is passed, never held whole. A provider's error body is read with every secret masked (a
+provider may echo the key it was sent), in every way it is read, compressed ones included.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
+import gzip
 import hmac
 import logging
 import random
 import re
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Literal
@@ -35,7 +40,13 @@ from morphguard import telemetry
 from morphguard.config import ProxySettings
 from morphguard.proxy.errors import (
     ProxyError,
+    add_secrets,
+    config_secrets,
+    credentials_in,
+    mask_secrets_in,
+    present_keys,
     unauthorized,
+    upstream_malformed,
     upstream_stream_broken,
     upstream_timeout,
     upstream_unavailable,
@@ -53,7 +64,11 @@ _COME_BACK_LATER = (429, 503)
 _MAX_RETRY_AFTER_S = 5.0
 _MAX_BACKOFF_S = 4.0
 _SEGMENT_SAFE = "-._~:@!$&'()*+,;="
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
+_MAX_ERROR_BODY = 16 * 1024 * 1024
+# What we ask the provider to compress with: codings that an error body can be masked under (aiohttp would
+# also offer br and zstd where their libraries are installed).
+_ACCEPT_ENCODING = "gzip, deflate"
 
 
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
@@ -95,49 +110,105 @@ def _reading(broken: Callable[[str], ProxyError], detail: str) -> Iterator[None]
 
 
 class UpstreamResponse:
-    """The provider's answer with its body unread: read it whole, as text lines, or as the bytes sent."""
+    """The provider's answer with its body unread: read it whole, as text lines, or as the bytes sent.
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    An error's body (status 400 and up) is read with every secret masked (`errors.mask_secrets`): the keys
+    configured and `sent`, the credentials this request carried upstream, which a provider may echo."""
+
+    def __init__(self, response: aiohttp.ClientResponse, max_line_bytes: int, sent: tuple[str, ...] = (),
+                 our_key: bool = False) -> None:
         self._response = response
+        self._max_line = max_line_bytes
+        self._sent = sent
+        self._our_key = our_key
         self.status_code = response.status
         self.headers: Mapping[str, str] = response.headers
 
     async def read(self) -> bytes:
         with _reading(upstream_unavailable, "the response body broke off"):
-            return await self._response.read()
+            data = await self._response.read()
+        if self.status_code < 400:
+            return data
+        data = mask_secrets_in(data, *self._sent)
+        if self._our_key and self.status_code in (401, 403):  # the proxy's own upstream key: the operator's problem
+            log.warning("the provider refused the proxy's upstream key: HTTP %d %s", self.status_code,
+                        data[:500].decode("utf-8", "replace"))
+        return data
 
     async def raw(self) -> AsyncIterator[bytes]:
+        """The body as sent (compressed as it was); an error's body whole, masked and compressed again."""
+        if self.status_code >= 400:
+            with _reading(upstream_unavailable, "the response body broke off"):
+                data = await self._response.read()
+            yield _masked_as_sent(data, self.headers.get("content-encoding", ""), self._sent)
+            return
         with _reading(upstream_unavailable, "the response body broke off"):
             async for chunk in self._response.content.iter_any():
                 yield chunk
 
     async def lines(self) -> AsyncIterator[str]:
-        """The body as UTF-8 text lines without their line breaks (SSE allows CRLF, LF and CR)."""
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        """The body as UTF-8 text lines without their line breaks (SSE allows CRLF, LF and CR). A line longer than
+        `max_line_bytes` is a 502 as soon as that many bytes of it have arrived: it is never held whole."""
+        limit = self._max_line
         # The unfinished line, in pieces: joined only once a line break arrives, so that a long line dripped in small
-        # chunks costs its length, not the square of it (this runs on the event loop).
-        pending: list[str] = []
+        # chunks costs its length, not the square of it (this runs on the event loop). Split as bytes: CR and LF
+        # never occur inside a UTF-8 sequence, so each line is decoded whole.
+        pending: list[bytes] = []
+        size = 0
         with _reading(upstream_stream_broken, "the connection broke off"):
             async for chunk in self._response.content.iter_any():
-                piece = decoder.decode(chunk)
-                if "\n" not in piece and "\r" not in piece and not (pending and pending[-1].endswith("\r")):
-                    pending.append(piece)
+                if b"\n" not in chunk and b"\r" not in chunk and not (pending and pending[-1].endswith(b"\r")):
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_long(limit)
+                    pending.append(chunk)
                     continue
-                text = "".join(pending) + piece
-                keep = 1 if text.endswith("\r") else 0  # a CR may be the first half of a CRLF
-                *complete, rest = _LINE_BREAK.split(text[:len(text) - keep])
-                pending = [rest + text[len(text) - keep:]]
+                data = b"".join(pending) + chunk
+                keep = 1 if data.endswith(b"\r") else 0  # a CR may be the first half of a CRLF
+                *complete, rest = _LINE_BREAK.split(data[:len(data) - keep])
                 for line in complete:
-                    yield line
-        last = "".join(pending) + decoder.decode(b"", final=True)
+                    if len(line) > limit:
+                        raise _too_long(limit)
+                    yield line.decode("utf-8", "replace")
+                rest += data[len(data) - keep:]
+                if len(rest) > limit + keep:
+                    raise _too_long(limit)
+                pending, size = [rest], len(rest)
+        last = b"".join(pending)
         if last:
-            yield last.removesuffix("\r")
+            yield last.decode("utf-8", "replace").removesuffix("\r")
+
+
+def _masked_as_sent(data: bytes, encoding: str, sent: tuple[str, ...]) -> bytes:
+    """An error body as sent, with secrets masked under its content coding (gzip and deflate: the only ones we
+    ask for). One we cannot decode (a coding we did not ask for, or more than _MAX_ERROR_BODY) is passed as sent."""
+    coding = encoding.strip().lower()
+    if coding in ("", "identity"):
+        return mask_secrets_in(data, *sent)
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        return data
+    try:
+        decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by its header
+        plain = decoder.decompress(data, _MAX_ERROR_BODY)
+        if decoder.unconsumed_tail:
+            return data
+    except zlib.error:
+        return data
+    masked = mask_secrets_in(plain, *sent)
+    if masked is plain:
+        return data
+    return gzip.compress(masked) if coding != "deflate" else zlib.compress(masked)
+
+
+def _too_long(limit: int) -> ProxyError:
+    return upstream_malformed(f"a line of the stream is longer than {limit} bytes")
 
 
 class Upstream:
     def __init__(self, settings: ProxySettings) -> None:
         self.settings = settings.upstream
         self._proxy_keys = [k.get_secret_value().encode() for k in settings.keys]
+        add_secrets(config_secrets(settings))
         self.base = URL(self.settings.base_url.rstrip("/") + "/", encoded=True)
         self._base_path = self.base.raw_path
         self._session: aiohttp.ClientSession | None = None
@@ -169,7 +240,9 @@ class Upstream:
         return url
 
     def headers_for(self, incoming: Mapping[str, str]) -> dict[str, str]:
-        """The headers to send upstream; checks the client's proxy key when we inject our own upstream key."""
+        """The headers to send upstream; checks the client's proxy key when we inject our own upstream key. The key
+        the client presented is masked from here on, like a configured secret."""
+        present_keys(incoming)
         headers = {k: v for k, v in incoming.items()
                    if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-morphguard-")}
         if self.settings.api_key is None:
@@ -190,13 +263,15 @@ class Upstream:
         """Send and yield the response with its body unread (`decoded`: gzip undone, else the bytes as sent).
         5xx other than a final 503 becomes a 502."""
         sent = {k: _wire_value(v) for k, v in headers.items()}
+        sent.setdefault("accept-encoding", _ACCEPT_ENCODING)
         if telemetry.tracing():  # a provider that traces continues our trace (else the client's traceparent went)
             sent.update(telemetry.carrier())
         response = await self._send(method, self.url_for(path), sent, content, params, decoded)
         try:
             if response.status >= 500:
                 raise upstream_unavailable(f"HTTP {response.status}", response_headers(response.headers, body="ours"))
-            yield UpstreamResponse(response)
+            yield UpstreamResponse(response, self.settings.max_line_bytes, credentials_in(sent),
+                                   our_key=self.settings.api_key is not None)
         finally:
             response.release()  # back to the pool when the body was read in full, else the connection is closed
 

@@ -14,7 +14,10 @@ Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit head
 connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "surrogate" (a lone
 surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
 (`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream),
-"slow-stream" (a chunk every 0.5 s).
+"slow-stream" (a chunk every 0.5 s), "giant-line-<N>" (one SSE line of N KiB, sent in 64 KiB pieces, then
+the answer as usual; streamed Responses too). "leak-key" answers 401 with OpenAI's partial echo of the key it was sent
+("Incorrect API key provided: sk-upst*****cret") and "leak-key-full" with the whole key, on chat, the Responses
+and Messages APIs and embeddings ("leak-key-gzip": the same 401 body gzip-encoded).
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
 recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
@@ -34,6 +37,7 @@ of Responses and Messages stop before their last event.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import re
 import sys
@@ -131,6 +135,9 @@ async def _chat(request: Request) -> Response:
     system = messages[0]["content"] if messages[0]["role"] == "system" else ""
     judged = _judge(system if isinstance(system, str) else "", messages[-1].get("content") or "")
     model = body.get("model", "")
+    leaked = _leak(model, request)
+    if leaked is not None:
+        return leaked
     if model == "slow-judge":
         await asyncio.sleep(3)
     delay = re.fullmatch(r"judge-(\d+)ms", model)
@@ -194,7 +201,43 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
         yield "data: [DONE]\n\n"
 
 
+def _leak(model: str, request: Request) -> Response | None:
+    """A 401 that echoes the key it was sent, as OpenAI's does (partly) or a careless provider (whole)."""
+    if model not in ("leak-key", "leak-key-full", "leak-key-gzip"):
+        return None
+    key = request.headers.get("authorization", "").removeprefix("Bearer ") or request.headers.get("x-api-key", "")
+    shown = key if model == "leak-key-full" else f"{key[:7]}{'*' * 5}{key[-4:]}"
+    body = json.dumps({"error": {"message": f"Incorrect API key provided: {shown}. You can find your API key at "
+                                            "https://platform.openai.com/account/api-keys.",
+                                 "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}})
+    if model == "leak-key-gzip":
+        return Response(gzip.compress(body.encode()), 401, media_type="application/json",
+                        headers={"content-encoding": "gzip"})
+    return Response(body, 401, media_type="application/json")
+
+
+def _pad(kib: int):
+    """`kib` KiB of padding, in pieces of 64 KiB."""
+    for start in range(0, kib, 64):
+        yield "x" * 1024 * min(64, kib - start)
+
+
+async def _giant_line(model: str, kib: int):
+    """The role chunk, one chunk line of `kib` KiB (no choices, a long unknown field), then the answer."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    yield "data: " + json.dumps({**base, "choices": []})[:-1] + ', "pad": "'
+    for piece in _pad(kib):
+        yield piece
+    yield '"}\n\n'
+    async for line in _chunks(model, ANSWERS["faithful"]):
+        yield line
+
+
 def _fault(model: str, stream: bool) -> Response | None:
+    giant = re.fullmatch(r"giant-line-(\d+)", model)
+    if stream and giant:
+        return StreamingResponse(_giant_line(model, int(giant.group(1))), media_type="text/event-stream")
     if model == "redirect":  # a provider (or whoever answers for it) pointing the call elsewhere
         return Response(status_code=307, headers={"location": "/stolen/v1/chat/completions"})
     if model == "set-cookie":
@@ -231,6 +274,9 @@ async def models(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     body = json.loads(await request.body())
+    leaked = _leak(body.get("model", "") if isinstance(body, dict) else "", request)
+    if leaked is not None:
+        return leaked
     if not isinstance(body, dict) or "input" not in body:
         return JSONResponse({"error": {"message": "'input' is required", "type": "invalid_request_error",
                                        "param": "input", "code": None}}, status_code=400)
@@ -278,6 +324,9 @@ async def responses(request: Request) -> Response:
     body = json.loads(await request.body())
     native_received.append({"path": "responses", "body": body, "headers": dict(request.headers)})
     model = body.get("model", "")
+    leaked = _leak(model, request)
+    if leaked is not None:
+        return leaked
     if model == "fail-400":
         return JSONResponse({"error": {"message": "model rejected", "type": "invalid_request_error",
                                        "param": "model", "code": "model_not_found"}}, status_code=400)
@@ -304,6 +353,12 @@ async def responses(request: Request) -> Response:
         item = final["output"][0]
         text = item["content"][0]["text"]
         yield event("response.created", response={**final, "status": "in_progress", "output": []})
+        giant = re.fullmatch(r"giant-line-(\d+)", model)
+        if giant:  # an event the client would skip, of one long data line
+            yield 'event: response.in_progress\ndata: {"type": "response.in_progress", "pad": "'
+            for piece in _pad(int(giant.group(1))):
+                yield piece
+            yield '"}\n\n'
         yield event("response.output_item.added", output_index=0, item={**item, "content": [],
                                                                         "status": "in_progress"})
         yield event("response.content_part.added", output_index=0, item_id=item["id"], content_index=0,
@@ -336,6 +391,9 @@ async def messages(request: Request) -> Response:
     body = json.loads(await request.body())
     native_received.append({"path": "messages", "body": body, "headers": dict(request.headers)})
     model = body.get("model", "")
+    leaked = _leak(model, request)
+    if leaked is not None:
+        return leaked
     text = ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
     final = _message(model, text)
     if not body.get("stream"):

@@ -9,7 +9,7 @@ is labelled hallucinated. The noise model at rate p:
 - each item has a difficulty d, uniform in [0, 1), shared by every question about it;
 - each verdict is flipped with probability 2·p·d (so p on average; hard items are the ones judges get wrong);
 - its stated confidence (the log-probabilities the client reads) is 1 at p = 0, else 0.55 + 0.45·(1 − d);
-- a reply is malformed (not JSON, no verdict) with probability p/5.
+- a reply is malformed (not JSON, no verdict) with probability p/5, once per reply whatever it is about.
 Where the oracle knows more than the prompt showed: it reads the gold whatever context it was sent, so a check
 that sends a cut of the context (the spot check) is not punished for cutting away the evidence, and phrases it
 names are exactly the annotators', which a real judge's would only approach.
@@ -143,14 +143,14 @@ class Oracle:
             whole = whole or item
             truth, phrases = self._sentence_truth(item, at, at + len(sentence))
             said, confidence = self._verdict(item, f"s{at}", truth)
-            if self._malformed(item, f"s{at}"):
-                return "I could not check these sentences.", []
             verdict = "UNSUPPORTED" if said else "SUPPORTED"
             entries.append({"id": number, "verdict": verdict, "phrases": phrases if said and truth else
                             ([sentence] if said else [])})
             weighed.append((verdict, "SUPPORTED" if said else "UNSUPPORTED", confidence))
         overall = "SUPPORTED"
         if whole is not None:  # the same question as `direct`'s, answered as the oracle answers that one
+            if self._malformed(whole, "whole"):  # a reply is malformed or not as a whole, as `direct`'s is
+                return "I could not check these sentences.", []
             said, confidence = self._verdict(whole, "whole", whole.hallucinated)
             overall = "UNSUPPORTED" if said else "SUPPORTED"
             weighed.append((overall, "SUPPORTED" if said else "UNSUPPORTED", confidence))
@@ -229,8 +229,8 @@ def serve(oracle: Oracle) -> tuple[str, uvicorn.Server]:
 
 
 async def run(items: list[Item], detector: str, base: str,
-              concurrency: int) -> list[tuple[float, list, float, int, dict[str, float]]]:
-    """Per item: score, flagged spans, seconds, judge calls, the detector's features."""
+              concurrency: int) -> list[tuple[float, list, float, int, dict[str, float], int]]:
+    """Per item: score, flagged spans, seconds, judge calls, the detector's features, tokens."""
     config = Config.model_validate({
         "judge": {"model": "openai/oracle", "api_base": base, "api_key": "sk-oracle", "max_attempts": 1,
                   "cache": {"enabled": False}, "probe": "off"},
@@ -238,13 +238,14 @@ async def run(items: list[Item], detector: str, base: str,
     check = build_detector(config)
     limit = asyncio.Semaphore(concurrency)
 
-    async def one(item: Item) -> tuple[float, list, float, int, dict[str, float]]:
+    async def one(item: Item) -> tuple[float, list, float, int, dict[str, float], int]:
         async with limit:
             started = time.perf_counter()
             found = await check.detect(RagInput(question=item.question, passages=item.passages), item.answer)
             spans = [(f.start, f.end) for f in found.factoids
                      if f.score >= THRESHOLD and f.start is not None and f.end is not None]
-            return found.score, spans, time.perf_counter() - started, found.cost.llm_calls, found.features
+            return (found.score, spans, time.perf_counter() - started, found.cost.llm_calls, found.features,
+                    found.cost.input_tokens + found.cost.output_tokens)
 
     return await asyncio.gather(*(one(i) for i in items))
 
@@ -271,6 +272,7 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
             "fit_threshold": chosen, "f1_at_fit": metrics.at_threshold(labels, scores, chosen).f1,
             "span_f1": span, "calls_per_check": statistics.mean(r[3] for r in report),
             "p50_s": statistics.median(r[2] for r in report),
+            "tokens_per_check": statistics.mean(r[5] for r in report),
             # the parts a fused score is made of, for choosing how to weigh them (sentences: whole, worst)
             "parts": {"report": [[i.hallucinated, r[4]] for i, r in zip(items, report, strict=True)],
                       "fit": [[i.hallucinated, r[4]] for i, r in zip(fit_items, fitted, strict=True)]}

@@ -16,6 +16,7 @@ from morphguard.detectors import build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
 from morphguard.policy.engine import PolicyEngine
+from morphguard.proxy.errors import mask_config_secrets
 from morphguard.proxy.guard import build_guard
 from morphguard.telemetry import setup as telemetry_setup
 
@@ -29,6 +30,7 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     # A worker checks in its own process whatever the replicas' `inline_via` says: it is the pool.
     config = config.model_copy(update={"proxy": config.proxy.model_copy(update={"workers": concurrency,
                                                                                  "inline_via": "process"})})
+    mask_config_secrets(config)  # judge errors can echo its key into the log
     telemetry_setup.configure(config.telemetry)
     detector = await asyncio.to_thread(build_detector, config)  # may start the embedded judge
     await require_judges(config, getattr(detector, "llm", None))

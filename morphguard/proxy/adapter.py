@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from morphguard.config import LitellmRoute
-from morphguard.proxy.errors import ProxyError, bad_request, upstream_timeout, upstream_unavailable
+from morphguard.proxy.errors import ProxyError, bad_request, mask_secrets, upstream_timeout, upstream_unavailable
 
 # The chat parameters a client may send through a litellm route. litellm also takes where to connect and with
 # which credentials from the same arguments (api_base, base_url, api_key, fallbacks, extra_headers, ...): those
@@ -76,5 +76,6 @@ def _as_proxy_error(exc: Exception) -> ProxyError:
     if "Timeout" in type(exc).__name__:
         return upstream_timeout()
     if isinstance(status, int) and 400 <= status < 500:
-        return ProxyError(status, str(exc).splitlines()[0][:300], "invalid_request_error")
+        # masked before it is cut: a key cut inside its echo ("sk-upst*****") would no longer be recognised
+        return ProxyError(status, (mask_secrets(str(exc)).splitlines() or [""])[0][:300], "invalid_request_error")
     return upstream_unavailable(type(exc).__name__)

@@ -19,7 +19,7 @@ import httpx
 from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
@@ -38,6 +38,7 @@ from morphguard.proxy.errors import (
     JSON,
     ProxyError,
     bad_request,
+    client_disconnected,
     handle_http_error,
     handle_proxy_error,
     handle_unexpected,
@@ -172,10 +173,6 @@ class Proxy:
     async def _read_body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with
         one log line: nothing was accepted yet (no audit row), and it is no server error (499)."""
-        from starlette.requests import ClientDisconnect
-
-        from morphguard.proxy.errors import client_disconnected
-
         limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:

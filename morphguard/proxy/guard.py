@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from morphguard.policy.audit_writer import AuditWriter
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.check import CheckOutcome, CheckRequest
+from morphguard.proxy.errors import mask_secrets
 from morphguard.proxy.escalation import Escalator
 from morphguard.store import verdicts
 from morphguard.store.queue import CheckQueue, Entry, open_queue
@@ -110,7 +112,7 @@ class Guard:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
             reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
                       else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
-            trace.get_current_span().record_exception(exc)
+            _record_masked(exc)
             decision = self.engine.failed(request.profile, request.topic, reason)
             log.warning("request %s %s unchecked (%s): %s", request.request_id,
                         "passed" if decision.action == "pass" else "blocked", decision.reason, exc)
@@ -161,7 +163,7 @@ class Guard:
                 detector = await self.detector_for(request.detector)
                 detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
             except (MorphguardError, TimeoutError) as exc:
-                trace.get_current_span().record_exception(exc)
+                _record_masked(exc)
                 return {"error": "judge_timeout" if isinstance(exc, LLMTimeoutError | TimeoutError) else "judge_error"}
         return {"detection": detection.model_dump(mode="json")}
 
@@ -399,3 +401,10 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
         if config.queue.url and config.queue.cache_ttl_s else None
     pool = queue if isinstance(queue, RedisCheckQueue) else None
     return Guard(detector, engine, config, audit, Escalator(policy.escalation, audit), queue, cache, pool)
+
+
+def _record_masked(exc: BaseException) -> None:
+    """The judge's error on the current span, with any secret it echoes masked (litellm's messages may)."""
+    trace.get_current_span().record_exception(exc, attributes={
+        "exception.message": mask_secrets(str(exc)),
+        "exception.stacktrace": mask_secrets("".join(traceback.format_exception(exc)))})

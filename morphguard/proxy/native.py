@@ -22,7 +22,7 @@ from typing import Any
 from morphguard.policy.answers import UNREADABLE
 from morphguard.proxy.body import loads
 from morphguard.proxy.context import OUR_FIELD
-from morphguard.proxy.errors import bad_request, upstream_malformed
+from morphguard.proxy.errors import bad_request, mask_secrets, upstream_malformed
 
 VERDICT_EVENT = "morphguard.verdict"
 
@@ -48,20 +48,27 @@ def sse_event(name: str, data: dict[str, Any]) -> bytes:
 
 
 async def read_events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
-    """Server-sent events from the provider's lines (comments and ids dropped)."""
+    """Server-sent events from the provider's lines (comments and ids dropped); an error event's secrets masked,
+    since the provider may echo the key it was sent."""
     name: str | None = None
     data: list[str] = []
     async for line in lines:
         if not line:
             if data:
-                yield Event(name, "\n".join(data))
+                yield _masked(Event(name, "\n".join(data)))
             name, data = None, []
         elif line.startswith("event:"):
             name = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
     if data:
-        yield Event(name, "\n".join(data))
+        yield _masked(Event(name, "\n".join(data)))
+
+
+def _masked(event: Event) -> Event:
+    if event.name in ("error", "response.failed") or '"error"' in event.data[:200]:
+        return Event(event.name, mask_secrets(event.data))
+    return event
 
 
 def _text_of(content: Any, kinds: tuple[str, ...]) -> str:

@@ -15,7 +15,7 @@ that sends a cut of the context (the spot check) is not punished for cutting awa
 names are exactly the annotators', which a real judge's would only approach.
 
 Thresholds: F1 at the configured threshold (0.3), and at the threshold that maximises F1 on the fit half with
-another noise seed. Span F1 (character overlap, as in RAGTruth) of the factoids at or above 0.3.
+another noise seed. Span F1 (character overlap, as in RAGTruth) of the factoids at or above each threshold.
 
     python benchmarks/judge_quality.py [--noise 0,0.1,0.2,0.3] [--detectors sentences,direct,spotcheck,combined]
                                        [--datasets ragtruth-qa,...] [--limit N] [--delay 0.4]
@@ -242,8 +242,7 @@ async def run(items: list[Item], detector: str, base: str,
         async with limit:
             started = time.perf_counter()
             found = await check.detect(RagInput(question=item.question, passages=item.passages), item.answer)
-            spans = [(f.start, f.end) for f in found.factoids
-                     if f.score >= THRESHOLD and f.start is not None and f.end is not None]
+            spans = [(f.start, f.end, f.score) for f in found.factoids if f.start is not None and f.end is not None]
             return (found.score, spans, time.perf_counter() - started, found.cost.llm_calls, found.features,
                     found.cost.input_tokens + found.cost.output_tokens)
 
@@ -265,12 +264,17 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
     chosen = metrics.best_threshold([i.hallucinated for i in fit_items], [r[0] for r in fitted]) if fitted \
         else THRESHOLD
     spanned = [(i, r) for i, r in zip(items, report, strict=True) if i.spans is not None]
-    span = metrics.span_scores([[(s.start, s.end) for s in i.spans or []] for i, _ in spanned],
-                               [r[1] for _, r in spanned]).f1 if spanned else None
+
+    def span_f1(tau: float) -> float | None:
+        return metrics.span_scores([[(s.start, s.end) for s in i.spans or []] for i, _ in spanned],
+                                   [[(s, e) for s, e, score in r[1] if score >= tau] for _, r in spanned]).f1 \
+            if spanned else None
+
     return {"n": len(items), "hallucinated": sum(labels), "auroc": metrics.auroc(labels, scores),
             "f1_at_0.3": metrics.at_threshold(labels, scores, THRESHOLD).f1,
             "fit_threshold": chosen, "f1_at_fit": metrics.at_threshold(labels, scores, chosen).f1,
-            "span_f1": span, "calls_per_check": statistics.mean(r[3] for r in report),
+            "span_f1": span_f1(THRESHOLD), "span_f1_at_fit": span_f1(chosen),
+            "calls_per_check": statistics.mean(r[3] for r in report),
             "p50_s": statistics.median(r[2] for r in report),
             "tokens_per_check": statistics.mean(r[5] for r in report),
             # the parts a fused score is made of, for choosing how to weigh them (sentences: whole, worst)
@@ -345,8 +349,8 @@ def main() -> None:
         return
     noise = [float(p) for p in args.noise.split(",")]
     results: dict[str, Any] = {"noise": noise, "delay_s": args.delay, "threshold": THRESHOLD}
-    print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'spanF1':>6} "
-          f"{'calls':>5} {'p50 s':>6}")
+    print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'span@.3':>7} "
+          f"{'span@fit':>7} {'calls':>5} {'p50 s':>6}")
     for name in args.datasets.split(","):
         report = datasets.sample(datasets.load_half(name, "report", args.data_dir), args.limit)
         fit_items = datasets.sample(datasets.load_half(name, "fit", args.data_dir), args.limit)
@@ -355,9 +359,10 @@ def main() -> None:
             rows = results[name][detector] = {}
             for p in noise:
                 row = rows[str(p)] = measure(report, fit_items, detector, p, args.delay, args.concurrency)
-                cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["span_f1"]]
+                cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["span_f1"], row["span_f1_at_fit"]]
                 print(f"{name:<18} {detector:<10} {p:>4} {row['n']:>4} "
-                      + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells)
+                      + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:3]) + " "
+                      + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[3:])
                       + f" {row['calls_per_check']:>5.1f} {row['p50_s']:>6.2f}", flush=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     plot({k: v for k, v in results.items() if k in args.datasets.split(",")}, noise, args.out.with_suffix(".png"))

@@ -277,10 +277,10 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
             "calls_per_check": statistics.mean(r[3] for r in report),
             "p50_s": statistics.median(r[2] for r in report),
             "tokens_per_check": statistics.mean(r[5] for r in report),
-            # the parts a fused score is made of, for choosing how to weigh them (sentences: whole, worst)
+            # the parts the sentences check's score is made of (whole, worst), for choosing how to weigh them
             "parts": {"report": [[i.hallucinated, r[4]] for i, r in zip(items, report, strict=True)],
                       "fit": [[i.hallucinated, r[4]] for i, r in zip(fit_items, fitted, strict=True)]}
-            if any(r[4] for r in report) else None}
+            if any("whole" in r[4] for r in report) else None}
 
 
 def plot(results: dict[str, Any], noise: list[float], out: Path) -> None:
@@ -364,7 +364,7 @@ def main() -> None:
                       + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:3]) + " "
                       + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[3:])
                       + f" {row['calls_per_check']:>5.1f} {row['p50_s']:>6.2f}", flush=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")
     plot({k: v for k, v in results.items() if k in args.datasets.split(",")}, noise, args.out.with_suffix(".png"))
 
 

@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 # Headers that describe one hop, or that the client sets itself, are not copied across.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                          "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"})
+# Headers our own server writes on every response: the provider's would make two of each.
+_WRITTEN_BY_US = frozenset({"date", "server"})
 # What else a response loses, by what becomes of its body on the way to our client.
 _DROPPED_WITH_BODY = {"as_sent": frozenset(), "decoded": frozenset({"content-encoding"}),
                       "ours": frozenset({"content-encoding", "content-type"})}
@@ -74,7 +76,7 @@ _ACCEPT_ENCODING = "gzip, deflate"
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
     """The provider's response headers worth keeping (rate limits, request ids, Retry-After) for a body
     passed on as sent, decoded (no longer compressed), or written by us (re-serialised JSON, our own SSE)."""
-    drop = HOP_HEADERS | _DROPPED_WITH_BODY[body]
+    drop = HOP_HEADERS | _WRITTEN_BY_US | _DROPPED_WITH_BODY[body]
     kept: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()

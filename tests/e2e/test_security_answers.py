@@ -173,3 +173,12 @@ def test_a_client_cannot_send_a_litellm_routes_key_where_it_likes(proxy_factory,
     assert response.json()["error"]["param"] == next(iter(extra))
     assert seen[before:] == []
     assert audit_rows(proxy_factory, base)[-1]["reason"] == "invalid_request"
+
+
+@pytest.mark.parametrize("request_of", [chat("faithful"), chat("faithful", stream=True), responses("faithful"),
+                                        messages("faithful")], ids=["chat", "chat-stream", "responses", "messages"])
+def test_a_proxied_response_has_one_date_and_one_server_header(annotate_proxy, request_of):
+    path, body = request_of
+    response = post(annotate_proxy, path, body)
+    names = [name.lower() for name, _ in response.headers.multi_items()]
+    assert names.count("date") == 1 and names.count("server") == 1, response.headers

@@ -351,8 +351,13 @@ async def responses(request: Request) -> Response:
             return f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': seq, **data})}\n\n"
 
         item = final["output"][0]
-        text = item["content"][0]["text"]
         yield event("response.created", response={**final, "status": "in_progress", "output": []})
+        if item["type"] != "message":  # a function call or an image: its item, then the end
+            yield event("response.output_item.added", output_index=0, item=item)
+            yield event("response.output_item.done", output_index=0, item=item)
+            yield event("response.completed", response=final)
+            return
+        text = item["content"][0]["text"]
         giant = re.fullmatch(r"giant-line-(\d+)", model)
         if giant:  # an event the client would skip, of one long data line
             yield 'event: response.in_progress\ndata: {"type": "response.in_progress", "pad": "'
@@ -425,7 +430,7 @@ async def messages(request: Request) -> Response:
 
 
 async def native_seen(request: Request) -> Response:
-    return JSONResponse(native_received)
+    return Response(json.dumps(native_received), media_type="application/json")  # ASCII escapes, as requests_seen
 
 
 async def webhook(request: Request) -> Response:

@@ -101,9 +101,10 @@ def test_a_blocked_chat_answer_has_no_logprobs_and_more_choices_are_refused(bloc
 
 @pytest.mark.parametrize("request_of", [
     chat("tool-answer"), chat("tool-answer", stream=True), chat("refusal-answer"), chat("audio-answer"),
-    responses("tool-answer"), messages("tool-answer"), messages("tool-answer", stream=True),
+    responses("tool-answer"), responses("tool-answer", stream=True), messages("tool-answer"),
+    messages("tool-answer", stream=True),
 ], ids=["chat-tool", "chat-tool-stream", "chat-refusal", "chat-audio", "responses-function-call",
-        "messages-tool-use", "messages-tool-use-stream"])
+        "responses-function-call-stream", "messages-tool-use", "messages-tool-use-stream"])
 def test_answers_outside_the_text_are_checked(block_proxy, request_of):
     path, body = request_of
     response = post(block_proxy, path, body)

@@ -17,7 +17,7 @@ def _tag(text: str, tag: str) -> str:
 
 def stage_of(body: dict[str, Any]) -> str:
     system = body["messages"][0]["content"]
-    for marker, stage in (("strict fact checker", "direct"), ("compare two sentences", "restatement"),
+    for marker, stage in (("You check facts. Answer with one word", "probe"), ("strict fact checker", "direct"), ("compare two sentences", "restatement"),
                           ("one sentence of an answer", "spotcheck"),
                           ("atomic factoids", "decompose"),
                           ("paraphrases", "synonym"),
@@ -35,6 +35,8 @@ def judge(factoids: list[str], verdict: Callable[[str], str], n: int = 2,
     def reply(body: dict[str, Any]):
         stage = stage_of(body)
         user = body["messages"][-1]["content"]
+        if stage == "probe":  # the start-up probe (detectors/judges.py): a judge that answers
+            return json.dumps({"verdict": "YES"}) if body.get("response_format") else "YES"
         if stage == "decompose":
             return json.dumps({"factoids": factoids})
         if stage in ("synonym", "antonym"):

@@ -100,7 +100,9 @@ def test_json_schema_and_logprobs_are_requested_openai_style():
         reply = run(client(server).complete(MESSAGES, json_schema=schema, top_logprobs=2))
     sent = server.requests[0]
     assert sent["response_format"]["type"] == "json_schema"
-    assert sent["response_format"]["json_schema"]["schema"] == schema
+    # in the strict subset OpenAI compiles: the object closed, every property required
+    assert sent["response_format"]["json_schema"]["schema"] == {**schema, "additionalProperties": False}
+    assert sent["response_format"]["json_schema"]["strict"] is True
     assert sent["logprobs"] is True and sent["top_logprobs"] == 2
     assert reply.logprobs is not None
     assert reply.logprobs[0].token == "YES"

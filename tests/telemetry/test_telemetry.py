@@ -226,7 +226,7 @@ def test_fail_open_and_queue_depth_metrics(llm, tmp_path):
     config = make_config(llm, tmp_path, proxy={"mode": "async"})
     # a judge that cannot be reached: every check fails, and the general profile fails open
     config = config.model_copy(update={"judge": config.judge.model_copy(
-        update={"api_base": "http://127.0.0.1:9/v1", "max_attempts": 1, "timeout_s": 2})})
+        update={"api_base": "http://127.0.0.1:9/v1", "max_attempts": 1, "timeout_s": 2, "probe": "warn"})})
     with InProcessProxy(config) as proxy:
         post(proxy.url)
         post(proxy.url)

@@ -16,11 +16,13 @@ processes need the shared queue (`queue.url`, Redis).
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from morphguard.config import Config, load_config
@@ -43,7 +45,7 @@ class JSONErrorHttpToolsProtocol(HttpToolsProtocol):
 
 def serve(config: Config, config_path: Path | None, host: str, port: int, *, log_level: str, grace_s: int,
           processes: int = 1) -> None:
-    options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "log_config": _log_config(),
                                "timeout_graceful_shutdown": grace_s, "http": JSONErrorHttpToolsProtocol}
     if processes == 1:
         from morphguard.proxy.app import create_app
@@ -55,6 +57,14 @@ def serve(config: Config, config_path: Path | None, host: str, port: int, *, log
     if judge:
         os.environ[JUDGE_ENV] = judge
     uvicorn.run(f"{__name__}:app_of_process", factory=True, workers=processes, **options)
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's own logging, its lines dated as morphguard's are."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = "%(asctime)s " + formatter["fmt"]
+    return config
 
 
 def app_of_process() -> Any:

@@ -192,6 +192,8 @@ class AuditStore:
                                                   sa.exc.TimeoutError, sa.exc.DisconnectionError)
         if dbapi is not None:
             kinds += (dbapi.OperationalError, dbapi.InterfaceError)
+        if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
+            return isinstance(exc, kinds) and any(w in str(exc) for w in ("locked", "busy", "unable to open"))
         return isinstance(exc, kinds)
 
     def _args(self, record: DecisionRecord) -> Any:

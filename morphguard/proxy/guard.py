@@ -282,7 +282,7 @@ class Guard:
             assert self.audit is not None
             if self.audit.unavailable(exc):
                 raise
-            log.error("request %s: audit record refused (%s); recording it without its texts", record.request_id,
+            log.error("request %s: audit record failed (%s); recording it without its texts", record.request_id,
                       exc)
             self.audit_failures += 1
             telemetry.count_error("audit_failed")

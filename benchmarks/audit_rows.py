@@ -15,6 +15,7 @@ import asyncio
 import json
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,11 @@ from morphguard.policy.record import DecisionRecord
 HERE = Path(__file__).resolve().parent
 ROW = DecisionRecord(request_id="r", profile="general", topic="general", reason="no_context", model="bench",
                      answer="The Eiffel Tower is in Paris.")
+
+
+def row() -> DecisionRecord:
+    """ROW under a request id of its own: a request id already recorded is not written again."""
+    return ROW.model_copy(update={"request_id": uuid.uuid4().hex})
 
 
 def per_row(run: Callable[[], None], rows: int) -> float:
@@ -48,17 +54,17 @@ def main() -> None:
 
         async def threaded() -> None:
             for _ in range(n):
-                await asyncio.to_thread(store.record, ROW)
+                await asyncio.to_thread(store.record, row())
 
         async def one_at_a_time() -> None:
             for _ in range(n):
-                await writer.write(ROW)
+                await writer.write(row())
 
         async def burst() -> None:
-            await asyncio.gather(*(writer.write(ROW) for _ in range(n)))
+            await asyncio.gather(*(writer.write(row()) for _ in range(n)))
 
         results = {
-            "direct insert": per_row(lambda: [store.record(ROW) for _ in range(n)], n),
+            "direct insert": per_row(lambda: [store.record(row()) for _ in range(n)], n),
             "to_thread per row": per_row(lambda: uvloop.run(threaded()), n),
             "writer, one at a time": per_row(lambda: uvloop.run(one_at_a_time()), n),
             "writer, all at once": per_row(lambda: uvloop.run(burst()), n),

@@ -241,7 +241,11 @@ class EscalationSettings(Section):
     webhook_url: str | None = None
     headers: dict[str, SecretStr] = {}
     timeout_s: float = Field(5.0, gt=0)
-    max_attempts: int = Field(4, ge=1)
+    max_attempts: int = Field(4, ge=1)  # attempts in one go; then the escalation waits `undelivered`
+    # Undelivered escalations are tried again for this long after their decision, ever less often (up to
+    # `retry_max_interval_s` apart); past it they stay `undelivered` (`morphguard audit --undelivered`).
+    retry_for_s: float = Field(6 * 3600.0, ge=0)
+    retry_max_interval_s: float = Field(600.0, gt=0)
     # A replica delivering an escalation renews its claim on every attempt; one silent for this long has
     # died, and another replica takes the escalation over.
     claim_timeout_s: float = Field(60.0, gt=0)
@@ -369,8 +373,8 @@ class QueueSettings(Section):
     url: str | None = None  # None: the embedded SQLite queue beside the audit trail; redis://host:6379/0: Redis
     stream: str = "morphguard:checks"
     group: str = "morphguard-workers"
-    # A check claimed by a worker that has not finished it after this long is handed to another worker
-    # (its process died). Longer than the slowest check: the judge timeout times its attempts.
+    # A check whose worker has gone silent this long is handed to another worker (its process died). A live
+    # worker renews its claims every 2 s, however long its check or the store it waits for takes.
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long

@@ -56,22 +56,51 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+class RedisServer:
+    """A Redis that keeps what it acknowledged (append-only file), as a fleet's Redis must; on one port
+    for its whole life, so that clients find it again after `stop`/`kill` and `start`."""
+
+    def __init__(self, folder: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            _missing("redis-server")
+        self.binary, self.folder, self.port = str(binary), folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.folder / "redis.log"
+        self.process = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+                                         str(self.folder), "--appendonly", "yes", "--save", "", "--daemonize", "no"],
+                                        stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        _wait_for_port(self.port, self.process, log)
+
+    def stop(self) -> None:
+        """A clean stop: Redis writes what it holds and comes back with it."""
+        if self.process is not None:
+            stop(self.process)
+            self.process = None
+
+    def kill(self, *, lose_data: bool) -> None:
+        """kill -9; `lose_data`: its files go too, as if it came back on a fresh machine."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+        if lose_data:
+            for path in self.folder.iterdir():
+                if path.name != "redis.log":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 @contextmanager
 def redis_server(folder: Path) -> Iterator[str]:
-    """A Redis that keeps what it acknowledged (append-only file), as a fleet's Redis must."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        _missing("redis-server")
-    port = free_port()
-    log = folder / "redis.log"
-    process = subprocess.Popen([str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                                "--appendonly", "yes", "--save", "", "--daemonize", "no"],
-                               stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    server = RedisServer(folder)
+    server.start()
     try:
-        _wait_for_port(port, process, log)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield server.url
     finally:
-        stop(process)
+        server.stop()
 
 
 def _postgres_bin(name: str) -> str | None:
@@ -82,37 +111,60 @@ def _postgres_bin(name: str) -> str | None:
     return found
 
 
+class PostgresServer:
+    """A PostgreSQL cluster in a temporary folder, trust auth on loopback, on one port for its whole life;
+    `url` is that of its `postgres` database."""
+
+    def __init__(self) -> None:
+        initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
+        if initdb is None or postgres is None:
+            _missing("PostgreSQL")
+        # PostgreSQL refuses to run as root: as root, run it as the distribution's postgres user, in a folder
+        # that user can reach (pytest's own temporary folders are private to root).
+        self.as_owner: list[str] = []
+        self.folder = Path(tempfile.mkdtemp(prefix="morphguard-pg-"))
+        if os.geteuid() == 0:
+            self.as_owner = ["runuser", "-u", "postgres", "--"]
+            self.folder.chmod(0o777)
+        self.data, self.binary = self.folder / "pgdata", str(postgres)
+        subprocess.run([*self.as_owner, str(initdb), "-D", str(self.data), "-U", "morphguard", "--auth=trust",
+                        "-E", "UTF8"], check=True, capture_output=True)
+        self.port = free_port()
+        self.url = f"postgresql://morphguard@127.0.0.1:{self.port}/postgres"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.folder / "postgres.log"
+        # fsync off: the tests kill our processes, never the machine; max_connections for 3 replicas + workers.
+        self.process = subprocess.Popen(
+            [*self.as_owner, self.binary, "-D", str(self.data), "-p", str(self.port), "-k", str(self.folder),
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+        _wait_for_port(self.port, self.process, log)
+        _wait_for_postgres(self.url, self.process, log)
+
+    def stop(self) -> None:
+        """Fast shutdown: sessions are ended, as when an operator stops the server. Through pg_ctl, which
+        signals the server itself (as root, `self.process` is runuser, which does not pass SIGINT on)."""
+        if self.process is not None:
+            subprocess.run([*self.as_owner, str(_postgres_bin("pg_ctl")), "stop", "-D", str(self.data), "-m", "fast",
+                            "-w", "-t", "20"], capture_output=True)
+            stop(self.process)
+            self.process = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 @contextmanager
 def postgres_server() -> Iterator[str]:
-    """A PostgreSQL cluster in a temporary folder, trust auth on loopback; yields the URL of its
-    `postgres` database."""
-    initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
-    if initdb is None or postgres is None:
-        _missing("PostgreSQL")
-    # PostgreSQL refuses to run as root: as root, run it as the distribution's postgres user, in a folder
-    # that user can reach (pytest's own temporary folders are private to root).
-    as_owner: list[str] = []
-    folder = Path(tempfile.mkdtemp(prefix="morphguard-pg-"))
-    if os.geteuid() == 0:
-        as_owner = ["runuser", "-u", "postgres", "--"]
-        folder.chmod(0o777)
-    data = folder / "pgdata"
-    subprocess.run([*as_owner, str(initdb), "-D", str(data), "-U", "morphguard", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    port = free_port()
-    log = folder / "postgres.log"
-    # fsync off: the tests kill our processes, never the machine; max_connections for 3 replicas + workers.
-    process = subprocess.Popen([*as_owner, str(postgres), "-D", str(data), "-p", str(port), "-k", str(folder),
-                                "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=200"],
-                               stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"postgresql://morphguard@127.0.0.1:{port}/postgres"
+    server = PostgresServer()
     try:
-        _wait_for_port(port, process, log)
-        _wait_for_postgres(url, process, log)
-        yield url
+        server.start()
+        yield server.url
     finally:
-        stop(process)
-        shutil.rmtree(folder, ignore_errors=True)
+        server.remove()
 
 
 def _wait_for_postgres(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:

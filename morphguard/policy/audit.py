@@ -20,9 +20,10 @@ import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from morphguard.config import AuditSettings, StoreSettings
 from morphguard.models import utf8
@@ -53,7 +54,7 @@ decisions = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     *(sa.Column(name, _column_type(field.annotation)) for name, field in DecisionRecord.model_fields.items()),
     sa.Index("decisions_time", "time"),
-    sa.Index("decisions_request", "request_id"),
+    sa.Index("decisions_request", "request_id", unique=True),  # one decision per request: writes are idempotent
     sa.Index("decisions_score", "score", "id"),  # the review queue, highest score first
     sa.Index("decisions_text_kept", "text_kept_until"),  # the purge
 )
@@ -68,6 +69,7 @@ escalations = sa.Table(
     sa.Column("payload", sa.Text, nullable=False),
     sa.Column("claimed_by", sa.Text),  # the process delivering it
     sa.Column("claimed_at", sa.Float),  # when that process last tried (epoch seconds)
+    sa.Column("retry_at", sa.Float),  # undelivered: when to try again (epoch seconds); NULL: never again
     sa.Index("escalations_state", "state"),
 )
 reviews = sa.Table(
@@ -91,6 +93,14 @@ COLUMNS = tuple(decisions.columns.keys())
 _JSON_FIELDS = frozenset(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
 
 
+class Written(NamedTuple):
+    """What one decision's write left: its row id and its escalation's outbox id. Both None when the
+    request id was recorded already (a check delivered twice): the first write stands, with its escalation."""
+
+    row_id: int | None
+    outbox_id: int | None
+
+
 def process_identity() -> str:
     """Who holds a claim: host, pid and a random part (pids repeat across restarts and containers)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -104,10 +114,18 @@ class AuditStore:
         self.shared = not self.url.startswith("sqlite")  # other processes write here too
         self.engine = database.connect(self.url, store.pool_size)
         database.migrate(self.engine, MIGRATIONS)
-        # One row per request is the hot path: the statement is compiled once and run as the driver's SQL.
-        self._insert = (sa.insert(decisions).values({c: sa.bindparam(c) for c in DecisionRecord.model_fields})
-                        .returning(decisions.c.id).compile(dialect=self.engine.dialect))
+        # One row per request is the hot path: the statements are compiled once and run as the driver's SQL.
+        # ON CONFLICT DO NOTHING: a request id already recorded returns no row, and its write changes nothing.
+        dialect = self.engine.dialect
+        insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+        self._insert = (insert(decisions).values({c: sa.bindparam(c) for c in DecisionRecord.model_fields})
+                        .on_conflict_do_nothing(index_elements=["request_id"])
+                        .returning(decisions.c.id).compile(dialect=dialect))
         self._sql = str(self._insert)
+        outbox = ("time", "request_id", "state", "payload", "claimed_by", "claimed_at")
+        self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
+                        .returning(escalations.c.id).compile(dialect=dialect))
+        self._outbox_sql = str(self._outbox)
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -121,28 +139,62 @@ class AuditStore:
         return self.settings.store_text != "full" and (
             keep == "flagged" and (record.flagged or record.escalated) or keep == "escalated" and record.escalated)
 
-    def record(self, record: DecisionRecord) -> int:
-        """Write one decision; text fields are stored as configured. Returns the row id."""
-        return self.record_many([record])[0]
+    def record(self, record: DecisionRecord, owner: str | None = None) -> int | None:
+        """Write one decision (and its escalation); its row id, or None if its request id was recorded already."""
+        return self.record_many([record], owner)[0].row_id
 
-    def record_many(self, records: Sequence[DecisionRecord]) -> list[int]:
-        """Write decisions in one transaction (one commit for a burst); the row ids in order."""
+    def record_many(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written]:
+        """Write decisions in one transaction (one commit for a burst), each escalated one with its outbox row,
+        claimed by `owner`: a decision is never recorded without its escalation, nor the reverse."""
         rows = [self._args(r) for r in records]
         # The driver's own connection and cursor: SQLAlchemy's execution layer cost ten times the insert.
         connection = self.engine.raw_connection()
         try:
             cursor = connection.cursor()
-            ids = []
-            for args in rows:
+            written = []
+            for record, args in zip(records, rows, strict=True):
                 cursor.execute(self._sql, args)
                 returned = cursor.fetchone()
-                assert returned is not None  # INSERT … RETURNING id gives one row
-                ids.append(int(returned[0]))
+                if returned is None:  # recorded already
+                    written.append(Written(None, None))
+                    continue
+                outbox_id = None
+                if record.escalated:
+                    cursor.execute(self._outbox_sql, self._outbox_args(record, owner))
+                    (outbox_id,) = cursor.fetchone() or (None,)
+                written.append(Written(int(returned[0]), outbox_id and int(outbox_id)))
             cursor.close()
             connection.commit()
-            return ids
+            return written
         finally:
             connection.close()  # back to the pool, rolled back if it did not commit
+
+    def _outbox_args(self, record: DecisionRecord, owner: str | None) -> Any:
+        row = {"time": now(), "request_id": _sql(record.request_id), "state": "pending",
+               "payload": _json_text(record.escalation()), "claimed_by": owner, "claimed_at": time.time()}
+        order = self._outbox.positiontup
+        return tuple(row[name] for name in order) if order else row
+
+    def recorded(self, request_ids: Sequence[str]) -> set[str]:
+        """Of these request ids, those whose decision is recorded."""
+        c = decisions.c
+        found: set[str] = set()
+        with self.engine.connect() as db:
+            for start in range(0, len(request_ids), 500):
+                chunk = [_sql(r) for r in request_ids[start:start + 500]]
+                found.update(db.execute(sa.select(c.request_id).where(c.request_id.in_(chunk))).scalars())
+        return found
+
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether `exc` says the database cannot be reached or is busy (worth waiting for), not that it refused."""
+        dbapi = self.engine.dialect.dbapi
+        kinds: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
+                                                  sa.exc.TimeoutError, sa.exc.DisconnectionError)
+        if dbapi is not None:
+            kinds += (dbapi.OperationalError, dbapi.InterfaceError)
+        if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
+            return isinstance(exc, kinds) and any(w in str(exc) for w in ("locked", "busy", "unable to open"))
+        return isinstance(exc, kinds)
 
     def _args(self, record: DecisionRecord) -> Any:
         row = record.model_dump()
@@ -185,20 +237,22 @@ class AuditStore:
                 claimed_by=owner, claimed_at=time.time()).returning(escalations.c.id)).scalar_one())
 
     def claim_escalations(self, owner: str, stale_s: float, limit: int = 100) -> list[tuple[int, dict[str, Any]]]:
-        """Pending escalations nobody delivers (claim older than `stale_s`), now claimed by `owner`.
+        """Escalations nobody delivers, now claimed by `owner`: pending ones whose claim is older than `stale_s`,
+        and undelivered ones whose `retry_at` has come.
 
         SKIP LOCKED: replicas sweeping at the same moment take disjoint sets (on SQLite the write lock
         serialises them instead).
         """
+        e = escalations.c
         moment = time.time()
-        free = (sa.select(escalations.c.id)
-                .where(escalations.c.state == "pending",
-                       sa.or_(escalations.c.claimed_at.is_(None), escalations.c.claimed_at < moment - stale_s))
-                .order_by(escalations.c.id).limit(limit).with_for_update(skip_locked=True))
+        abandoned = sa.and_(e.state == "pending", sa.or_(e.claimed_at.is_(None), e.claimed_at < moment - stale_s))
+        due = sa.and_(e.state == "undelivered", e.retry_at <= moment)
+        free = (sa.select(e.id).where(sa.or_(abandoned, due))
+                .order_by(e.id).limit(limit).with_for_update(skip_locked=True))
         with self.engine.begin() as db:
-            rows = db.execute(escalations.update().where(escalations.c.id.in_(free.scalar_subquery()))
-                              .values(claimed_by=owner, claimed_at=moment)
-                              .returning(escalations.c.id, escalations.c.payload)).all()
+            rows = db.execute(escalations.update().where(e.id.in_(free.scalar_subquery()))
+                              .values(state="pending", claimed_by=owner, claimed_at=moment, retry_at=None)
+                              .returning(e.id, e.payload)).all()
         return sorted((i, json.loads(p)) for i, p in rows)
 
     def renew_claim(self, escalation_id: int, owner: str) -> bool:
@@ -210,17 +264,25 @@ class AuditStore:
                                 .values(claimed_at=time.time()))
         return bool(result.rowcount)
 
-    def escalation_outcome(self, escalation_id: int, delivered: bool, attempts: int, error: str | None = None
-                           ) -> None:
+    def escalation_outcome(self, escalation_id: int, delivered: bool, attempts: int, error: str | None = None,
+                           retry_at: float | None = None) -> None:
+        """Delivered, or undelivered to be tried again at `retry_at` (None: never again)."""
         with self.engine.begin() as db:
             db.execute(escalations.update().where(escalations.c.id == escalation_id).values(
                 state="delivered" if delivered else "undelivered", attempts=escalations.c.attempts + attempts,
-                error=error))
+                error=error, retry_at=None if delivered else retry_at))
 
     def escalation_states(self) -> dict[str, int]:
         with self.engine.connect() as db:
             rows = db.execute(sa.select(escalations.c.state, sa.func.count()).group_by(escalations.c.state)).all()
         return {state: int(count) for state, count in rows}
+
+    def escalation_backlog(self) -> int:
+        """Escalations not delivered yet that still will be tried: pending, or undelivered with a retry ahead."""
+        e = escalations.c
+        waiting = sa.or_(e.state == "pending", sa.and_(e.state == "undelivered", e.retry_at.is_not(None)))
+        with self.engine.connect() as db:
+            return int(db.execute(sa.select(sa.func.count()).where(waiting)).scalar_one())
 
     def undelivered_escalations(self) -> list[dict[str, Any]]:
         e = escalations.c

@@ -160,7 +160,10 @@ class Proxy:
         if self.guard.audit_failures:
             checks["audit_failures"] = self.guard.audit_failures  # reported, and not ready: the trail has gaps
             ready = False
-        return JSON({"status": "ready" if ready else "not_ready", "checks": checks}, status_code=200 if ready else 503)
+        body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "checks": checks}
+        if checks.get("store"):  # a webhook that is down does not make the proxy unready: it is reported
+            body["escalation_backlog"] = await asyncio.to_thread(self.guard.escalation_backlog)
+        return JSON(body, status_code=200 if ready else 503)
 
     @staticmethod
     async def _reachable(client: httpx.AsyncClient, url: str) -> bool:

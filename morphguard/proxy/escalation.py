@@ -1,17 +1,21 @@
 """Escalation: flagged decisions POSTed as JSON to a webhook, retried with backoff.
 
-Each escalation goes into the audit store's outbox before the first attempt, claimed by the process that
-wrote it. A process that dies while the webhook is down leaves it `pending`; its claim goes stale and a
-sweep (every process sweeps, at start and then periodically) takes it over, so with several replicas on
-one store each escalation is delivered by one of them at a time. What the webhook never takes ends
-`undelivered`, kept for `morphguard audit --undelivered`. Without an audit store
-(`policy.audit.enabled: false`) delivery is best effort, in memory.
+Each escalation is written to the audit store's outbox in the transaction that records its decision,
+claimed by the process that wrote it, before the first attempt. A process that dies while the webhook is
+down leaves it `pending`; its claim goes stale and a sweep (every process sweeps, at start and then
+periodically) takes it over, so with several replicas on one store each escalation is delivered by one
+of them at a time. One that `max_attempts` attempts did not deliver waits `undelivered` and is swept up
+again later, ever less often, for `retry_for_s` after its decision: an escalation outlives a webhook
+outage of hours. Past that it stays `undelivered`, for `morphguard audit --undelivered`. Without an
+audit store (`policy.audit.enabled: false`) delivery is best effort, in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -24,6 +28,7 @@ from tenacity import (
 
 from morphguard.config import EscalationSettings
 from morphguard.policy.audit import AuditStore, process_identity
+from morphguard.proxy.outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +51,11 @@ class Escalator:
         self._pending: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self.owner = process_identity()
+        self.webhook = Outage("escalation webhook", log)
 
-    async def submit(self, record: dict[str, Any]) -> None:
-        """Write to the outbox, then deliver in the background: an escalation never delays the answer."""
-        outbox_id = None
-        if self.audit is not None:
-            try:
-                outbox_id = await asyncio.to_thread(self.audit.add_escalation, str(record.get("request_id")), record,
-                                                    self.owner)
-            except Exception:  # the outbox is broken: still try to deliver, from memory
-                log.exception("escalation %s: outbox write failed", record.get("request_id"))
+    def submit(self, record: dict[str, Any], outbox_id: int | None = None) -> None:
+        """Deliver in the background: an escalation never delays the answer. `outbox_id`: its row in the
+        outbox, written with its decision; None without an audit store (in memory, best effort)."""
         self._spawn(outbox_id, record)
 
     async def resume(self) -> int:
@@ -78,14 +78,17 @@ class Escalator:
         return len(claimed)
 
     async def _sweep(self, audit: AuditStore) -> None:
+        store = Outage("escalation outbox", log)
         while True:
             await asyncio.sleep(self.settings.claim_timeout_s / 3)
             try:
                 taken = await self._take(audit, self.settings.claim_timeout_s)
-                if taken:
-                    log.info("took over %d escalations whose deliverer went silent", taken)
-            except Exception:  # the store is down for now: the next sweep tries again
-                log.exception("escalation sweep failed")
+            except Exception as exc:  # the store is down for now: the next sweep tries again
+                store.failed(exc)
+                continue
+            store.ok()
+            if taken:
+                log.info("took over %d escalations left pending or due for another try", taken)
 
     def _spawn(self, outbox_id: int | None, record: dict[str, Any]) -> None:
         task = asyncio.create_task(self._deliver_and_mark(outbox_id, record))
@@ -97,13 +100,26 @@ class Escalator:
             delivered, attempts, error = await self.deliver(record, outbox_id)
         except _TakenOver:
             return
+        retry_at = None if delivered else self._retry_at(record)
         if not delivered:
-            log.warning("escalation %s not delivered (%s); kept in the audit store", record.get("request_id"), error)
+            log.info("escalation %s not delivered (%s); %s", record.get("request_id"), error,
+                     "kept in the audit store" if retry_at is None else f"next try in {retry_at - time.time():.0f} s")
         if self.audit is not None and outbox_id is not None:
             try:
-                await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error)
-            except Exception:  # left pending: delivered again at the next start (at-least-once)
-                log.exception("escalation %s: outbox update failed", record.get("request_id"))
+                await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error, retry_at)
+            except Exception:  # left pending: its claim goes stale and a sweep delivers it (at-least-once)
+                log.warning("escalation %s: outbox update failed; left pending", record.get("request_id"))
+
+    def _retry_at(self, record: dict[str, Any]) -> float | None:
+        """When to try again: after half the escalation's age (at least 1 s, at most `retry_max_interval_s`),
+        so the gaps grow while the webhook stays down; None once `retry_for_s` has passed since the decision."""
+        try:
+            age = time.time() - datetime.fromisoformat(str(record.get("time"))).timestamp()
+        except ValueError:
+            age = 0.0
+        if age >= self.settings.retry_for_s:
+            return None
+        return time.time() + min(self.settings.retry_max_interval_s, max(1.0, age / 2))
 
     async def deliver(self, record: dict[str, Any], outbox_id: int | None = None) -> tuple[bool, int, str | None]:
         """Delivered?, the attempts made and the last error."""
@@ -118,7 +134,12 @@ class Escalator:
                     if not await self._still_ours(outbox_id):
                         raise _TakenOver
                     attempts += 1
-                    await self._post(record)
+                    try:
+                        await self._post(record)
+                    except _Retryable as exc:
+                        self.webhook.failed(exc)
+                        raise
+            self.webhook.ok()
             return True, attempts, None
         except _TakenOver:
             raise
@@ -130,8 +151,8 @@ class Escalator:
             return True
         try:
             return await asyncio.to_thread(self.audit.renew_claim, outbox_id, self.owner)
-        except Exception:  # cannot renew now: deliver anyway (at-least-once over at-most-once)
-            log.exception("escalation %s: claim renewal failed", outbox_id)
+        except Exception as exc:  # cannot renew now: deliver anyway (at-least-once over at-most-once)
+            log.debug("escalation %s: claim renewal failed: %s", outbox_id, exc)
             return True
 
     async def _post(self, record: dict[str, Any]) -> None:

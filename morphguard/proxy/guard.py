@@ -4,8 +4,14 @@ carry out the action (re-asking the upstream for `regenerate`), then audit and e
 Inline, or through the durable check queue (async mode), where the answer has already left and only
 annotating, auditing and escalating remain possible. Every request the proxy accepted ends as exactly
 one audit row: checked, or not checked with a short reason code (`no_context`, `queue_full`,
-`upstream_timeout`, ...). A row that cannot be written is counted (`audit_failures`, in /readyz and a
-metric) and logged, never skipped silently.
+`queue_unavailable`, `upstream_timeout`, ...). The row is keyed by request id (a second write of it
+changes nothing) and carries its escalation's outbox row in the same transaction; the escalation is
+sent only once both are committed.
+
+While the store is unreachable, a queued check keeps its queue entry (unacknowledged, its claim renewed)
+and its row is written again with backoff until the store takes it; a row a client would wait for is
+written from the background instead, so the answer goes out. A row the database refuses is written
+without its texts and counted (`audit_failures`, in /readyz and a metric), never skipped silently.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opentelemetry import trace
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never, wait_exponential_jitter
 
 from morphguard import telemetry
 from morphguard.config import Config
@@ -25,15 +32,17 @@ from morphguard.detectors import Detector, build_detector, fingerprint
 from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
 from morphguard.models import Detection, utf8
 from morphguard.policy import actions, answers
-from morphguard.policy.audit import AuditStore
+from morphguard.policy.audit import AuditStore, Written
 from morphguard.policy.audit_writer import AuditWriter
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.check import CheckOutcome, CheckRequest
 from morphguard.proxy.errors import mask_secrets
 from morphguard.proxy.escalation import Escalator
+from morphguard.proxy.journal import Journal
+from morphguard.proxy.outage import Outage
 from morphguard.store import verdicts
-from morphguard.store.queue import CheckQueue, Entry, open_queue
+from morphguard.store.queue import CheckQueue, Entry, QueueUnavailable, open_queue
 from morphguard.store.redis_queue import RedisCheckQueue
 from morphguard.store.verdicts import VerdictCache
 from morphguard.telemetry import names
@@ -56,7 +65,7 @@ class Guard:
         self.config = config
         self.settings = config.proxy
         self.audit = audit
-        self._rows = AuditWriter(audit) if audit is not None else None
+        self._rows = AuditWriter(audit, escalator.owner) if audit is not None else None
         self.escalator = escalator
         self.queue = queue
         self.cache = cache
@@ -64,9 +73,14 @@ class Guard:
         self._fingerprints: dict[str, str] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # queue entries this process has taken and not finished
-        self._accounting: set[asyncio.Task[DecisionRecord]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # rows written later: a cancelled stream, a store away
         self.audit_failures = 0
         telemetry.labels.configure(config)  # the metrics this guard emits carry labels from this config only
+        self._store = Outage("audit store", log)
+        self._queue = Outage("async check queue", log)
+        self._queue_full = Outage("room in the async check queue", log)
+        # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
+        self._journal = Journal() if pool is not None and audit is not None else None
 
     def answer_text(self, completion: dict[str, Any]) -> str:
         """What the check reads of a completion, as policy says (`policy.tool_calls`)."""
@@ -177,11 +191,13 @@ class Guard:
         return self._named[name]
 
     async def review(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
-                     reask: Reask | None = None, mode: str = "inline") -> tuple[dict[str, Any], DecisionRecord]:
+                     reask: Reask | None = None, mode: str = "inline",
+                     wait_for_store: bool = False) -> tuple[dict[str, Any], DecisionRecord]:
         """The completion as the client gets it, and the record of the decision.
 
         Inline, the check's span is a child of the chat span and the evaluation event goes on the chat span;
-        async, the check is the root of its own trace, linked to the chat span.
+        async, the check is the root of its own trace, linked to the chat span. `wait_for_store`: return only
+        once the record is committed (a worker acknowledges its queue entry after that).
         """
         link = request.chat_span.get_span_context() if mode == "async" and request.chat_span else None
         with telemetry.guardrail_span(request.request_id, mode, link_to=link) as span:
@@ -215,7 +231,7 @@ class Guard:
                                    context=request.rag.passages if request.rag else None, answer=checked_answer)
             record = result.record(request, answer=checked_answer, regenerations=attempts,
                                    trace_id=telemetry.trace_id(span))
-        await self._record(record)
+        await self._record(record, wait_for_store)
         return completion, record
 
     async def _regenerate(self, request: CheckRequest, completion: dict[str, Any], first: CheckOutcome,
@@ -242,30 +258,72 @@ class Guard:
                 break
         return best, best_result, attempts
 
-    async def _record(self, record: DecisionRecord) -> None:
-        await self._write(record)
-        if record.escalated:
-            await self.escalator.submit(record.escalation())
+    async def _record(self, record: DecisionRecord, wait_for_store: bool = False) -> None:
+        """The audit row (with its escalation's outbox row), then the escalation.
 
-    async def _write(self, record: DecisionRecord) -> None:
-        """One audit row; if it cannot be written, a row without the texts, and the failure counted."""
+        If the store cannot be reached: `wait_for_store` waits, retrying, until it can; otherwise the row is
+        written from the background, so that a client is not held up by an outage.
+        """
         if self._rows is None:
+            if record.escalated:
+                self.escalator.submit(record.escalation())
+            return
+        if wait_for_store:
+            await self._write(record, retry=True)
             return
         try:
-            await self._rows.write(record)
-            return
-        except Exception:
-            log.exception("request %s: audit record failed; recording it without its texts", record.request_id)
-        self.audit_failures += 1
-        telemetry.count_error("audit_failed")
-        bare = record.model_copy(update={"question": None, "answer": None, "context": None, "factoids": [],
-                                         "reason": f"{record.reason or ''} audit_failed".strip()})
-        try:
-            await self._rows.write(bare)
-        except Exception:
-            log.exception("request %s: audit trail unavailable", record.request_id)
+            await self._write(record, retry=False)
+        except Exception:  # unreachable (a refused row is handled in _write): keep trying, off the request
+            self._in_background(self._write(record, retry=True))
 
-    async def account(self, request: CheckRequest, reason: str, answer: str | None = None) -> DecisionRecord:
+    async def _write(self, record: DecisionRecord, retry: bool) -> None:
+        """Commit the row, and send its escalation once committed; a row the database refuses is written
+        again without its texts. Raises only when the store is unreachable and not `retry`."""
+        try:
+            written = await self._commit(record, retry)
+        except Exception as exc:
+            assert self.audit is not None
+            if self.audit.unavailable(exc):
+                raise
+            log.error("request %s: audit record failed (%s); recording it without its texts", record.request_id,
+                      exc)
+            self.audit_failures += 1
+            telemetry.count_error("audit_failed")
+            record = record.model_copy(update={"question": None, "answer": None, "context": None, "factoids": [],
+                                               "reason": f"{record.reason or ''} audit_failed".strip()})
+            try:
+                written = await self._commit(record, retry)
+            except Exception:
+                log.exception("request %s: audit trail unavailable", record.request_id)
+                return
+        if written.outbox_id is not None:
+            self.escalator.submit(record.escalation(), written.outbox_id)
+
+    async def _commit(self, record: DecisionRecord, retry: bool) -> Written:
+        """One commit through the writer; while the store is unreachable, again with backoff if `retry`."""
+        assert self._rows is not None and self.audit is not None
+        rows, audit = self._rows, self.audit
+        async for attempt in AsyncRetrying(retry=retry_if_exception(audit.unavailable),
+                                           stop=stop_never if retry else stop_after_attempt(1),
+                                           wait=wait_exponential_jitter(initial=0.2, max=5.0), reraise=True):
+            with attempt:
+                try:
+                    written = await rows.write(record)
+                except Exception as exc:
+                    if audit.unavailable(exc):
+                        self._store.failed(exc)
+                    raise
+        self._store.ok()
+        return written
+
+    def _in_background(self, work: Awaitable[Any]) -> None:
+        """Work that must end in a record though nobody awaits it; stop() gives it the grace period."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def account(self, request: CheckRequest, reason: str, answer: str | None = None, *,
+                      wait_for_store: bool = False) -> DecisionRecord:
         """Record a request that ends without a check (an upstream failure, no context, a full queue)."""
         result = CheckOutcome(self.engine.unchecked(request.profile, request.topic, reason), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
@@ -273,30 +331,49 @@ class Guard:
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
         if reason not in _ROUTINE:
             telemetry.count_error(reason)
-        await self._record(record)
+        await self._record(record, wait_for_store)
         return record
 
     def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None) -> None:
         """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
-        task = asyncio.create_task(self.account(request, reason, answer))
-        self._accounting.add(task)
-        task.add_done_callback(self._accounting.discard)
+        self._in_background(self.account(request, reason, answer))
 
     async def check_later(self, request: CheckRequest, completion: dict[str, Any]) -> DecisionRecord | None:
-        """Queue a check durably; the record to send now, or None when the caller must check inline."""
+        """Queue a check durably; the record to send now, or None when the caller must check inline.
+
+        A queue that is full, or cannot be reached, gets `proxy.on_queue_full`: check inline, or record the
+        request as not checked. While the queue is known to be away no put is tried: the observer finds
+        it back.
+        """
         if request.rag is None:
             return await self.account(request, "no_context", self.answer_text(completion))
-        stored = await self.queue.put(request.request_id, {"request": request.to_dict(), "completion": completion})
-        if not stored:
-            if self.settings.on_queue_full == "inline":
-                return None
-            log.warning("async check queue full (%d): request %s recorded as not checked",
-                        self.settings.queue_size, request.request_id)
-            return await self.account(request, "queue_full", self.answer_text(completion))
-        return request.pending("queued")
+        payload = {"request": request.to_dict(), "completion": completion}
+        reason = "queue_unavailable"
+        if not self._queue.down:
+            try:
+                stored = await self.queue.put(request.request_id, payload)
+            except QueueUnavailable as exc:
+                self._queue.failed(exc)
+            else:
+                self._queue.ok()
+                if stored:
+                    self._queue_full.ok()
+                    if self._journal is not None:
+                        assert self.pool is not None
+                        self._journal.add(request.request_id, payload, self.pool.epoch)
+                    return request.pending("queued")
+                reason = "queue_full"
+                self._queue_full.failed(RuntimeError(f"{self.settings.queue_size} checks waiting"))
+        if self.settings.on_queue_full == "inline":
+            return None
+        return await self.account(request, reason, self.answer_text(completion))
 
     async def start(self) -> None:
-        waiting = await self.queue.recover()
+        try:
+            waiting = await self.queue.recover()
+        except QueueUnavailable as exc:  # the consumers and the observer keep trying
+            self._queue.failed(exc)
+            waiting = 0
         if waiting and self.settings.workers:
             log.info("%d async checks waiting in the queue", waiting)
         resumed = await self.escalator.resume()
@@ -304,29 +381,88 @@ class Guard:
             log.info("resuming %d escalations left undelivered", resumed)
         self._workers = [asyncio.create_task(self._work()) for _ in range(self.settings.workers)]
         self._workers.append(asyncio.create_task(self._observe_queue()))
+        if self._journal is not None:
+            self._workers.append(asyncio.create_task(self._requeue_lost()))
 
     async def _observe_queue(self) -> None:
-        """The queue's gauges, refreshed for the metric reader (its callbacks cannot await)."""
+        """The queue's gauges, refreshed for the metric reader (its callbacks cannot await); the claims of the
+        entries being worked on renewed; the queue's and the store's outages noticed, and their ends."""
         while True:
             try:
-                telemetry.queue_observed(await self.queue.stats())
-            except Exception as exc:  # reported by /readyz; the gauges keep their last values
+                stats = await self.queue.stats()
+                await self.queue.keep_claims()
+            except QueueUnavailable as exc:  # reported by /readyz; the gauges keep their last values
+                self._queue.failed(exc)
+            except Exception as exc:
                 log.debug("queue stats unavailable: %s", exc)
+            else:
+                self._queue.ok()
+                if self.audit is not None:
+                    stats["escalation_backlog"] = await self._escalations_waiting()
+                telemetry.queue_observed(stats)
             await asyncio.sleep(2.0)
 
+    async def _escalations_waiting(self) -> int:
+        assert self.audit is not None
+        try:
+            return await asyncio.to_thread(self.audit.escalation_backlog)
+        except Exception:  # the store is away: its outage is logged where rows are written
+            return 0
+
+    def escalation_backlog(self) -> dict[str, int]:
+        """Escalations waiting for the webhook: pending (being tried) and undelivered (tried again later).
+        Blocking: call it off the loop."""
+        if self.audit is None:
+            return {}
+        states = self.audit.escalation_states()
+        return {"pending": states.get("pending", 0), "undelivered": states.get("undelivered", 0),
+                "retrying": self.audit.escalation_backlog() - states.get("pending", 0)}
+
+    async def _requeue_lost(self) -> None:
+        """Every 2 s: forget what is recorded; queue again what Redis lost (it came back without its data)."""
+        assert self._journal is not None and self.pool is not None and self.audit is not None
+        journal, pool, audit = self._journal, self.pool, self.audit
+        while True:
+            await asyncio.sleep(2.0)
+            if not len(journal):
+                continue
+            try:
+                epoch = await pool.current_epoch()
+                journal.forget(await asyncio.to_thread(audit.recorded, journal.older_than(2.0)))
+                lost = journal.lost(epoch)
+                if lost:
+                    journal.forget(await asyncio.to_thread(audit.recorded, [key for key, _ in lost]))
+                    await self._requeue(journal.lost(epoch))
+            except Exception as exc:  # the queue or the store is away: the next round tries again
+                log.debug("cannot reconcile queued checks now: %s", exc)
+
+    async def _requeue(self, lost: list[tuple[str, dict[str, Any]]]) -> None:
+        assert self._journal is not None and self.pool is not None
+        log.warning("Redis lost %d queued checks (it restarted without its data): queueing them again", len(lost))
+        for key, payload in lost:
+            # tries=1: the worker first looks whether a worker recorded it before Redis lost it
+            if await self.pool.put(key, payload, tries=1):
+                self._journal.add(key, payload, self.pool.epoch)
+
     async def _work(self) -> None:
+        pause = 0.5
         while True:
             try:
                 await self._consume()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the queue itself failed (a locked database, Redis away): keep the worker alive
-                log.exception("async check queue unavailable; retrying")
+            except QueueUnavailable as exc:  # Redis away: one log line for the outage, not one per try
+                self._queue.failed(exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            except Exception:  # a bug, or the queue failed in a way we do not know: keep the worker alive
+                log.exception("async check queue failed; retrying")
                 await asyncio.sleep(1.0)
 
     async def _consume(self) -> None:
         while True:
             entry = await self.queue.take(wait_s=1.0)
+            self._queue.ok()
             if entry is not None:
                 self._busy += 1
                 try:
@@ -340,19 +476,44 @@ class Guard:
             return
         request = CheckRequest.from_dict(entry.payload["request"])
         completion = entry.payload["completion"]
+        if entry.tries and await self._recorded(request.request_id):
+            log.info("async check of %s: recorded on an earlier delivery", request.request_id)
+            await self._acknowledge(self.queue.done, entry)
+            return
         try:
             if entry.poisoned:
-                await self.account(request, "check_crashed", self.answer_text(completion))
-                await self.queue.dead(entry, "check_crashed")
+                await self.account(request, "check_crashed", self.answer_text(completion), wait_for_store=True)
+                await self._acknowledge(self.queue.dead, entry, "check_crashed")
                 return
-            _, record = await self.review(request, completion, can_change=False, mode="async")
+            _, record = await self.review(request, completion, can_change=False, mode="async", wait_for_store=True)
             log.info("async check of %s: score %s, flagged %s, action %s", record.request_id,
                      record.score, record.flagged, record.action)
         except Exception:
             log.exception("async check of %s crashed (try %d)", request.request_id, entry.tries + 1)
             await self.queue.retry(entry)
             return
-        await self.queue.done(entry)
+        await self._acknowledge(self.queue.done, entry)
+
+    async def _recorded(self, request_id: str) -> bool:
+        if self.audit is None:
+            return False
+        try:
+            return request_id in await asyncio.to_thread(self.audit.recorded, [request_id])
+        except Exception:  # the store is away: check again; the write will wait for it and change nothing
+            return False
+
+    async def _acknowledge(self, how: Callable[..., Awaitable[None]], entry: Entry, *args: Any) -> None:
+        """Acknowledge an entry whose record is written, however long the queue is away: not acknowledged, it
+        would be checked again."""
+        async for attempt in AsyncRetrying(retry=retry_if_exception(lambda e: isinstance(e, QueueUnavailable)),
+                                           wait=wait_exponential_jitter(initial=0.2, max=5.0), reraise=True):
+            with attempt:
+                try:
+                    await how(entry, *args)
+                except QueueUnavailable as exc:
+                    self._queue.failed(exc)
+                    raise
+        self._queue.ok()
 
     async def stop(self) -> None:
         """Finish what is under way within the grace period; what is left stays queued.
@@ -365,8 +526,12 @@ class Guard:
         while time.monotonic() < deadline and (self._busy or (self._workers_consume_local()
                                                               and await self.queue.backlog() > 0)):
             await asyncio.sleep(0.1)
-        if self._accounting:
-            await asyncio.wait(list(self._accounting), timeout=max(1.0, deadline - time.monotonic()))
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=max(1.0, deadline - time.monotonic()))
+        if self._background:
+            log.error("shutdown: %d audit rows not written (the audit store is unreachable)", len(self._background))
+            for task in list(self._background):
+                task.cancel()
         for worker in self._workers:
             worker.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)

@@ -26,12 +26,14 @@ processes need the shared queue (`queue.url`, Redis).
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from morphguard.config import Config, load_config
@@ -111,7 +113,7 @@ def _prepare(config: Config) -> None:
 
 def serve(config: Config, config_path: Path | None, host: str, port: int, *, log_level: str, grace_s: int,
           processes: int = 1) -> None:
-    options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level,
+    options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "log_config": _log_config(),
                                "timeout_graceful_shutdown": grace_s, "http": HttpProtocol}
     _prepare(config)
     if processes == 1:
@@ -124,6 +126,14 @@ def serve(config: Config, config_path: Path | None, host: str, port: int, *, log
     if judge:
         os.environ[JUDGE_ENV] = judge
     uvicorn.run(f"{__name__}:app_of_process", factory=True, workers=processes, **options)
+
+
+def _log_config() -> dict[str, Any]:
+    """uvicorn's own logging, its lines dated as morphguard's are."""
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = "%(asctime)s " + formatter["fmt"]
+    return config
 
 
 def app_of_process() -> Any:

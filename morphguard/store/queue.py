@@ -37,6 +37,10 @@ CREATE INDEX IF NOT EXISTS check_queue_order ON check_queue (claimed, enqueued);
 """
 
 
+class QueueUnavailable(Exception):
+    """The queue cannot be reached now (Redis stopped, restarting, loading its data)."""
+
+
 @dataclass(frozen=True)
 class Entry:
     id: str  # the queue's own id of the entry
@@ -54,6 +58,9 @@ class CheckQueue(Protocol):
 
     async def take(self, wait_s: float) -> Entry | None:
         """Claim the oldest unclaimed entry, waiting up to `wait_s` for one."""
+
+    async def keep_claims(self) -> None:
+        """Renew the claims of the entries this process works on (where claims expire)."""
 
     async def done(self, entry: Entry) -> None: ...
 
@@ -134,6 +141,9 @@ class SqliteCheckQueue:
             return None
         entry_id, payload, tries = row
         return Entry(entry_id, entry_id, json.loads(payload), tries, poisoned=tries >= self.max_tries)
+
+    async def keep_claims(self) -> None:
+        return None  # claims last until the next start
 
     async def done(self, entry: Entry) -> None:
         await asyncio.to_thread(self._run, "DELETE FROM check_queue WHERE id = ?", entry.id)

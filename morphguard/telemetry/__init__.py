@@ -71,7 +71,9 @@ def _instruments() -> dict[str, Any]:
                       (names.METRIC_QUEUE_LAG, "lag", "Checks no worker has taken yet"),
                       (names.METRIC_QUEUE_DEAD, "dead_letters", "Poison checks moved to the dead-letter stream"),
                       (names.METRIC_QUEUE_REDELIVERIES, "redeliveries",
-                       "Checks this process took over from a worker that died"))],
+                       "Checks this process took over from a worker that died"),
+                      (names.METRIC_ESCALATION_BACKLOG, "escalation_backlog",
+                       "Escalations the webhook has not taken yet that will still be tried"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
                                           description="Answers passed unchecked because the check failed"),
         "errors": meter.create_counter(names.METRIC_ERRORS, unit="{error}",
@@ -260,7 +262,8 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
         span.set_attribute(names.OI_OUTPUT, decision.action)
 
 
-# The queue's latest gauges (`queue_observed`); the SDK reads them when it collects metrics.
+# The latest gauges of the queue and the escalation outbox (`queue_observed`); the SDK reads them when it
+# collects metrics.
 _queue_stats: dict[str, int] = {}
 
 

@@ -163,3 +163,39 @@ def test_an_entry_delivered_during_a_failed_read_is_taken_back_on_redis(redis_ur
         assert await q.take(0) is None
         await q.close()
     run(go())
+
+
+def test_concurrent_takes_after_a_failed_read_each_get_their_own_entry_on_redis(redis_url, tmp_path):
+    async def go():
+        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        q = open_queue(settings, tmp_path / "x.db", 10)
+        await q.recover()
+        await q.put("a", {"k": "a"})
+        await q.put("b", {"k": "b"})
+        # Both delivered to this consumer by a read whose reply was lost; four tasks then take at once.
+        await q._redis.xreadgroup(q.group, q.consumer, {q.stream: ">"}, count=2)
+        q._check_own = True
+        taken = await asyncio.gather(*(q.take(0) for _ in range(4)))
+        assert sorted(e.key for e in taken if e is not None) == ["a", "b"]  # each entry to one task
+        await q.close()
+    run(go())
+
+
+def test_redis_back_without_its_data_gets_its_group_again_and_a_new_epoch(redis_url, tmp_path):
+    async def go():
+        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        q = open_queue(settings, tmp_path / "x.db", 10)
+        await q.recover()
+        assert await q.put("before", {})
+        before = q.epoch
+        assert before and await q.current_epoch() == before
+        await q._redis.delete(q.stream, q.stream + ":epoch")  # what a restart with no data leaves
+        assert await q.current_epoch() is None
+        assert await q.put("after", {})
+        assert q.epoch != before
+        entry = await q.take(0)  # the group is gone: made again, and reading goes on
+        assert entry is not None and entry.key == "after"
+        await q.done(entry)
+        assert (await q.stats())["backlog"] == 0
+        await q.close()
+    run(go())

@@ -84,3 +84,52 @@ def test_a_store_from_before_migrations_is_upgraded_in_place(tmp_path):
         assert [r["request_id"] for r in store.query()] == ["old", "new"]
     finally:
         store.close()
+
+
+def test_a_request_recorded_twice_keeps_its_first_row_and_one_escalation(store):
+    first = DecisionRecord(request_id="twice", profile="general", topic="general", checked=True, score=0.9,
+                           flagged=True, escalated=True)
+    (written,) = store.record_many([first], owner="worker-a")
+    assert written.row_id is not None and written.outbox_id is not None
+    again = store.record_many([first.model_copy(update={"score": 0.1}), first], owner="worker-b")
+    assert again == [(None, None), (None, None)]  # a second delivery of the check changes nothing
+    (row,) = store.query()
+    assert row["score"] == 0.9
+    assert store.escalation_states() == {"pending": 1}
+    assert store.recorded(["twice", "never"]) == {"twice"}
+
+
+def test_an_undelivered_escalation_is_claimed_again_once_its_retry_is_due(store):
+    (written,) = store.record_many([DecisionRecord(request_id="e", profile="general", topic="general",
+                                                   escalated=True)], owner="me")
+    assert written.outbox_id is not None
+    store.escalation_outcome(written.outbox_id, delivered=False, attempts=4, error="503", retry_at=time.time() + 60)
+    assert store.claim_escalations("sweeper", stale_s=0.0) == []  # not yet due
+    store.escalation_outcome(written.outbox_id, delivered=False, attempts=4, error="503", retry_at=time.time() - 1)
+    assert store.escalation_backlog() == 1
+    (claimed,) = store.claim_escalations("sweeper", stale_s=60.0)
+    assert claimed[0] == written.outbox_id and store.escalation_states() == {"pending": 1}
+    store.escalation_outcome(written.outbox_id, delivered=False, attempts=4, error="503", retry_at=None)
+    assert store.claim_escalations("sweeper", stale_s=0.0) == [] and store.escalation_backlog() == 0  # given up
+
+
+def test_duplicates_already_in_a_store_are_kept_apart_by_the_migration(tmp_path):
+    path = tmp_path / "dups.db"
+    store = AuditStore(AuditSettings(path=str(path)))
+    store.close()
+    with sqlite3.connect(path) as db:  # a store at revision 0004, where a check recorded twice left two rows
+        db.executescript("""
+            DROP INDEX decisions_request;
+            CREATE INDEX decisions_request ON decisions (request_id);
+            ALTER TABLE escalations DROP COLUMN retry_at;
+            UPDATE alembic_version SET version_num = '0004';
+            INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');
+            INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');
+            INSERT INTO decisions (request_id, profile, topic) VALUES ('b', 'general', 'general');
+        """)
+    store = AuditStore(AuditSettings(path=str(path)))
+    try:
+        assert [r["request_id"] for r in store.query()] == ["a", "a#dup2", "b"]
+        assert store.record(DecisionRecord(request_id="a", profile="general", topic="general")) is None
+    finally:
+        store.close()

@@ -50,6 +50,21 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(check)
     check.set_defaults(run=_check)
 
+    calibrate = commands.add_parser("calibrate", help="fit the sentences check's weight, calibration and per-topic "
+                                                      "thresholds for the configured judge from labelled answers")
+    calibrate.add_argument("--dataset", "-d", required=True,
+                           help="comma-separated: ragtruth-qa, ..., reviews (the review console's judgements) or "
+                                "jsonl:PATH ({question, context, answer, hallucinated} per line)")
+    calibrate.add_argument("--half", default=None, help="fit | report (default: every item)")
+    calibrate.add_argument("--limit", type=int, default=None, help="items per dataset (default: all)")
+    calibrate.add_argument("--target-recall", type=float, default=0.75,
+                           help="the share of hallucinated answers each proposed threshold catches (default 0.75)")
+    calibrate.add_argument("--workers", type=int, default=4, help="checks at once (default 4)")
+    calibrate.add_argument("--data-dir", type=Path, default=None, help="where the benchmark data is")
+    calibrate.add_argument("--out", type=Path, default=Path("sentences-calibration.json"))
+    _config_option(calibrate)
+    calibrate.set_defaults(run=_calibrate)
+
     doctor = commands.add_parser("doctor", help="probe each judge the configured check calls: whether it answers "
                                                 "and what it accepts (exit code 2 if one cannot be called)")
     _config_option(doctor)
@@ -217,6 +232,29 @@ def _require_judges(config: Config) -> None:
     models = stage_models(config)
     if models and config.judge.probe != "off":
         asyncio.run(require_judges(config, build_client(config, models)))
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from morphguard.eval import calibrate
+    from morphguard.eval.cli import evaluate
+
+    config = _load(args)
+    calibrate.check_detector(config)
+    _require_judges(config)
+    items, outcomes = [], []
+    for dataset in (d.strip() for d in args.dataset.split(",") if d.strip()):
+        run = evaluate(config, dataset, ["sentences"], half=args.half, limit=args.limit, workers=args.workers,
+                       data_dir=args.data_dir)
+        items += run.items
+        outcomes += run.outcomes
+    result = calibrate.fitted(items, outcomes, config, recall=args.target_recall)
+    snippet = calibrate.write(result, args.out)
+    labels = result["labels"]
+    print(f"calibrated the sentences check for the judge {result['judge']['model']} on {labels['answers']} labelled "
+          f"answers ({labels['hallucinated']} hallucinated; by task: "
+          f"{', '.join(f'{t} {n}' for t, n in labels['by_task'].items())}): whole-answer weight "
+          f"{result['whole_weight']}, AUROC {result['auroc']:.3f}; wrote {args.out}\n\n{snippet}")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:

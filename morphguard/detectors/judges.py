@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from morphguard.config import Config
-from morphguard.detectors.registry import stage_models
+from morphguard.detectors.registry import resolve, stage_models
 from morphguard.errors import MorphguardError
 from morphguard.llm import LLMClient
 from morphguard.llm.providers import Abilities
@@ -70,7 +70,9 @@ async def probe_judges(config: Config, llm: LLMClient, name: str | None = None) 
 
 
 async def require_judges(config: Config, llm: LLMClient | None, name: str | None = None) -> None:
-    """As `judge.probe` says: refuse to start with a judge that cannot answer, or warn."""
+    """As `judge.probe` says: refuse to start with a judge that cannot answer, or warn; and warn where the check's
+    calibration was fitted with another judge."""
+    _warn_of_calibration(config, name)
     if config.judge.probe == "off" or llm is None:
         return
     for status in await probe_judges(config, llm, name):
@@ -81,3 +83,16 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
             raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
                                             "anyway, and checks then fail as the profile's on_error says)")
         log.warning("%s; starting anyway (judge.probe: warn)", message)
+
+
+def _warn_of_calibration(config: Config, name: str | None) -> None:
+    from morphguard.detectors.sentences import Sentences, SentencesSettings, load_calibration
+
+    spec, _ = resolve(config, name)
+    settings = config.section(Sentences.name, SentencesSettings)
+    if spec.name != Sentences.name or not settings.calibration:
+        return
+    fitted, judge = load_calibration(settings.calibration).get("judge"), judge_identity(config, settings.model)
+    if fitted != judge:
+        log.warning("sentences.calibration %s was fitted with the judge %s, not %s: rerun `morphguard calibrate`",
+                    settings.calibration, fitted, judge)

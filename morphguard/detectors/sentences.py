@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -35,6 +37,7 @@ from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list
 from morphguard.detectors.verdicts import label_probabilities
+from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
@@ -53,6 +56,9 @@ class SentencesSettings(Section):
     # The whole-answer verdict's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
     # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
     whole_weight: float = Field(0.6, ge=0.0, le=1.0)
+    # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
+    # the score into a probability. None: the weight above, the score as it is.
+    calibration: str | None = None
 
 
 class Sentences:
@@ -62,6 +68,10 @@ class Sentences:
         self.llm = llm
         self.settings = settings
         self.threshold = threshold
+        self.weight, self.logistic = settings.whole_weight, None
+        if settings.calibration:
+            found = load_calibration(settings.calibration)
+            self.weight, self.logistic = found["whole_weight"], tuple(found["calibration"])
 
     def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, list[str], bool]]:
         """Every sentence, with the words of it the context never uses and whether it addresses its checker.
@@ -134,8 +144,11 @@ class Sentences:
         worst = max((s for _, _, s, _ in scored), default=0.0)
         wholes = [w for _, w in judged if w is not None]
         whole = max(wholes) if wholes else None
-        weight = self.settings.whole_weight
-        score = weight * whole + (1 - weight) * worst if whole is not None else worst
+        parts = {"worst": worst, **({"whole": whole} if whole is not None else {})}
+        score = fused(parts, self.weight)
+        if self.logistic is not None:
+            slope, intercept = self.logistic
+            score = 1 / (1 + math.exp(-(slope * log_odds(score) + intercept)))
         # No sentence scores above its answer, so a flagged sentence is always in a flagged answer.
         factoids = [f for s, e, found, phrases in scored
                     for f in _factoids(answer, s, e, min(found, score), phrases, self.threshold)]
@@ -144,9 +157,30 @@ class Sentences:
             factoids=factoids, cost=Cost.of({"verify": stage} if batches else {}, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(chosen), unparseable_verdicts=unreadable),
             settings={"judged": len(chosen), "calls": len(batches)},
-            features={"worst": worst, **({"whole": whole} if whole is not None else {}),
-                      "instructions": float(sum(addresses for *_, addresses in chosen))},
+            features={**parts, "instructions": float(sum(addresses for *_, addresses in chosen))},
         )
+
+
+def fused(parts: dict[str, float], weight: float) -> float:
+    """The answer's score from its parts: the whole-answer verdict weighed against the worst sentence."""
+    if "whole" not in parts:
+        return parts.get("worst", 0.0)
+    return weight * parts["whole"] + (1 - weight) * parts.get("worst", 0.0)
+
+
+def log_odds(p: float) -> float:
+    p = min(max(p, 1e-4), 1 - 1e-4)
+    return math.log(p / (1 - p))
+
+
+def load_calibration(path: str) -> dict[str, Any]:
+    """A `morphguard calibrate` file: its judge, whole-answer weight and logistic."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+        float(found["whole_weight"]), [float(v) for v in found["calibration"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise MorphguardError(f"sentences.calibration {path}: not a calibration file ({exc})") from None
+    return dict(found)
 
 
 def _whole(text: str, logprobs: Any) -> float | None:

@@ -195,6 +195,13 @@ def _calibrate(joint: Weights, values: list[dict[str, float]], labels: list[bool
             [name for name, value in found.items() if value is not None])
 
 
+def calibration(log_odds_: list[float], labels: list[bool]) -> tuple[float, float]:
+    """Slope and intercept of one logistic over `log_odds_`, every row weighing the same (`morphguard calibrate`)."""
+    import numpy as np
+
+    return _calibration(log_odds_, labels, np.ones(len(labels)))
+
+
 def _calibration(log_odds_: list[float], labels: list[bool], weight: np.ndarray) -> tuple[float, float]:
     """Slope and intercept of one logistic over the noisy-OR's log-odds."""
     import numpy as np

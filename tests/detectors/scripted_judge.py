@@ -17,7 +17,8 @@ def _tag(text: str, tag: str) -> str:
 
 def stage_of(body: dict[str, Any]) -> str:
     system = body["messages"][0]["content"]
-    for marker, stage in (("You check facts. Answer with one word", "probe"), ("strict fact checker", "direct"), ("compare two sentences", "restatement"),
+    for marker, stage in (("You check facts. Answer with one word", "probe"),
+                          ("strict fact checker", "direct"), ("compare two sentences", "restatement"),
                           ("one sentence of an answer", "spotcheck"),
                           ("atomic factoids", "decompose"),
                           ("paraphrases", "synonym"),

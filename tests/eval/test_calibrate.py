@@ -1,0 +1,74 @@
+"""`morphguard calibrate` as a real subprocess: the sentences check's numbers for a judge (a scripted one on
+loopback) from a team's own labelled answers, then `check` with them."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.scripted_llm import ScriptedLLM
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTEXT = "Ibuprofen is contraindicated in the third trimester of pregnancy. Paracetamol is the usual choice."
+
+
+def judge(body: dict) -> str:
+    """Sentences with "safe" are unsupported, and so is an answer with one; a yes/no probe is answered YES."""
+    user = body["messages"][-1]["content"]
+    if "<answer>" not in user:
+        return json.dumps({"verdict": "YES"}) if body.get("response_format") else "YES"
+    listed = re.findall(r"^(\d+)\. (.*)$", user.split("<answer>")[1].split("</answer>")[0], re.M)
+    entries = [{"id": int(n), "verdict": "UNSUPPORTED" if "safe" in text else "SUPPORTED",
+                "phrases": ["safe"] if "safe" in text else []} for n, text in listed]
+    whole = "UNSUPPORTED" if any(e["verdict"] == "UNSUPPORTED" for e in entries) else "SUPPORTED"
+    return json.dumps({"sentences": entries, "answer": whole})
+
+
+def labelled(path: Path) -> None:
+    rows = []
+    for i in range(8):
+        rows.append({"id": f"f{i}", "question": "Can I take ibuprofen?", "context": CONTEXT, "hallucinated": False,
+                     "answer": f"Paracetamol is the usual choice ({i}). Ibuprofen is contraindicated late on."})
+        rows.append({"id": f"h{i}", "question": "Can I take ibuprofen?", "context": CONTEXT, "hallucinated": True,
+                     "answer": f"Ibuprofen is safe throughout pregnancy ({i})."})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def morphguard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "morphguard.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
+    labelled(tmp_path / "labels.jsonl")
+    with ScriptedLLM(judge) as server:
+        config = {"judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test"},
+                  "detector": {"name": "auto"}}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        done = morphguard("calibrate", "-d", f"jsonl:{tmp_path / 'labels.jsonl'}", "--config", "config.yaml",
+                          "--out", "calibration.json", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "16 labelled answers (8 hallucinated" in done.stdout and "calibration: calibration.json" in done.stdout
+        found = json.loads((tmp_path / "calibration.json").read_text())
+        assert found["judge"] == {"model": "openai/scripted", "api_base": server.base_url}
+        assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0 and found["calibration"][0] > 0
+
+        config["sentences"] = {"calibration": "calibration.json"}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
+                              CONTEXT, "-a", answer, cwd=tmp_path)
+                   for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
+    flagged, passed = (json.loads(c.stdout) for c in checked)
+    assert flagged["detector"] == "sentences" and 0 < passed["score"] < flagged["score"] < 1
+    assert [c.returncode for c in checked] == [1, 0]
+
+
+def test_calibrate_refuses_the_embedded_judges_check(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"detector": {"name": "combined"}}))
+    done = morphguard("calibrate", "-d", "jsonl:none.jsonl", "--config", "config.yaml", cwd=tmp_path)
+    assert done.returncode == 2 and "morphguard eval --fit" in done.stderr

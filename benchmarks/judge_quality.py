@@ -47,13 +47,14 @@ from starlette.routing import Route
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
+from morphguard.detectors.spans import sentences
 from morphguard.eval import datasets, metrics
 from morphguard.eval.datasets import Item
 from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent
 SETS = ("ragtruth-qa", "ragtruth-summary", "ragtruth-data2txt", "contrast-qa")
-DETECTORS = ("sentences", "direct", "spotcheck", "combined")
+DETECTORS = ("sentences", "direct", "spotcheck", "combined", "metarag:paper")
 THRESHOLD = 0.3
 
 
@@ -125,6 +126,12 @@ class Oracle:
             return self._yes_no(_tag(user, "statement"), user)
         if "compare two sentences" in system:
             return self._yes_no(_tag(user, "restatement"), user)
+        if "atomic factoids" in system:
+            return self._decompose(user)
+        if "of a factual statement for a metamorphic test" in system:
+            return self._mutate(system, user)
+        if "against reference passages" in system and "For the statement" in system:
+            return self._verify(user)
         raise ValueError(f"the oracle does not answer this prompt: {system[:80]}")
 
     def _sentences(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
@@ -184,6 +191,44 @@ class Oracle:
         return verdict, [(verdict, "YES" if said else "NO", confidence)]
 
 
+    # --- MetaRAG: factoids are the answer's sentences; a variant carries its kind, so the verdict can be given ---
+
+    def _decompose(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
+        answer = _tag(user, "answer")
+        item = next((i for i in self.items if i.answer.strip() == answer), None)
+        where = item or self._item(answer[:80], user)
+        if where is None:
+            return json.dumps({"factoids": [answer]}), []
+        item = where if isinstance(where, Item) else where[0]
+        return json.dumps({"factoids": [item.answer[s:e] for s, e in sentences(item.answer)][:32]}), []
+
+    @staticmethod
+    def _mutate(system: str, user: str) -> tuple[str, list[tuple[str, str, float]]]:
+        count = re.search(r"write (\d+) different", system)
+        kind = "S" if "paraphrases" in system else "A"
+        statement = _tag(user, "statement")
+        return json.dumps({"statements": [f"{kind}{i}: {statement}"
+                                          for i in range(1, int(count.group(1) if count else 2) + 1)]}), []
+
+    def _verify(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
+        """A paraphrase is supported where its sentence is; a contradiction where its sentence is not."""
+        statement = _tag(user, "statement")
+        marked = re.match(r"([SA])(\d+): (.*)$", statement, re.S)
+        kind, base = (marked.group(1), marked.group(3)) if marked else ("S", statement)
+        where = self._item(base, user)
+        if where is None:
+            return json.dumps({"verdict": "NOT SURE", "reason": "oracle"}), []
+        item, at = where
+        unit = f"v{kind}{marked.group(2) if marked else 0}:{at}"
+        truth, _ = self._sentence_truth(item, at, at + len(base))
+        said, confidence = self._verdict(item, unit, truth)
+        if self._malformed(item, unit):
+            return "Hard to say.", []
+        verdict = ("NO" if said else "YES") if kind == "S" else ("YES" if said else "NO")
+        other = "YES" if verdict == "NO" else "NO"
+        return json.dumps({"verdict": verdict, "reason": "oracle"}), [(verdict, other, confidence)]
+
+
 def _logprobs(text: str, weighed: list[tuple[str, str, float]]) -> dict[str, Any]:
     """The reply as tokens, each verdict its own token with the alternative the judge weighed."""
     tokens, cursor = [], 0
@@ -234,8 +279,8 @@ async def run(items: list[Item], detector: str, base: str,
     config = Config.model_validate({
         "judge": {"model": "openai/oracle", "api_base": base, "api_key": "sk-oracle", "max_attempts": 1,
                   "cache": {"enabled": False}, "probe": "off"},
-        "detector": {"name": detector}})
-    check = build_detector(config)
+        "detector": {"name": detector.partition(":")[0]}})
+    check = build_detector(config, name=detector)  # "metarag:paper": a profile
     limit = asyncio.Semaphore(concurrency)
 
     async def one(item: Item) -> tuple[float, list, float, int, dict[str, float], int]:

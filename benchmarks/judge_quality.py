@@ -54,7 +54,7 @@ from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent
 SETS = ("ragtruth-qa", "ragtruth-summary", "ragtruth-data2txt", "contrast-qa")
-DETECTORS = ("sentences", "direct", "spotcheck", "combined", "metarag:paper")
+DETECTORS = ("sentences", "direct", "spotcheck", "combined", "metarag:paper", "claims", "hierarchical")
 THRESHOLD = 0.3
 
 
@@ -132,6 +132,12 @@ class Oracle:
             return self._mutate(system, user)
         if "against reference passages" in system and "For the statement" in system:
             return self._verify(user)
+        if "You audit an answer" in system:
+            return self._claims(user)
+        if "You split one sentence of an answer" in system:
+            return json.dumps({"claims": [_tag(user, "sentence")]}), []
+        if "You check one claim against numbered sentences" in system:
+            return self._claim(user)
         raise ValueError(f"the oracle does not answer this prompt: {system[:80]}")
 
     def _sentences(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
@@ -227,6 +233,40 @@ class Oracle:
         verdict = ("NO" if said else "YES") if kind == "S" else ("YES" if said else "NO")
         other = "YES" if verdict == "NO" else "NO"
         return json.dumps({"verdict": verdict, "reason": "oracle"}), [(verdict, other, confidence)]
+
+
+    # --- claims and hierarchical: a claim is an answer sentence, labelled from the gold ------------------------
+
+    def _claims(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
+        answer = _tag(user, "answer")
+        item = next((i for i in self.items if i.answer.strip() == answer), None)
+        if item is None:
+            return json.dumps({"claims": []}), []
+        if self._malformed(item, "claims"):
+            return "No claims found.", []
+        evidence = next((p.strip()[:40] for p in item.passages if p.strip()), "")
+        claims, weighed = [], []
+        for s, e in sentences(item.answer):
+            truth, _ = self._sentence_truth(item, s, e)
+            said, confidence = self._verdict(item, f"s{s}", truth)
+            label = "unsupported" if said else "supported"
+            claims.append({"text": item.answer[s:e], "label": label, "evidence": "" if said else evidence})
+            weighed.append((label, "supported" if said else "unsupported", confidence))
+        return json.dumps({"claims": claims}), weighed
+
+    def _claim(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
+        claim = _tag(user, "claim")
+        where = self._item(claim, user)
+        if where is None:
+            return json.dumps({"label": "baseless", "evidence": []}), []
+        item, at = where
+        truth, _ = self._sentence_truth(item, at, at + len(claim))
+        said, confidence = self._verdict(item, f"s{at}", truth)
+        if self._malformed(item, f"h{at}"):
+            return "Unclear.", []
+        label = "baseless" if said else "entailed"
+        return (json.dumps({"label": label, "evidence": [] if said else [1]}),
+                [(label, "entailed" if said else "baseless", confidence)])
 
 
 def _logprobs(text: str, weighed: list[tuple[str, str, float]]) -> dict[str, Any]:

@@ -67,15 +67,15 @@ def send(base: str, i: int, marker: str) -> tuple[int, str | None]:
     return 200, str(response.json()["morphguard"]["request_id"])
 
 
-def load_with_fault(bases: list[str], inject: Callable[[], None], restore: Callable[[], None]
-                    ) -> tuple[Counter[int], set[str]]:
-    """REQUESTS at PER_SECOND over the replicas in turn; `inject` FAULT_AT_S in, `restore` OUTAGE_S later."""
+def load_with_fault(bases: list[str], inject: Callable[[], None], restore: Callable[[], None],
+                    outage_s: float = OUTAGE_S) -> tuple[Counter[int], set[str]]:
+    """REQUESTS at PER_SECOND over the replicas in turn; `inject` FAULT_AT_S in, `restore` `outage_s` later."""
     marker = uuid.uuid4().hex[:8]
 
     def fault() -> None:
         time.sleep(FAULT_AT_S)
         inject()
-        time.sleep(OUTAGE_S)
+        time.sleep(outage_s)
         restore()
 
     injector = threading.Thread(target=fault)
@@ -190,3 +190,25 @@ def test_webhook_down_then_up(provider, redis_url, postgres_url, tmp_path):
     print(outcome.report("webhook down 23 s"))
     assert len(accepted) == REQUESTS and len(outcome.escalated) == REQUESTS
     outcome.assert_nothing_lost_or_doubled()
+
+
+def test_a_lock_on_the_decisions_table_longer_than_a_claim(provider, redis_url, postgres_url, tmp_path):
+    """Rows cannot be written for 15 s, past `claim_idle_s` (10 s): the checks waiting on the store keep their
+    claims, so none is taken over and run twice, and every row is written once the lock goes."""
+    holder: dict[str, psycopg.Connection] = {}
+
+    def lock() -> None:
+        holder["db"] = psycopg.connect(postgres_url)
+        holder["db"].execute("LOCK TABLE decisions IN ACCESS EXCLUSIVE MODE")  # held until the transaction ends
+
+    def unlock() -> None:
+        holder["db"].rollback()
+        holder["db"].close()
+
+    with fleet(faulty_config(provider, redis_url, postgres_url), tmp_path) as bases:
+        statuses, accepted = load_with_fault(bases, lock, unlock, outage_s=15.0)
+        outcome = settle(accepted, statuses, postgres_url, provider, "ok")
+    print(outcome.report("a lock on decisions for 15 s"))
+    assert len(accepted) == REQUESTS
+    outcome.assert_nothing_lost_or_doubled()
+

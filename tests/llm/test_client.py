@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from morphguard.errors import LLMError, LLMTimeoutError
-from morphguard.llm.client import LLMClient
+from morphguard.llm.client import Endpoint, LLMClient
 from tests.scripted_llm import ScriptedLLM, completion, error
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -107,3 +107,21 @@ def test_json_schema_and_logprobs_are_requested_openai_style():
     assert reply.logprobs is not None
     assert reply.logprobs[0].token == "YES"
     assert dict(reply.logprobs[0].alternatives)["NO"] == pytest.approx(-1.8)
+
+
+def test_the_embedded_judge_gets_the_request_as_the_checks_write_it():
+    """llama.cpp compiles a whole JSON schema into its grammar, bounds included, and returns log-probabilities:
+    nothing is dropped or rewritten for it, so the embedded judge's figures stand."""
+    schema = {"type": "object", "required": ["verdicts"], "properties": {
+        "verdicts": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "string"}},
+        "reason": {"type": "string", "maxLength": 200}}}
+    with ScriptedLLM(lambda body: completion('{"verdicts": ["YES", "NO"]}')) as server:
+        local = Endpoint("openai/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", server.base_url, "no-key",
+                         provider="llama.cpp", strict_schemas=False)
+        judge = LLMClient(default_model="local", routes={"local": local}, timeout_s=5.0, max_attempts=1)
+        run(judge.complete(MESSAGES, json_schema=schema, top_logprobs=5, max_tokens=16))
+    sent = server.requests[0]
+    assert sent["response_format"]["json_schema"]["schema"] == schema
+    assert sent["temperature"] == 0.0 and sent["max_tokens"] == 16
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 5
+

@@ -140,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     audit.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
     audit.add_argument("--out", type=Path, default=None, help="write to a file instead of stdout")
     audit.add_argument("--undelivered", action="store_true", help="escalations the webhook never took (JSONL)")
+    audit.add_argument("--redeliver", action="store_true",
+                       help="try every undelivered escalation again now (the running proxies and workers send them)")
     audit.add_argument("--purge", action="store_true",
                        help="reduce texts kept for review past policy.audit.keep_text_days to what store_text says")
     _config_option(audit)
@@ -354,6 +356,9 @@ def _audit(args: argparse.Namespace) -> int:
             text = f"purged the text of {store.purge_text()} decisions\n"
         elif args.undelivered:
             text = "".join(audit.to_jsonl(store.undelivered_escalations()))
+        elif args.redeliver:
+            text = (f"{store.redeliver_escalations()} undelivered escalations are due again: the running proxies and "
+                    "workers send them\n")
         else:
             try:
                 since = audit.parse_time(args.since) if args.since else None

@@ -284,6 +284,14 @@ class AuditStore:
         with self.engine.connect() as db:
             return int(db.execute(sa.select(sa.func.count()).where(waiting)).scalar_one())
 
+    def redeliver_escalations(self) -> int:
+        """Every undelivered escalation due now, those given up on included: the running proxies' and workers'
+        sweeps take them (`morphguard audit --redeliver`, once the webhook is back)."""
+        e = escalations.c
+        with self.engine.begin() as db:
+            done = db.execute(sa.update(escalations).where(e.state == "undelivered").values(retry_at=time.time()))
+        return int(done.rowcount or 0)
+
     def undelivered_escalations(self) -> list[dict[str, Any]]:
         e = escalations.c
         with self.engine.connect() as db:

@@ -253,3 +253,26 @@ def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
                          policy={"profiles": {"general": profile("block", latency_budget_s=0.5)}})
     verdict = verdict_of(ask(client(base)))
     assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency_budget_exceeded"
+
+
+def test_an_escalation_given_up_on_is_sent_again_on_demand(proxy_factory, provider):
+    """The webhook stays down past `retry_for_s` (0 here: no retries), the escalation waits undelivered; once the
+    webhook is back, `morphguard audit --redeliver` makes it due and the running proxy's sweep sends it."""
+    gate = f"redeliver-{time.monotonic_ns()}"
+    root = provider.removesuffix("/v1")
+    base = proxy_factory(policy={
+        "profiles": {"general": {"action": "annotate", "escalate": True, "topics": {}}},
+        "escalation": {"webhook_url": f"{root}/_webhook/gate-{gate}", "max_attempts": 1, "timeout_s": 1,
+                       "claim_timeout_s": 7, "retry_for_s": 0}})
+    request_id = verdict_of(ask(client(base)))["request_id"]
+    deadline = time.monotonic() + 30
+    while request_id not in audit(proxy_factory, base, "--undelivered").stdout:
+        assert time.monotonic() < deadline, "the escalation was never recorded as undelivered"
+        time.sleep(0.5)
+    httpx.post(f"{root}/_gate/{gate}", timeout=5)
+    assert "1 undelivered escalations are due again" in audit(proxy_factory, base, "--redeliver").stdout
+    while not any(h["kind"] == f"gate-{gate}" and h["body"]["request_id"] == request_id
+                  for h in httpx.get(f"{root}/_webhooks", timeout=5).json()):
+        assert time.monotonic() < deadline + 30, "the escalation was not sent again"
+        time.sleep(0.5)
+    assert audit(proxy_factory, base, "--undelivered").stdout == ""

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import httpx
 from opentelemetry import trace
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,12 +22,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
-from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.policy.answers import message_of
 from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.proxy import probes
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import ChatBackend, Relay
 from morphguard.proxy.body import OFFLOAD_BYTES, parse_chat
@@ -118,9 +117,9 @@ class Proxy:
         return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),  # first: the router tries routes in order
-                Route("/healthz", self.healthz, methods=["GET"]),
+                Route("/healthz", probes.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
-                Route("/metrics", self.metrics, methods=["GET"]),
+                Route("/metrics", probes.metrics, methods=["GET"]),
                 *console,
                 Route("/v1/responses", self.responses, methods=["POST"]),
                 Route("/v1/messages", self.messages, methods=["POST"]),
@@ -136,42 +135,8 @@ class Proxy:
             lifespan=self.lifespan,
         )), extra_single=route_headers)
 
-    async def healthz(self, request: Request) -> Response:
-        return JSON({"status": "ok"})
-
-    async def metrics(self, request: Request) -> Response:
-        """The instruments in the Prometheus text format (`telemetry.prometheus`); 404 when not enabled."""
-        if not telemetry_setup.prometheus_enabled:
-            raise not_found("/metrics")
-        body, content_type = telemetry_setup.prometheus_text()
-        return Response(body, media_type=content_type)
-
     async def readyz(self, request: Request) -> Response:
-        checks: dict[str, Any] = {"upstream": await self.upstream.reachable()}
-        llm = getattr(self.guard.detector, "llm", None)
-        local = getattr(llm, "routes", {}).get("local")
-        if local is not None and local.api_base:
-            async with httpx.AsyncClient(timeout=3.0) as client:
-                checks["judge"] = await self._reachable(client, local.api_base.removesuffix("/v1") + "/health")
-        checks["queue"] = await self.guard.queue.reachable()
-        if self.guard.audit is not None:
-            checks["store"] = await asyncio.to_thread(self.guard.audit.reachable)
-        ready = all(checks.values())
-        if self.guard.audit_failures:
-            checks["audit_failures"] = self.guard.audit_failures  # reported, and not ready: the trail has gaps
-            ready = False
-        body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "checks": checks}
-        if checks.get("store"):  # a webhook that is down does not make the proxy unready: it is reported
-            body["escalation_backlog"] = await asyncio.to_thread(self.guard.escalation_backlog)
-        return JSON(body, status_code=200 if ready else 503)
-
-    @staticmethod
-    async def _reachable(client: httpx.AsyncClient, url: str) -> bool:
-        try:
-            with telemetry.untraced():  # a probe, not a call anyone looks for in a trace
-                return (await client.get(url, timeout=3.0)).status_code < 500
-        except httpx.HTTPError:
-            return False
+        return await probes.readyz(self.guard, upstream=await self.upstream.reachable())
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with

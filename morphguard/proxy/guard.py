@@ -127,6 +127,7 @@ class Guard:
             reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
                       else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
             _record_masked(exc)
+            telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
             decision = self.engine.failed(request.profile, request.topic, reason)
             log.warning("request %s %s unchecked (%s): %s", request.request_id,
                         "passed" if decision.action == "pass" else "blocked", decision.reason, exc)

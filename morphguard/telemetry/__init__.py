@@ -76,8 +76,9 @@ def _instruments() -> dict[str, Any]:
                        "Escalations the webhook has not taken yet that will still be tried"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
                                           description="Answers passed unchecked because the check failed"),
-        "errors": meter.create_counter(names.METRIC_ERRORS, unit="{error}",
-                                       description="Requests that ended in an error, and audit rows not written"),
+        "errors": meter.create_counter(
+            names.METRIC_ERRORS, unit="{error}",
+            description="Requests that ended in an error, checks the judge failed, audit rows not written"),
         "judge_restarts": meter.create_counter(names.METRIC_JUDGE_RESTARTS, unit="{restart}",
                                                description="Restarts of the embedded judge after it died"),
     }

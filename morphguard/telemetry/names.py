@@ -94,7 +94,7 @@ METRIC_QUEUE_DEAD = "morphguard.queue.dead_letters"  # poison checks set aside (
 METRIC_QUEUE_REDELIVERIES = "morphguard.queue.redeliveries"  # checks taken over from a dead worker
 METRIC_ESCALATION_BACKLOG = "morphguard.escalations.backlog"  # pending, or undelivered with a retry ahead
 METRIC_FAIL_OPEN = "morphguard.fail_open"
-METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, upstream_stream_broken, audit_failed, ...
+METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, audit_failed, judge_error, judge_timeout, ...
 METRIC_JUDGE_RESTARTS = "morphguard.judge.restarts"
 
 # Services

@@ -238,6 +238,8 @@ def test_fail_open_and_queue_depth_metrics(llm, tmp_path):
             time.sleep(0.2)
     assert sum(p.value for p in points["morphguard.fail_open"]) >= 2
     assert sum(p.value for p in points["morphguard.queue.depth"]) == 0  # both queued, both taken
+    errors = {p.attributes[names.REASON]: p.value for p in points["morphguard.errors"]}
+    assert errors["judge_error"] >= 2  # counted as errors too: a fail_closed profile would count no fail_open
 
 
 def _points() -> dict[str, list]:

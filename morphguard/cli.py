@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run async checks from the shared queue (queue.url)")
     worker.add_argument("--concurrency", type=int, default=None,
                         help="checks at once (default: proxy.workers of the config, else 2)")
+    worker.add_argument("--host", default=None, help="where --port listens (default: queue.worker_host of the config)")
+    worker.add_argument("--port", type=int, default=None,
+                        help="serve /healthz, /readyz and /metrics on this port (default: queue.worker_port of the "
+                             "config; none: no HTTP)")
     _config_option(worker)
     worker.set_defaults(run=_worker)
 
@@ -309,6 +313,11 @@ def _worker(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or config.proxy.workers or 2
     if concurrency < 1:
         raise MorphguardError("--concurrency must be at least 1")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise MorphguardError("--port must be between 1 and 65535")
+    probes = {"worker_host": args.host, "worker_port": args.port}
+    config = config.model_copy(update={"queue": config.queue.model_copy(
+        update={k: v for k, v in probes.items() if v is not None})})
     asyncio.run(run(config, concurrency))
     return EXIT_OK
 

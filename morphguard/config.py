@@ -378,6 +378,9 @@ class QueueSettings(Section):
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long
+    # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
+    worker_port: int | None = Field(None, ge=1, le=65535)
+    worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
 
 
 class AnnotationSettings(Section):
@@ -407,7 +410,7 @@ class TelemetrySettings(Section):
     sampling_ratio: float | None = Field(None, ge=0.0, le=1.0)  # None: OTEL_TRACES_SAMPLER(_ARG), else all
     metrics: bool = True  # also export metrics: to OTEL_METRICS_EXPORTER when set, else where the traces go
     metric_interval_s: float | None = Field(None, gt=0)  # None: OTEL_METRIC_EXPORT_INTERVAL, else 15 s
-    prometheus: bool = False  # GET /metrics on the proxy in the Prometheus text format
+    prometheus: bool = False  # GET /metrics in the Prometheus text format, on the proxy and a worker's worker_port
     capture_content: bool = False  # prompts, answers and context in span attributes: opt-in
     openinference: bool = False  # also OpenInference attributes, for Arize Phoenix
     upstream_provider: str = "openai"  # gen_ai.provider.name of the upstream

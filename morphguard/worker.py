@@ -3,13 +3,21 @@
 It builds the same guard as the proxy (detector, policy, audit store, escalation outbox, verdict cache),
 so a check run here ends exactly as one run in a proxy would: an audit row, maybe an escalation. Run as
 many as the judge can serve, on any machine that reaches the queue, the store and the judge.
+
+With `queue.worker_port` (`--port`) it also answers /healthz, /readyz and /metrics there, as a replica does
+(`proxy/probes.py`), from uvicorn in its own event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import socket
+from collections.abc import Iterator
+
+import uvicorn
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
@@ -17,7 +25,9 @@ from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
 from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy.errors import mask_config_secrets
-from morphguard.proxy.guard import build_guard
+from morphguard.proxy.guard import Guard, build_guard
+from morphguard.proxy.probes import probe_app
+from morphguard.proxy.server import HttpProtocol
 from morphguard.telemetry import setup as telemetry_setup
 
 log = logging.getLogger(__name__)
@@ -31,6 +41,9 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     config = config.model_copy(update={"proxy": config.proxy.model_copy(update={"workers": concurrency,
                                                                                  "inline_via": "process"})})
     mask_config_secrets(config)  # judge errors can echo its key into the log
+    # Bound first: a port in use ends the worker at once, before a judge starts or a check is taken.
+    port = config.queue.worker_port
+    listening = _listen(config.queue.worker_host, port) if port is not None else None
     telemetry_setup.configure(config.telemetry)
     detector = await asyncio.to_thread(build_detector, config)  # may start the embedded judge
     await require_judges(config, getattr(detector, "llm", None))
@@ -39,6 +52,7 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
+    probes = _serve_probes(guard, config, listening) if listening is not None else None
     await guard.start()
     log.warning("worker %s: %d checks at once from %s", getattr(guard.queue, "consumer", "?"), concurrency,
                 config.queue.stream)
@@ -48,5 +62,37 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
         await stopping.wait()
     finally:
         await guard.stop()
+        if probes is not None:  # answering while checks under way finish
+            probes.should_exit = True
+            await probes.done
         await guard.close()
         telemetry_setup.shutdown()
+
+
+class _ProbeServer(uvicorn.Server):
+    """uvicorn without its signal handlers: SIGTERM is the worker's to handle, and it stops this server."""
+
+    done: asyncio.Task[None]
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise MorphguardError(f"the worker's probes cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+
+
+def _serve_probes(guard: Guard, config: Config, listening: socket.socket) -> _ProbeServer:
+    """The probes on the bound socket, served from this event loop until `should_exit`."""
+    HttpProtocol.header_timeout_s = config.proxy.header_timeout_s
+    server = _ProbeServer(uvicorn.Config(probe_app(guard), http=HttpProtocol, lifespan="off", log_config=None,
+                                         access_log=False))
+    server.done = asyncio.create_task(server.serve(sockets=[listening]))
+    host, port = listening.getsockname()[:2]
+    log.warning("worker probes on http://%s:%d (/healthz, /readyz, /metrics)", host, port)
+    return server

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.servers import free_port, stop
+from tests.servers import PostgresServer, free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,3 +110,12 @@ def attacker():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1], seen
     server.shutdown()
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL of the test's own, for tests that stop and start it."""
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.remove()

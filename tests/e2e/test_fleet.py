@@ -45,11 +45,13 @@ def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str
     }
 
 
-def start_worker(config: dict, folder: Path, concurrency: int = 4) -> subprocess.Popen[bytes]:
+def start_worker(config: dict, folder: Path, concurrency: int = 4, port: int | None = None) -> subprocess.Popen[bytes]:
+    """`morphguard worker` on `config`, consuming when this returns; with `port`, its probes listen there."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     log = folder / "worker.log"
+    probes = ["--port", str(port)] if port is not None else []
     process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "worker", "--config",
-                                str(folder / "config.yaml"), "--concurrency", str(concurrency)],
+                                str(folder / "config.yaml"), "--concurrency", str(concurrency), *probes],
                                cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while "checks at once" not in log.read_text():

@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.conftest import serve, stop
 from tests.e2e.test_fleet import PASSAGE, QUESTION, fleet_config, folders, start_worker
-from tests.servers import PostgresServer, RedisServer, fresh_database
+from tests.servers import RedisServer, fresh_database
 
 REQUESTS = 80
 PER_SECOND = 4.0
@@ -141,14 +141,6 @@ def redis(tmp_path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def postgres() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    yield server
-    server.remove()
 
 
 def test_postgres_stopped_then_started(provider, redis_url, postgres, tmp_path):

@@ -78,7 +78,12 @@ class Oracle:
         found = [i for i in self.items if text and text in i.answer]
         if not found:
             return None
+        exact = [i for i in found if i.answer.strip() == text]  # an edit that adds a sentence contains the original
+        if exact:
+            return exact[0], exact[0].answer.find(text)
         whole = [i for i in found if all(o in i.answer for o in others)]
+        if others:  # of the answers holding every sentence shown, the one with no sentence more
+            whole = [i for i in whole if len(sentences(i.answer)) == len(others)] or whole
         shown = [i for i in whole or found
                  if i.question[:80] in prompt or any(p[:80] in prompt for p in i.passages if p)]
         item = (shown or whole or found)[0]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import uvicorn
 
 from morphguard.config import Config
+from morphguard.errors import MorphguardError
 from morphguard.llm.local import free_port, shared_judge
 
 PASSAGES = [
@@ -44,6 +45,8 @@ def run_demo(config: Config, out: Callable[[str], None] = print) -> int:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
+        if not thread.is_alive():  # the proxy did not start (a judge that cannot answer, say): uvicorn said why
+            raise MorphguardError("the demo's proxy did not start; see the lines above")
         time.sleep(0.05)
     base_url = f"http://127.0.0.1:{port}/v1"
     out(f"morphguard proxy on {base_url} -> upstream {judge_url}\n")

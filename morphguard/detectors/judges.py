@@ -14,6 +14,7 @@ from morphguard.config import Config
 from morphguard.detectors.registry import resolve, stage_models
 from morphguard.errors import MorphguardError
 from morphguard.llm import LLMClient
+from morphguard.llm.local import LOCAL_MODEL
 from morphguard.llm.providers import Abilities
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,13 @@ class JudgeStatus:
     error: str | None = None  # None: it answered both probe calls
 
 
-async def probe_judges(config: Config, llm: LLMClient, name: str | None = None) -> list[JudgeStatus]:
-    """Each distinct model the detector `name` (None: the configured one) calls, probed."""
+async def probe_judges(config: Config, llm: LLMClient, name: str | None = None,
+                       skip: frozenset[str] = frozenset()) -> list[JudgeStatus]:
+    """Each distinct model the detector `name` (None: the configured one) calls, but those in `skip`, probed."""
     out = []
     for model in dict.fromkeys(m or config.judge.model for m in stage_models(config, name)):
+        if model in skip:
+            continue
         started = time.perf_counter()
         try:
             await llm.probe(model)
@@ -75,7 +79,9 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
     _warn_of_calibration(config, name)
     if config.judge.probe == "off" or llm is None:
         return
-    for status in await probe_judges(config, llm, name):
+    # The embedded judge answered its health check when it started; a probe would also leave its prompt in llama.cpp's
+    # cache, which moves the next check's log-probabilities in the third decimal.
+    for status in await probe_judges(config, llm, name, skip=frozenset({LOCAL_MODEL})):
         if status.error is None:
             continue
         message = f"the judge {status.model} cannot be called: {status.error}"

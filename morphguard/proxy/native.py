@@ -43,8 +43,12 @@ class Event:
         return (head + f"data: {self.data}\n\n").encode()
 
 
+def event_of(name: str, data: dict[str, Any]) -> Event:
+    return Event(name, json.dumps(data))
+
+
 def sse_event(name: str, data: dict[str, Any]) -> bytes:
-    return Event(name, json.dumps(data)).encode()
+    return event_of(name, data).encode()
 
 
 async def read_events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
@@ -197,14 +201,14 @@ class Responses:
         return event
 
     @staticmethod
-    def synthesize(response: dict[str, Any]) -> Iterator[bytes]:
+    def synthesize(response: dict[str, Any]) -> Iterator[Event]:
         """A stream that says what `response` says: the events the SDK assembles into it."""
         seq = 0
 
-        def event(name: str, **data: Any) -> bytes:
+        def event(name: str, **data: Any) -> Event:
             nonlocal seq
             seq += 1
-            return sse_event(name, {"type": name, "sequence_number": seq, **data})
+            return event_of(name, {"type": name, "sequence_number": seq, **data})
 
         final = "response.incomplete" if response.get("status") == "incomplete" else "response.completed"
         yield event("response.created", response={**response, "status": "in_progress", "output": []})
@@ -341,22 +345,22 @@ class Messages:
         return event
 
     @staticmethod
-    def synthesize(message: dict[str, Any]) -> Iterator[bytes]:
-        yield sse_event("message_start", {"type": "message_start",
+    def synthesize(message: dict[str, Any]) -> Iterator[Event]:
+        yield event_of("message_start", {"type": "message_start",
                                           "message": {**message, "content": [], "stop_reason": None}})
         for index, block in enumerate(message.get("content", [])):
             if block.get("type") != "text":
                 continue
-            yield sse_event("content_block_start", {"type": "content_block_start", "index": index,
+            yield event_of("content_block_start", {"type": "content_block_start", "index": index,
                                                     "content_block": {"type": "text", "text": ""}})
-            yield sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
+            yield event_of("content_block_delta", {"type": "content_block_delta", "index": index,
                                                     "delta": {"type": "text_delta", "text": block["text"]}})
-            yield sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
-        yield sse_event("message_delta", {"type": "message_delta",
+            yield event_of("content_block_stop", {"type": "content_block_stop", "index": index})
+        yield event_of("message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
                                           "usage": {"output_tokens": (message.get("usage") or {}).get("output_tokens",
                                                                                                        0)}})
-        yield sse_event("message_stop", {"type": "message_stop"})
+        yield event_of("message_stop", {"type": "message_stop"})
 
 
 Dialect = type[Responses] | type[Messages]

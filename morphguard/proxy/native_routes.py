@@ -169,11 +169,10 @@ class NativeRoutes:
             span.end(end_time=ended)
         verdict = sse_event(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: record.payload()})
         if dialect.answer(checked) != message or record.action == "block":
-            out = list(dialect.synthesize({k: v for k, v in checked.items() if k != OUR_FIELD}))
-            out = [*out[:-1], verdict, out[-1]]
-        else:
-            out = [e.encode() for e in collected[:-1]]
-            out += [verdict, dialect.with_verdict(collected[-1], record.payload()).encode()]
+            collected = list(dialect.synthesize({k: v for k, v in checked.items() if k != OUR_FIELD}))
+        # the dialect's last event carries the verdict too, as a non-streamed response does
+        out = [e.encode() for e in collected[:-1]]
+        out += [verdict, dialect.with_verdict(collected[-1], record.payload()).encode()]
         return StreamingResponse(iter(out), media_type="text/event-stream", headers=kept | record.headers())
 
     async def _relayed(self, dialect: Dialect, provider: str, review: CheckRequest, span: Span,

@@ -183,3 +183,13 @@ def test_a_proxied_response_has_one_date_and_one_server_header(annotate_proxy, r
     response = post(annotate_proxy, path, body)
     names = [name.lower() for name, _ in response.headers.multi_items()]
     assert names.count("date") == 1 and names.count("server") == 1, response.headers
+
+
+@pytest.mark.parametrize("request_of", [responses("hallucinated", stream=True), messages("hallucinated", stream=True)],
+                         ids=["responses", "messages"])
+def test_a_blocked_buffered_stream_ends_with_the_verdict_in_its_last_event(block_proxy, request_of):
+    path, body = request_of
+    lines = [line for line in post(block_proxy, path, body).text.splitlines() if line.startswith("data:")]
+    last = json.loads(lines[-1][5:])
+    verdict = last["response"]["morphguard"] if path == "/v1/responses" else last["morphguard"]
+    assert last["type"] in ("response.incomplete", "message_stop") and verdict["action"] == "block"

@@ -16,7 +16,8 @@ from morphguard.telemetry import names, setup, tracer, tracing
 
 Scope = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
-_ROUTES = ("/chat/completions", "/healthz", "/readyz")
+_ROUTES = ("/chat/completions", "/responses", "/messages", "/healthz", "/readyz", "/metrics")
+_PASSED_THROUGH = "/v1/{path}"  # every other /v1 path, as one route: a span name is no place for a client's path
 
 
 class ServerSpans:
@@ -32,7 +33,7 @@ class ServerSpans:
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
         parent = propagate.extract(carrier)
         method, path = scope["method"], scope["path"]
-        route = next((r for r in _ROUTES if path.endswith(r)), None)
+        route = next((r for r in _ROUTES if path.endswith(r)), _PASSED_THROUGH if "/v1/" in path else None)
         attributes = {names.HTTP_METHOD: method, names.URL_PATH: path}
         if route:
             attributes[names.HTTP_ROUTE] = route

@@ -293,3 +293,22 @@ def test_probes_leave_no_trace_unless_configured_and_requests_still_do(llm, tmp_
     with InProcessProxy(make_config(llm, tmp_path, excluded_urls=[])) as proxy:  # the config wins
         get(proxy.url + "/healthz")
     assert [s.name for s in finished() if s.kind is SpanKind.SERVER] == ["GET /healthz"]
+
+
+def test_every_route_names_its_server_span(llm, tmp_path):
+    SPANS.clear()
+    with InProcessProxy(make_config(llm, tmp_path)) as proxy:
+        for method, path, body in (("POST", "/v1/responses", {"model": "m", "input": "Hi"}),
+                                   ("POST", "/v1/messages", {"model": "m", "max_tokens": 5,
+                                                             "messages": [{"role": "user", "content": "Hi"}]}),
+                                   ("GET", "/v1/models", None)):
+            request = urllib.request.Request(proxy.url + path, method=method,
+                                             data=json.dumps(body).encode() if body else None,
+                                             headers={"content-type": "application/json", "traceparent": TRACEPARENT})
+            try:
+                urllib.request.urlopen(request, timeout=60).read()
+            except urllib.error.HTTPError:  # the scripted provider serves chat only: its error is passed on
+                pass
+    routes = {s.name: s.attributes.get(names.HTTP_ROUTE) for s in finished() if s.kind is SpanKind.SERVER}
+    assert routes == {"POST /responses": "/responses", "POST /messages": "/messages", "GET /v1/{path}": "/v1/{path}"}
+

@@ -96,6 +96,8 @@ class Guard:
         return None
 
     async def check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
+        """The check of what the completion says, noting what it could not read (`policy.tool_calls`,
+        `policy.unreadable_output`), and blocking it where policy says so."""
         started = time.perf_counter()
         outcome = await self._check(request, completion)
         unread = self._unread(completion) if request.rag is not None else None

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 def judge_identity(config: Config, model: str | None = None) -> dict[str, Any]:
     """What tells one judge from another: its model and where it is served (the weights' hash, embedded)."""
     name = model or config.judge.model
-    if name == "local":
+    if name == LOCAL_MODEL:
         return {"model": name, "sha256": config.local.sha256}
     return {"model": name, "api_base": config.judge.api_base}
 

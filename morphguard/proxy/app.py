@@ -46,7 +46,7 @@ from morphguard.proxy.errors import (
     unchecked_route,
     upstream_unavailable,
 )
-from morphguard.proxy.gate import Gate
+from morphguard.proxy.gate import Gate, bearer_token
 from morphguard.proxy.guard import Guard, Reask, build_guard
 from morphguard.proxy.native import Messages, Responses
 from morphguard.proxy.native_routes import NativeRoutes
@@ -367,8 +367,6 @@ class Proxy:
 def _presented_key(headers: dict[str, str]) -> str | None:
     """The client's key: a bearer token (OpenAI's clients; the scheme in any case, any white space after it, as
     providers take it) or x-api-key (Anthropic's). Another scheme's value counts whole, as it always has."""
-    from morphguard.proxy.gate import bearer_token  # the one reading of Authorization
-
     authorization = headers.get("authorization", "")
     return bearer_token(authorization) or authorization.strip() or headers.get("x-api-key") or None
 

@@ -202,9 +202,7 @@ class NativeRoutes:
                 return
             finally:
                 await opened.aclose()
-            collected = dialect.collected(seen)
-            message = dialect.answer(collected) if collected is not None else {"role": "assistant",
-                                                                                 "content": "".join(parts)}
+            message = _streamed_message(dialect, seen, parts)
             telemetry.record_chat(span, provider=provider, role="upstream", request_model=review.model,
                                   response_model=None, input_tokens=None, output_tokens=None,
                                   seconds=time.perf_counter() - started, output_text=message["content"])
@@ -222,6 +220,18 @@ class NativeRoutes:
                 if span.is_recording():
                     span.end()
                 guard.account_soon(review, "client_disconnected", "".join(parts))
+
+
+def _streamed_message(dialect: Dialect, events: list[Event], deltas: list[str]) -> dict[str, Any]:
+    """A relayed stream's answer as a chat message: from the response its events assemble, or, where that is not
+    readable (its text has gone out already, so it must still be checked), from its text deltas."""
+    collected = dialect.collected(events)
+    if collected is not None:
+        try:
+            return dialect.answer(collected)
+        except ProxyError:
+            pass
+    return {"role": "assistant", "content": "".join(deltas)}
 
 
 def _record_call(span: Span, provider: str, review: CheckRequest, native: dict[str, Any], seconds: float,

@@ -1,8 +1,8 @@
-"""`morphguard demo`: the whole loop offline — proxy, upstream, one RAG request, the verdict.
+"""`morphguard demo`: the whole loop offline — proxy, upstream, two RAG requests, their verdicts.
 
 The embedded model plays both parts: it is the upstream "provider" that answers the RAG question, and
-the judge that checks the answer. The request goes through the official `openai` client, exactly as an
-application would send it after changing its base_url.
+the judge that checks the answers. The requests go through the official `openai` client, exactly as an
+application would send them after changing its base_url.
 """
 
 from __future__ import annotations

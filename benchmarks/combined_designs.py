@@ -56,15 +56,15 @@ JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary")  # those with a fit-
 HELD_OUT = ("contrast-short-qa",)
 RECORDS = ("ragtruth-data2txt",)  # answers about records: scored without the judge by every design here
 PARTS = ("direct", "restatement", "spotcheck")
-SESSION_11 = {name: features for name, features in CHANNELS.items() if name != "spotted"}
+FOUR_CHANNELS = {name: features for name, features in CHANNELS.items() if name != "spotted"}
 DESIGNS = {  # name: channels
-    "session 11: invented, contradicted, judged, misread": SESSION_11,
+    "four channels: invented, contradicted, judged, misread": FOUR_CHANNELS,
     "no judge at all: vocabulary, negated copies, record fields": {
         "invented": CHANNELS["invented"], "contradicted": ("negation_conflict",), "misread": CHANNELS["misread"]},
     "the spot check in the judged channel, beside the whole-answer verdict": {
-        **SESSION_11, "judged": ("direct", "spotcheck")},
-    "the spot check in place of the whole-answer verdict (one call fewer)": {**SESSION_11, "judged": ("spotcheck",)},
-    "session 14: the spot check a channel of its own (spotted)": {
+        **FOUR_CHANNELS, "judged": ("direct", "spotcheck")},
+    "the spot check in place of the whole-answer verdict (one call fewer)": {**FOUR_CHANNELS, "judged": ("spotcheck",)},
+    "the spot check a channel of its own (spotted)": {
         **CHANNELS, "contradicted": ("restatement", "negation_conflict")},
     "shipped: and a number put in another's place in a copy (number_conflict)": CHANNELS,
 }

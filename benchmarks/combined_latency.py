@@ -3,8 +3,8 @@
 A fixed-latency OpenAI-compatible server (benchmarks/fixed_upstream.py) stands in for a paid judge on
 loopback. The same answer, which makes the shipped weights ask all three judge parts (`direct`, a
 `restatement` of its changed copy, the spot check of its unsupported sentence), is checked `--checks` times
-with the judge's `concurrency` at 1 (each part waits for the one before, as before session 12, and as the
-embedded judge's client still queues them) and at the default 8 (the parts at once). The cascade is off
+with the judge's `concurrency` at 1 (each part waits for the one before, as the
+embedded judge's client queues them) and at the default 8 (the parts at once). The cascade is off
 (`combined: {cascade: null}`): it would hold `direct` back until the others answer. Prints the median wall
 time per check in both modes and their ratio; writes benchmarks/results/combined_latency.json.
 

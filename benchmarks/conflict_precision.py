@@ -9,8 +9,8 @@ benchmarks/results/conflict_precision.json.
 
     python benchmarks/conflict_precision.py [--half fit] [--datasets ragtruth-qa,contrast-summary,...]
 
-To compare with another version of the rules, run the same script with that version on the path, e.g. a checkout of
-session 24's code: `PYTHONPATH=/path/to/that/checkout python benchmarks/conflict_precision.py --data-dir ../shared/data
+To compare with another version of the rules, run the same script with that version on the path, e.g. an older
+checkout: `PYTHONPATH=/path/to/that/checkout python benchmarks/conflict_precision.py --data-dir ../shared/data
 --out old.json`.
 """
 

@@ -2,7 +2,7 @@
 
 For each short-context fit half in turn, the short contexts' calibration (`Weights.short_calibration`) is fitted by
 `fit.recalibrate` on the other sets' answers, the channels kept as shipped, and the held-out set is read twice: with
-the long contexts' calibration (what the check did before session 21) and with the one learnt elsewhere. Figures:
+the long contexts' calibration (as if short contexts had none of their own) and with the one learnt elsewhere. Figures:
 F1, precision and recall at the general and the sensitive threshold, AUROC, and the expected calibration error.
 Both profiles: the default (every part asked, as over a short context) and `fast` (no `direct`). Reads the judge
 parts' stored outcomes of finished runs (nothing calls the judge):
@@ -11,8 +11,8 @@ parts' stored outcomes of finished runs (nothing calls the judge):
         --detector direct,restatement,spotcheck
     python benchmarks/short_calibration.py
 
-The shipped calibrations were fitted on all three sets (`eval --fit --recalibrate`, docs/evaluation-log.md, "Session
-21"), so only these held-out rows say how well a calibration carries to a set it has not seen.
+The shipped calibrations were fitted on all three sets (`eval --fit --recalibrate`), so only these held-out rows
+say how well a calibration carries to a set it has not seen.
 """
 
 from __future__ import annotations

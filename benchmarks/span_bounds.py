@@ -5,13 +5,12 @@ flagged answer it points. This benchmark holds the first fixed to read the secon
 only the hallucinated answers are pointed at ("gated"); with none, every answer is ("ungated"). A check's span F1
 comes near the first where it flags well and falls toward the second as it flags faithful answers, so a way of
 pointing that gains at both bounds should gain for a check that reads it; the check's own runs are the proof. No
-model; seconds. Prints a table and writes benchmarks/results/span_bounds.json (session 28's grounding, before the
-pointing of session 29: benchmarks/results/span_bounds_session28.json).
+model; seconds. Prints a table and writes benchmarks/results/span_bounds.json.
 
     python benchmarks/span_bounds.py [--half fit] [--datasets ragtruth-qa,contrast-qa,...]
 
-To compare with another version of grounding, run the same script with that version on the path, e.g. a checkout of
-session 28's code: `PYTHONPATH=/path/to/that/checkout python benchmarks/span_bounds.py --data-dir ../shared/data
+To compare with another version of grounding, run the same script with that version on the path, e.g. an older
+checkout: `PYTHONPATH=/path/to/that/checkout python benchmarks/span_bounds.py --data-dir ../shared/data
 --out old.json`.
 """
 

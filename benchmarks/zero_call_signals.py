@@ -37,8 +37,8 @@ def unanchored(answer: str, passages: list[str]) -> float:
     """How far the answer's stating sentences stray from any one context sentence: the mean, over them, of the weighted
     share of a sentence's content that the context sentence it copies most does not hold (1 for a sentence sharing no
     content word). A faithful sentence mostly restates one context sentence; one that adds a claim, or joins words the
-    context uses apart, is held by none. Session 26 put it in `grounding`; no design of the combined check gave it
-    weight (docs/evaluation-log.md, sessions 26 and 27), so session 28 took it out of the check's path."""
+    context uses apart, is held by none. No design of the combined check gave it weight
+    (benchmarks/combined_designs.py), so the check does not compute it."""
     context = Context(passages)
     shares = []
     for start, end in sentences(answer):

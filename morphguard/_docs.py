@@ -76,7 +76,7 @@ def yaml_comments(text: str) -> tuple[dict[Path_, str], dict[str, str]]:
         path = tuple(key for _, key in stack)
         _, comment = _split_comment(match["rest"])
         if len(path) == 1 and pending:
-            sections[path[0]] = sentences_of([" ".join(pending)])
+            sections[path[0]] = sentences_of([" ".join(" ".join(pending).split())])
             pending = []
         by_key[path] = [*([" ".join(pending)] if pending else []), *([comment] if comment else [])]
         pending = []

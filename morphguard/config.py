@@ -143,9 +143,9 @@ class ContextSettings(Section):
 class LitellmRoute(Section):
     """Chat models whose name starts with `prefix` go through litellm (any provider) instead of the upstream."""
 
-    prefix: str
-    api_base: str | None = None
-    api_key: SecretStr | None = None
+    prefix: str  # model names starting with this go to the route
+    api_base: str | None = None  # None: litellm's default for the provider
+    api_key: SecretStr | None = None  # None: litellm reads the provider's usual environment variable
 
 
 class ProxySettings(Section):
@@ -188,17 +188,17 @@ class TopicRule(Section):
     any white space) matched on the folded text (morphguard.text.fold: look-alike letters, invisible characters,
     accents and case written one way), or regexes (matched on the text as sent and folded, case-insensitively)."""
 
-    keywords: list[str] = []
-    patterns: list[str] = []
+    keywords: list[str] = []  # whole words; `*` = any ending, a space = any white space
+    patterns: list[str] = []  # regexes
 
 
 class TopicPolicy(Section):
     """A profile's rule for one topic; unset fields come from the profile."""
 
-    threshold: float | None = Field(None, ge=0.0, le=1.0)
-    action: Action | None = None
-    escalate: bool | None = None
-    safe_message: str | None = None
+    threshold: float | None = Field(None, ge=0.0, le=1.0)  # flagged at or above it; None: the profile's
+    action: Action | None = None  # for flagged answers on this topic; None: the profile's
+    escalate: bool | None = None  # None: the profile's
+    safe_message: str | None = None  # what a blocked answer says; None: the profile's
 
 
 class ProfileSettings(Section):
@@ -217,7 +217,7 @@ class ProfileSettings(Section):
 class RouteRule(Section):
     """Selects a profile; every condition given must hold, the first matching rule wins."""
 
-    profile: str
+    profile: str  # the profile this rule selects
     api_keys: list[SecretStr] = []  # the key the client presents (Authorization: Bearer ...)
     models: list[str] = []  # glob patterns of the requested model
     headers: dict[str, str] = {}  # request headers that must have these values

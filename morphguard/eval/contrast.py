@@ -21,8 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from morphguard.detectors.focus import focus
-from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import IGNORED
+from morphguard.detectors.text import IGNORED, sentences
 from morphguard.eval.datasets import Item, Span
 
 KINDS = ("negation", "number", "entity", "qualifier", "added", "instruction")

@@ -49,7 +49,7 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.text import sentences
 from morphguard.eval import datasets, metrics
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent

@@ -20,6 +20,7 @@ from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
+from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
 DEFAULT_DETECTORS = ("combined", "grounding", "length")
@@ -30,7 +31,7 @@ class Evaluation:
     summary: dict[str, Any]
     folder: Path
     written: list[Path]
-    items: list[datasets.Item]
+    items: list[Item]
     outcomes: list[runner.Outcome]
 
 
@@ -111,7 +112,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     print(f"wrote {args.fit}: {said}; use it with combined.weights in the config", file=sys.stderr)
 
 
-def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
+def _rescore(config: Config, folder: Path, items: list[Item], name: str, current: str) -> None:
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
     stored = runner.load_outcomes(folder)

@@ -33,7 +33,7 @@ from morphguard.detectors.combined import (
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 from morphguard.models import RagInput
 

@@ -38,7 +38,7 @@ from morphguard.detectors.combined import (
     vocabulary_features,
 )
 from morphguard.detectors.grounding import Grounding, GroundingSettings
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome, ScoredSpan
 from morphguard.models import RagInput
 

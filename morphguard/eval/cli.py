@@ -15,8 +15,7 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
-from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, short_context
-from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, read_text
 from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
@@ -142,10 +141,10 @@ def _rescore(config: Config, folder: Path, items: list[Item], name: str, current
         whole = scored(name, config.with_section("combined", settings.model_copy(update={"cascade": None})), weights)
         first = scored("combined:fast", config, load_weights(None, "fast"))
         done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
-        grounding = Grounding(GroundingSettings())
-        at_once = {item.id for item in items if short_context(item.passages, settings.short_context)
-                   or grounding.measure(RagInput(question=item.question, passages=item.passages),
-                                        item.answer).features.get("quoted")}
+        # the answers the cascade asks every part at once, or none: no first stage
+        read = [read_text(RagInput(question=item.question, passages=item.passages), item.answer,
+                          settings.short_context) for item in items]
+        at_once = {item.id for item, evidence in zip(items, read, strict=True) if evidence.short or evidence.quoted}
         fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name,
                                             at_once=at_once) if o.key not in done]
     runner.append_outcomes(folder, fresh)

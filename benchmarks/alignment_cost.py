@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from morphguard.detectors.alignment import _differences, _Words, conflicts
-from morphguard.detectors.words import TOKEN
+from morphguard.detectors.text import TOKEN
 
 HERE = Path(__file__).resolve().parent
 COLOURS = ["amber", "green", "grey", "pink", "white", "black", "blue", "red"]

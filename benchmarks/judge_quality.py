@@ -47,9 +47,9 @@ from starlette.routing import Route
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
-from morphguard.detectors.spans import sentences
+from morphguard.detectors.text import sentences
 from morphguard.eval import datasets, metrics
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent

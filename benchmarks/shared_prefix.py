@@ -29,7 +29,7 @@ import httpx
 
 from morphguard.config import Config
 from morphguard.detectors.prompts import as_data, numbered, render
-from morphguard.detectors.spans import sentences
+from morphguard.detectors.text import sentences
 from morphguard.eval import datasets
 from morphguard.llm.local import shared_judge
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 from morphguard.detectors.alignment import Context
 from morphguard.detectors.combined import CHANNELS, vocabulary_features
-from morphguard.detectors.focus import statements
 from morphguard.detectors.grounding import Grounding, GroundingSettings
-from morphguard.detectors.spans import sentences
+from morphguard.detectors.text import sentences, statements
 from morphguard.eval import datasets, fit, metrics
 from morphguard.models import RagInput
 

@@ -19,9 +19,22 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cached_property
 
-from morphguard.detectors.focus import about_the_sources, pieces
-from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import IGNORED, NEGATIONS, NEGATIVE_WORDS, TOKEN, content_keys, keys, number, words
+from morphguard.detectors.text import (
+    DAYS,
+    IGNORED,
+    LIST_MARKER,
+    MONTHS,
+    NEGATIONS,
+    NEGATIVE_WORDS,
+    TOKEN,
+    about_the_sources,
+    content_keys,
+    keys,
+    number,
+    pieces,
+    sentences,
+    words,
+)
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
@@ -33,9 +46,8 @@ _QUALIFIER = re.compile(
     r"\b(?:only|usually|often|generally|typically|approximately|nearly|almost|sometimes|mostly|likely|possibly|"
     r"partially|occasionally|rarely|some|may(?!\s\d)|might|(?:about|around)(?=\s\d)|roughly|up to|at least|at most|"
     r"more than|over(?=\s\d)|less than|under(?=\s\d)|fewer than|in some|in most|in rare)\b", re.I)
-# A bullet or "5." before an answer sentence, cut off before it is aligned. `_ITEM_NUMBER`'s wider shapes only keep a
-# number from being compared: cutting "1 Spray" could change which context sentence the answer copies.
-_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s+")
+# A bullet or "5." before an answer sentence is cut off before it is aligned (text.LIST_MARKER). `_ITEM_NUMBER`'s wider
+# shapes only keep a number from being compared: cutting "1 Spray" could change which context sentence it copies.
 # The number of a list item, which states nothing: "1. Season", "2  Season", "3-Place", "1 Spray", "1To construct"
 # (a capital follows it; "40 patients were seen" opens with a claim).
 _ITEM_NUMBER = re.compile(r"[\s*•-]*\d{1,3}(?:[.)]\s|\s{2,}|\s?[-–]?\s?(?=[A-Z]))")
@@ -61,8 +73,7 @@ _STARTS = 8  # where the rarest word stands more often than this, only its first
 _SWAP = 3
 # A day or month dropped from a copy is a copy of less, even where a name takes its place ("charged a woman on
 # Thursday" -> "charged a woman, Keonna Thomas,"); a day put for another day still counts.
-_CALENDAR = frozenset("monday tuesday wednesday thursday friday saturday sunday january february march april may june "
-                      "july august september october november december".split())
+_CALENDAR = frozenset(DAYS + MONTHS)
 # A sentence that names the passages denies things of them ("Passage 3 mentions the call, but it does not say who may
 # join"), not of the world: compared with a context sentence it shares words with, its "not" would read as a negated
 # copy. (On the RAGTruth QA fit half, 4 of the 6 faithful answers with a negated copy had only such.) Its numbers and
@@ -309,7 +320,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
     read: dict[int, _Source] = {}  # the context sentences compared so far
     found: list[Conflict] = []
     for start, end in sentences(answer):
-        marker = _LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
+        marker = LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
         sentence = answer[marker.end() if marker else start:end]
         # what the sentence denies of the passages ("it does not say who may join") is no negated copy
         kinds_read = set(KINDS) - ({"negation"} if _SPEAKS_OF_SOURCES.search(sentence) else set())
@@ -399,7 +410,7 @@ def quotes_context(answer: str, passages: list[str]) -> bool:
 
 def _as_quoted(sentence: str) -> str:
     """A sentence as quotes are compared: its words, lower-cased, without a list item's marker."""
-    marker = _LIST_MARKER.match(sentence)
+    marker = LIST_MARKER.match(sentence)
     return " ".join(words(sentence[marker.end() if marker else 0:]))
 
 

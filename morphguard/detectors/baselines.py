@@ -15,11 +15,12 @@ from typing import Any
 from pydantic import Field
 
 from morphguard.config import Section
-from morphguard.detectors.focus import focus, statements
+from morphguard.detectors.focus import focus
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import locate
+from morphguard.detectors.text import statements
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
 from morphguard.models import (

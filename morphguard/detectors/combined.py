@@ -26,7 +26,7 @@ import json
 import math
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +37,6 @@ from morphguard.config import Section
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
-from morphguard.detectors.focus import statements
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
@@ -46,6 +45,7 @@ from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
+from morphguard.detectors.text import statements
 from morphguard.llm.client import LLMClient
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
@@ -270,6 +270,67 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
     return Weights.model_validate(json.loads(text))
 
 
+@dataclass(frozen=True)
+class TextEvidence:
+    """What the text of one check says without a judge, read once: grounding's measure (unsupported words, changed
+    copies, records, instructions, quotes), whether the answer is a short changed copy, and whether its context is
+    short. The check, `eval --rescore` and `eval --fit` all read an answer through this and `judged_values`."""
+
+    grounding: Detection
+    short_copy: bool  # `short_changed_copy`
+    short: bool  # `short_context`
+
+    @property
+    def features(self) -> dict[str, float]:
+        return self.grounding.features
+
+    @property
+    def quoted(self) -> bool:
+        """Every stating sentence is a context sentence as written: no judge is asked about it."""
+        return bool(self.features.get("quoted"))
+
+    def about_record(self, weights: Weights) -> bool:
+        """Whether `weights` score the answer without the judge, as one about a structured record."""
+        return weights.reads_record(self.features)
+
+    def judged(self, weights: Weights) -> bool:
+        """Whether the check asks the judge anything about the answer."""
+        return not self.about_record(weights) and not self.quoted
+
+    def staged(self, weights: Weights) -> bool:
+        """Whether a cascade holds `direct` back for the answer (a first stage decides whether to ask it)."""
+        return self.judged(weights) and not self.short
+
+
+def read_text(rag: RagInput, answer: str, short_limit: int) -> TextEvidence:
+    """The text evidence of one check (`TextEvidence`); pure Python over the whole context, so a caller on the event
+    loop runs it in a thread."""
+    grounded = Grounding(GroundingSettings()).measure(rag, answer)
+    return TextEvidence(grounded, short_changed_copy(answer, grounded.features), short_context(rag.passages,
+                                                                                                short_limit))
+
+
+def judged_values(evidence: TextEvidence, judged: Mapping[str, float], read: Collection[str],
+                  record: bool = False) -> dict[str, float]:
+    """The fusion's inputs for one answer: what the judge parts said (`judged`, by their `JUDGE_FEATURES` names; a
+    part absent did not run) with the text evidence. An answer about a record (`record`) reads the text alone; one
+    that quotes its context reads as undoubted by every part in `read`."""
+    if record:
+        return vocabulary_features(evidence.features)
+    if evidence.quoted:
+        return undoubted(evidence.features, read)
+    return features(judged.get("direct"), judged.get("restatement"),
+                    [judged["factoid_max"]] if "factoid_max" in judged else None, evidence.features,
+                    judged.get("spotcheck"))
+
+
+def fused(weights: Weights, evidence: TextEvidence, values: Mapping[str, float], short: bool | None = None) -> float:
+    """The answer's probability: `values` through `weights`, with the floors (`answer_probability`). `short`: which
+    calibration reads it (default: the evidence's own; a cascade's first stage reads the long contexts')."""
+    return answer_probability(weights, values, evidence.features, evidence.short_copy,
+                              evidence.short if short is None else short)
+
+
 # `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
 # little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
@@ -343,7 +404,6 @@ class Combined:
         self.band = settings.cascade or (0.0, 1.0)
         self.short_context = settings.short_context
         read = self.weights.features | (self.first.features if self.first else set())
-        self.grounding = Grounding(GroundingSettings())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
                        if "direct" in read else None)
         self.restatement = (RestatementJudge(llm, RestatementSettings(model=settings.model))
@@ -355,35 +415,30 @@ class Combined:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        grounded = await self.grounding.detect(rag, answer)
-        # Counting the stating sentences reads the whole answer (a tenth of a second for a hostile 2 MB one): off the
-        # event loop, as grounding is, and once for both stages.
-        short_copy = await asyncio.to_thread(short_changed_copy, answer, grounded.features)
-        record = self.weights.reads_record(grounded.features)
-        quoted = bool(grounded.features.get("quoted"))
-        short = short_context(rag.passages, self.short_context)
-        held_back = self.first is not None and not record and not quoted and not short
+        # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
+        # the event loop, once for both stages.
+        evidence = await asyncio.to_thread(read_text, rag, answer, self.short_context)
+        grounded = evidence.grounding
+        record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
+        held_back = self.first is not None and evidence.staged(self.weights)
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
         # answer about a record asks none (Weights.record_calibration), nor does one that quotes its context.
-        asked = {} if record or quoted else await _all_at_once(
+        asked = {} if not evidence.judged(self.weights) else await _all_at_once(
             {"direct": None if held_back else self.direct, "restatement": self.restatement,
              "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
         weights, first_stage = self.weights, None
         if held_back:
             assert self.first is not None
-            first_stage = answer_probability(self.first, _values(asked, grounded.features), grounded.features,
-                                             short_copy)
+            first_stage = fused(self.first, evidence, judged_values(evidence, _said(asked), ()), short=False)
             if asks_direct(first_stage, self.band) and self.direct is not None:
                 asked["direct"] = await self.direct.detect(rag, answer)
             else:
                 weights = self.first
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
-        values = (vocabulary_features(grounded.features) if record
-                  else undoubted(grounded.features, self.weights.features) if quoted
-                  else _values(asked, grounded.features))
-        score = answer_probability(weights, values, grounded.features, short_copy, short)
+        values = judged_values(evidence, _said(asked), self.weights.features, record)
+        score = fused(weights, evidence, values)
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:
@@ -426,12 +481,12 @@ async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answ
     return {name: detection for (name, _), detection in zip(named, found, strict=True)}
 
 
-def _values(asked: Mapping[str, Detection], grounding: Mapping[str, float]) -> dict[str, float]:
-    """The features of what the judge parts that were asked said, with grounding's."""
-    direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck", "factoids"))
-    return features(direct.score if direct else None, restated.score if restated else None,
-                    [f.score for f in factoids.factoids] if factoids else None, grounding,
-                    spotted.score if spotted else None)
+def _said(asked: Mapping[str, Detection]) -> dict[str, float]:
+    """What the judge parts that were asked said, by their `JUDGE_FEATURES` names."""
+    said = {name: part.score for name, part in asked.items() if name != "factoids"}
+    if "factoids" in asked:
+        said["factoid_max"] = max((f.score for f in asked["factoids"].factoids), default=0.0)
+    return said
 
 
 def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Factoid],

@@ -1,5 +1,4 @@
-"""Cheap front ends for a fast check: an answer's statements without an LLM, and the part of the context
-they are about.
+"""The part of the context a fast check sends: the sentences most relevant to the claims it asks about.
 
 On the embedded judge reading is the cost that remains once generation is cut down: every context token
 is computed once per check at ~100 tokens/s on two cores. A check that sends only the context sentences
@@ -10,42 +9,10 @@ that shares no content word with a statement can rarely confirm or refute it.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 
-from morphguard.detectors.spans import content_words, sentences
-
-# Sentence ends: . ! ? followed by a space (so "3.5" and "U.S." inside words stay whole), and line breaks.
-_BREAK = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9*•-])|\n+")
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
-# Words that talk about the retrieval rather than the world: a sentence made only of them states no fact.
-_META = frozenset(
-    "based provided passage passages context information given question answer answers mentioned according "
-    "summary overall therefore however confidently confident sure help hope following here below above".split()
-)
-
-
-def statements(answer: str, limit: int = 16) -> list[str]:
-    """The answer's sentences and list items that state something, in order, as written.
-
-    Dropped: intros ending in a colon ("Based on the passages, the reasons are:") and sentences whose
-    content words all talk about the passages or the answering itself.
-    """
-    out = [text for text in pieces(answer) if not text.endswith(":") and len(content_words(text) - _META) >= 2]
-    return out[:limit]
-
-
-def pieces(answer: str) -> list[str]:
-    """The answer's sentences and list items, as written, without a list item's marker."""
-    return [text for piece in _BREAK.split(answer) if (text := _BULLET.sub("", piece).strip())]
-
-
-def about_the_sources(text: str) -> bool:
-    """Whether every content word of `text` talks about the passages or the answering ("Based on the passages:").
-    A bare "No." has no content word, and so says something."""
-    words = content_words(text)
-    return bool(words) and words <= _META
+from morphguard.detectors.text import content_words, sentences
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from morphguard.detectors.injection import instructions
 from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.records import check_records, claim_around
 from morphguard.detectors.registry import DetectorSpec, register
-from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import IGNORED, NUMBER_WORDS, TOKEN, keys, vocabulary
+from morphguard.detectors.text import IGNORED, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 

@@ -28,7 +28,8 @@ from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.replies import json_list, json_object, strings
-from morphguard.detectors.spans import locate, sentences
+from morphguard.detectors.spans import locate
+from morphguard.detectors.text import sentences
 from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient
 from morphguard.models import (

@@ -27,9 +27,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 
-from morphguard.detectors.spans import sentences
+from morphguard.detectors.text import DAYS, sentences
 
-DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 WEEK = frozenset(range(7))
 REACH = 200  # characters either side of a day expression in which its clause is looked for
 # "every day" forms in lower case only: "Our Daily Bread" is a name.

@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field
 
 from morphguard.config import Section
-from morphguard.detectors import focus, scoring
+from morphguard.detectors import focus, scoring, text
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
@@ -143,7 +143,7 @@ class MetaRAG:
         stats = DetectionStats()
 
         if self.options.decompose == "sentences":
-            statements = focus.statements(answer, self.options.max_factoids)
+            statements = text.statements(answer, self.options.max_factoids)
         else:
             statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]

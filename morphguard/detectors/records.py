@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from morphguard.detectors.hours import misstated, schedule
-from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import HUMP, NEGATIONS, keys
+from morphguard.detectors.text import DAYS, HUMP, NEGATIONS, keys, sentences
 from morphguard.models import Evidence
 
 VERSION = 2  # of the rules here and in `hours` (2: hours read day by day; what is said to be unknown is no claim)
@@ -46,7 +45,6 @@ REACH_AHEAD = 6  # "garage, street, and valet parking are not"
 BE = frozenset({"is", "are", "was", "were", "be", "been"})
 BE_NOT = frozenset({"isn't", "aren't", "wasn't", "weren't"})
 UNAVAILABLE = frozenset({"unavailable", "absent", "lacking"})
-DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 # A statement that the record is silent on a field ("reservations are not mentioned", "the data does not include
 # WiFi or parking") claims nothing about it; "does not provide WiFi" does, so "provide" is not among the verbs.
 UNSAID = re.compile(r"\b(?:is|are|was|were|be)\s+not\s+(?:mentioned|specified|listed|stated|given|indicated|disclosed"

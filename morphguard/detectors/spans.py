@@ -5,25 +5,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from morphguard.detectors.text import CLAUSE, RELEVANCE_WORD, content_words, sentences
 from morphguard.models import Evidence
-
-_WORD = re.compile(r"\w+(?:[-'’]\w+)*", re.UNICODE)
-_SENTENCE = re.compile(r"[^.!?;\n]+[.!?;]*", re.UNICODE)
-_STOPWORDS = frozenset(
-    "a an the and or of to in on at for by with from as is are was were be been being it its this that these those "
-    "which who whom whose there their they them he she his her we our you your i me my not no do does did has have had "
-    "can could will would should may might must also than then so if but".split()
-)
-
-
-def content_words(text: str) -> set[str]:
-    return {w.lower() for w in _WORD.findall(text) if w.lower() not in _STOPWORDS}
 
 
 def locate(factoid: str, answer: str, min_overlap: float = 0.4) -> tuple[int, int] | None:
     """The (start, end) of the answer text a factoid restates, or None when nothing matches well enough.
 
-    An exact (case-insensitive) occurrence wins. Otherwise the answer sentence sharing the largest share
+    An exact (case-insensitive) occurrence wins. Otherwise the answer clause (`text.CLAUSE`) sharing the largest share
     of the factoid's content words is chosen, and the span is narrowed to the first and last shared word.
     """
     needle = factoid.strip().rstrip(".!?").strip()
@@ -35,37 +24,13 @@ def locate(factoid: str, answer: str, min_overlap: float = 0.4) -> tuple[int, in
     if not wanted:
         return None
     best: tuple[float, int, int] | None = None
-    for sentence in _SENTENCE.finditer(answer):
-        shared = wanted & content_words(sentence.group())
+    for clause in CLAUSE.finditer(answer):
+        shared = wanted & content_words(clause.group())
         overlap = len(shared) / len(wanted)
         if overlap >= min_overlap and (best is None or overlap > best[0]):
-            hits = [m for m in _WORD.finditer(sentence.group()) if m.group().lower() in shared]
-            best = (overlap, sentence.start() + hits[0].start(), sentence.start() + hits[-1].end())
+            hits = [m for m in RELEVANCE_WORD.finditer(clause.group()) if m.group().lower() in shared]
+            best = (overlap, clause.start() + hits[0].start(), clause.start() + hits[-1].end())
     return (best[1], best[2]) if best else None
-
-
-# A sentence ends at . ! ? followed by white space (so "3.5" and "U.S.-based" stay whole) or at a line
-# break; a list marker ("5." or "5)" opening a line) belongs to the item it numbers.
-_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)|\n")
-_LIST_MARKER = re.compile(r"\s*(?:\d{1,3}[.)]|[-*•])\s*")
-
-
-def sentences(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each sentence of `text`, stripped of surrounding spaces."""
-    cuts = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        if not _LIST_MARKER.fullmatch(text, start, match.end()):
-            cuts.append((start, match.end()))
-            start = match.end()
-    cuts.append((start, len(text)))
-    out = []
-    for start, end in cuts:
-        raw = text[start:end]
-        start, end = start + len(raw) - len(raw.lstrip()), end - (len(raw) - len(raw.rstrip()))
-        if end > start:
-            out.append((start, end))
-    return out
 
 
 def align_evidence(statement: str, passages: list[str]) -> Evidence | None:

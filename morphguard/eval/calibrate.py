@@ -21,14 +21,15 @@ from morphguard.detectors import resolve
 from morphguard.detectors.judges import judge_identity
 from morphguard.detectors.sentences import SentencesSettings, fused, log_odds
 from morphguard.errors import MorphguardError
-from morphguard.eval import datasets, fit, metrics, thresholds
+from morphguard.eval import fit, metrics, thresholds
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 MIN_LABELS = 5  # of each kind, below which a calibration says nothing
 
 
-def fitted(items: list[datasets.Item], outcomes: list[Outcome], config: Config, *,
+def fitted(items: list[Item], outcomes: list[Outcome], config: Config, *,
            recall: float = 0.75) -> dict[str, Any]:
     """The calibration of the `sentences` check from its outcomes on labelled `items`."""
     by_id = {o.item_id: o for o in outcomes if o.detector == "sentences" and o.error is None and o.repeat == 0}

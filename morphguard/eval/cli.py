@@ -15,11 +15,11 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, fingerprint, resolve
-from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, short_context
-from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, read_text
 from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
+from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
 DEFAULT_DETECTORS = ("combined", "grounding", "length")
@@ -30,7 +30,7 @@ class Evaluation:
     summary: dict[str, Any]
     folder: Path
     written: list[Path]
-    items: list[datasets.Item]
+    items: list[Item]
     outcomes: list[runner.Outcome]
 
 
@@ -111,7 +111,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     print(f"wrote {args.fit}: {said}; use it with combined.weights in the config", file=sys.stderr)
 
 
-def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str, current: str) -> None:
+def _rescore(config: Config, folder: Path, items: list[Item], name: str, current: str) -> None:
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
     stored = runner.load_outcomes(folder)
@@ -141,10 +141,10 @@ def _rescore(config: Config, folder: Path, items: list[datasets.Item], name: str
         whole = scored(name, config.with_section("combined", settings.model_copy(update={"cascade": None})), weights)
         first = scored("combined:fast", config, load_weights(None, "fast"))
         done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
-        grounding = Grounding(GroundingSettings())
-        at_once = {item.id for item in items if short_context(item.passages, settings.short_context)
-                   or grounding.measure(RagInput(question=item.question, passages=item.passages),
-                                        item.answer).features.get("quoted")}
+        # the answers the cascade asks every part at once, or none: no first stage
+        read = [read_text(RagInput(question=item.question, passages=item.passages), item.answer,
+                          settings.short_context) for item in items]
+        at_once = {item.id for item, evidence in zip(items, read, strict=True) if evidence.short or evidence.quoted}
         fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name,
                                             at_once=at_once) if o.key not in done]
     runner.append_outcomes(folder, fresh)

@@ -21,9 +21,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 
 from morphguard.detectors.focus import focus
-from morphguard.detectors.spans import sentences
-from morphguard.detectors.words import IGNORED
-from morphguard.eval.datasets import Item, Span
+from morphguard.detectors.text import IGNORED, sentences
+from morphguard.eval.items import Item, Span
 
 KINDS = ("negation", "number", "entity", "qualifier", "added", "instruction")
 FORMS = ("contrast", "contrast-short", "contrast-brief")  # whole answers; the changed sentence; that over a paragraph

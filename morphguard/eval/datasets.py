@@ -15,10 +15,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from morphguard.config import Config
 from morphguard.errors import MorphguardError
+from morphguard.eval import contrast
+from morphguard.eval.items import Item, Span
 
 # What each RAGTruth / FaithBench generator was asked to do, restated as the "question" a detector sees.
 _TASK_QUESTIONS = {
@@ -28,30 +30,6 @@ _TASK_QUESTIONS = {
 }
 
 _RAGTRUTH_TASKS = {"qa": "QA", "summary": "Summary", "data2txt": "Data2txt"}
-
-
-class Span(BaseModel):
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
-
-
-class Item(BaseModel):
-    id: str
-    task: str
-    question: str
-    passages: list[str]
-    answer: str
-    hallucinated: bool
-    spans: list[Span] | None = None  # None: the dataset has no span labels for this item
-    # Items that share a source (RAGTruth: one context answered by six models; a contrast pair) share a group,
-    # and a group is never split between the fit and the report half. None: the item is its own group.
-    group: str | None = None
-    topic: str | None = None  # the policy topic, where the source recorded one (reviews); else the tagger's
-
-    @field_validator("passages", mode="before")
-    @classmethod
-    def _passages(cls, value: object) -> object:
-        return [value] if isinstance(value, str) else value
 
 
 class DatasetError(MorphguardError):
@@ -77,8 +55,6 @@ def load(name: str, data_dir: Path | None = None, config: Config | None = None) 
         return list(load_ragtruth(data_dir / "ragtruth" / f"test_{name.removeprefix('ragtruth-')}.jsonl"))
     for base in ("contrast-brief", "contrast-short", "contrast"):
         if name == base or name.startswith(f"{base}-") and name.removeprefix(f"{base}-") in _RAGTRUTH_TASKS:
-            from morphguard.eval import contrast  # it builds on this module's items
-
             return list(contrast.build(load(name.replace(base, "ragtruth"), data_dir), form=base))
     if name == "halueval":
         return list(load_halueval(data_dir / "halueval" / "RUCAIBox_HaluEval" / "generation" / "qa"

@@ -24,16 +24,13 @@ from morphguard.detectors.combined import (
     UNJUDGED_CHANNELS,
     Channel,
     Weights,
-    features,
+    judged_values,
     log_odds,
+    read_text,
     reads,
-    short_context,
-    undoubted,
-    vocabulary_features,
 )
-from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.errors import MorphguardError
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 from morphguard.models import RagInput
 
@@ -50,26 +47,22 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
     for o in outcomes:
         if o.repeat == 0 and o.error is None and o.detector in parts:
             by_item[o.item_id][o.detector] = o
-    grounding = Grounding(GroundingSettings())
+    read = {f for p, f in zip(PARTS, JUDGE_FEATURES, strict=True) if p in parts}
     values, labels, groups, short = [], [], [], []
     for item in items:
         scored = by_item.get(item.id, {})
         if len(scored) < len(parts):
             continue
-        grounded = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer).features
-        if not parts:
-            values.append(vocabulary_features(grounded))
-        elif grounded.get("quoted"):  # the check asks no judge about an answer quoting its context
-            values.append(undoubted(grounded, {f for p, f in zip(PARTS, JUDGE_FEATURES, strict=True) if p in parts}))
-        else:
-            direct = scored["direct"].score or 0.0 if "direct" in parts else None
-            restated = scored["restatement"].score or 0.0 if "restatement" in parts else None
-            factoids = scored["metarag:factoids"].factoid_scores if "metarag:factoids" in parts else None
-            spotted = scored["spotcheck"].score or 0.0 if "spotcheck" in parts else None
-            values.append(features(direct, restated, factoids, grounded, spotted))
+        evidence = read_text(RagInput(question=item.question, passages=item.passages), item.answer, short_limit)
+        said = {f: scored[p].score or 0.0 for p, f in zip(PARTS, JUDGE_FEATURES, strict=True)
+                if p in parts and p != "metarag:factoids"}
+        if "metarag:factoids" in parts:
+            said["factoid_max"] = max(scored["metarag:factoids"].factoid_scores, default=0.0)
+        # with no parts, the features that need no judge (an answer that quotes its context is undoubted by none)
+        values.append(judged_values(evidence, said, read))
         labels.append(item.hallucinated)
         groups.append(item.group or item.id)
-        short.append(short_context(item.passages, short_limit))
+        short.append(evidence.short)
     return values, labels, groups, short
 
 

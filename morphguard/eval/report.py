@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from morphguard.eval import metrics
-from morphguard.eval.datasets import Item, split
+from morphguard.eval.datasets import split
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 
 CAVEAT = ("RAGTruth here is a partial third-party test subset (see ../shared/data/ragtruth/README.md): "

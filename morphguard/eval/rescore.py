@@ -29,16 +29,12 @@ from collections.abc import Collection, Mapping, Sequence
 from morphguard.detectors.combined import (
     JUDGE_FEATURES,
     Weights,
-    answer_probability,
     asks_direct,
-    features,
-    short_changed_copy,
-    short_context,
-    undoubted,
-    vocabulary_features,
+    fused,
+    judged_values,
+    read_text,
 )
-from morphguard.detectors.grounding import Grounding, GroundingSettings
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome, ScoredSpan
 from morphguard.models import RagInput
 
@@ -76,7 +72,6 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     current_parts = parts or {}
     own = {(o.item_id, o.repeat, o.detector): o for o in stored
            if o.detector in OWN_OUTCOME and o.error is None and o.fingerprint == current_parts.get(o.detector)}
-    grounding = Grounding(GroundingSettings())
     fresh: dict[tuple[str, int, str], Outcome] = {}
     for old in stored:
         item = by_id.get(old.item_id)
@@ -86,21 +81,20 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         rerun = {p: own[(old.item_id, old.repeat, p)] for p in OWN_OUTCOME if (old.item_id, old.repeat, p) in own}
         joined = {p: part for p, part in rerun.items() if p not in old.features}  # new to it: cost and all
         judge = dict(old.features) | {p: part.score or 0.0 for p, part in rerun.items()}
-        measured = grounding.measure(RagInput(question=item.question, passages=item.passages), item.answer)
-        grounded = measured.features
-        record = weights.reads_record(grounded)
-        unjudged = record or bool(grounded.get("quoted"))  # the check asks no judge about it
+        evidence = read_text(RagInput(question=item.question, passages=item.passages), item.answer, short_limit)
+        measured = evidence.grounding
+        record = evidence.about_record(weights)
+        unjudged = not evidence.judged(weights)
         # a stored outcome that asked no judge (a quote, under the rule of then) holds stand-ins, not replies
         stand_in = old.llm_calls == 0 and any(f in old.features for f in JUDGE_FEATURES)
         if not unjudged and (stand_in or any(f not in judge for f in needed) or
                              any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
             continue
-        values = (vocabulary_features(grounded) if record else undoubted(grounded, needed) if unjudged else
-                  features(judge["direct"] if "direct" in needed else None, judge.get("restatement"),
-                           [judge["factoid_max"]] if "factoid_max" in needed else None, grounded,
-                           judge.get("spotcheck")))
-        score = answer_probability(weights, values, grounded, short_changed_copy(item.answer, grounded),
-                                   short_context(item.passages, short_limit))
+        # `direct` and the factoids' verdict as far as the weights read them; the parts an own outcome can add, as found
+        said = {} if unjudged else {f: judge[f] for f in JUDGE_FEATURES
+                                    if f in (needed if f in ("direct", "factoid_max") else judge)}
+        values = judged_values(evidence, said, needed, record)
+        score = fused(weights, evidence, values)
         # The spans were scored on the answer's probability (combined._implicated): rescaled to the new one.
         ratio = score / old.score if old.score else 0.0
         kept = [] if unjudged else old.factoid_spans

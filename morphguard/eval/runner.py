@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from morphguard.detectors import Detector
 from morphguard.errors import MorphguardError
-from morphguard.eval.datasets import Item, Span
+from morphguard.eval.items import Item, Span
 from morphguard.models import RagInput
 
 log = logging.getLogger(__name__)

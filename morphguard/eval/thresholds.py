@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from morphguard.config import PolicySettings
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 from morphguard.models import RagInput
 from morphguard.policy.topics import TopicTagger

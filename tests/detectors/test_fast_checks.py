@@ -10,6 +10,7 @@ import pytest
 from morphguard.detectors import build_detector
 from morphguard.detectors.relations import negate
 from morphguard.eval import datasets
+from morphguard.eval.items import Item
 from morphguard.models import RagInput, VariantKind
 from tests.detectors.scripted_judge import _tag
 from tests.scripted_llm import ScriptedLLM, completion
@@ -122,7 +123,7 @@ def qa_items():
     except datasets.DatasetError:  # without the shared data: three long-context stand-ins
         context = [" ".join(f"Sentence {i} of passage {p} says something specific." for i in range(12))
                    for p in range(3)]
-        return [datasets.Item(id=str(i), task="QA", question="What do the passages say?", passages=context,
+        return [Item(id=str(i), task="QA", question="What do the passages say?", passages=context,
                               answer=" ".join(f"Claim {j} is stated." for j in range(6)), hallucinated=False)
                 for i in range(3)]
 

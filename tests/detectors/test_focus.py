@@ -1,6 +1,7 @@
 """The fast check's front ends: statements without an LLM, and the context cut to what they are about."""
 
-from morphguard.detectors.focus import focus, statements
+from morphguard.detectors.focus import focus
+from morphguard.detectors.text import statements
 
 
 def test_statements_are_sentences_and_list_items_that_state_something():

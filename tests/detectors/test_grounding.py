@@ -79,7 +79,7 @@ def check_with(context, answer):
 
 
 def test_a_long_token_is_keyed_without_taking_a_place_in_the_shared_cache():
-    from morphguard.detectors.words import CACHED_TOKEN_CHARS, _cached_keys, keys
+    from morphguard.detectors.text import CACHED_TOKEN_CHARS, _cached_keys, keys
 
     before = _cached_keys.cache_info().currsize
     long = "x" * (CACHED_TOKEN_CHARS + 1)

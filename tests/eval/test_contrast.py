@@ -6,9 +6,9 @@ from collections import Counter
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
-from morphguard.detectors.spans import sentences
+from morphguard.detectors.text import sentences
 from morphguard.eval import contrast, datasets, metrics
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
 

@@ -130,3 +130,18 @@ def test_the_calibration_split_never_separates_a_group():
     dev, test = datasets.split(items)
     assert {i.group for i in dev}.isdisjoint({i.group for i in test})
     assert len(dev) + len(test) == len(items)
+
+
+def test_the_contrast_builder_reads_items_without_importing_the_readers_that_call_it():
+    """`datasets` loads `contrast` sets by calling `contrast.build`; `contrast` builds on `items` alone, so the two
+    modules import one way only."""
+    import ast
+    from pathlib import Path
+
+    import morphguard.eval.contrast as contrast_module
+
+    tree = ast.parse(Path(contrast_module.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "morphguard.eval.items" in imported
+    assert not {name for name in imported if name.startswith("morphguard.eval.datasets")}

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from morphguard.eval import report
-from morphguard.eval.datasets import Item, Span
+from morphguard.eval.items import Item, Span
 from morphguard.eval.runner import Outcome, ScoredSpan
 
 ITEMS = [Item(id=f"i{n}", task="QA" if n < 4 else "Summary", question="q", passages=["p"],

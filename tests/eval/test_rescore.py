@@ -1,5 +1,5 @@
 from morphguard.detectors.combined import Channel, Weights
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.rescore import cascade, rescore, unfinished
 from morphguard.eval.runner import Outcome, ScoredSpan
 

@@ -7,7 +7,7 @@ import pytest
 
 from morphguard.errors import MorphguardError
 from morphguard.eval import runner
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.models import Detection, Factoid, RagInput
 
 ITEMS = [Item(id=f"i{n}", task="QA", question="q", passages=["p"], answer=f"answer {n}", hallucinated=n % 2 == 1)

@@ -1,7 +1,7 @@
 import yaml
 
 from morphguard.config import PolicySettings
-from morphguard.eval.datasets import Item
+from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome
 from morphguard.eval.thresholds import propose, snippet, threshold_for
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 from starlette.responses import Response
 
 from morphguard import telemetry

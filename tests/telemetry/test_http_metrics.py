@@ -10,8 +10,13 @@ import urllib.request
 import pytest
 
 from morphguard.telemetry import names
-from tests.telemetry.test_telemetry import METRICS, InProcessProxy, make_config, post
-from tests.telemetry.test_telemetry import llm  # noqa: F401  (the scripted upstream and judge)
+from tests.telemetry.test_telemetry import (
+    METRICS,
+    InProcessProxy,
+    llm,  # noqa: F401  (the scripted upstream and judge)
+    make_config,
+    post,
+)
 
 
 def _points() -> dict[str, list]:
@@ -64,7 +69,8 @@ def test_requests_are_measured_by_method_route_and_status(llm, tmp_path):  # noq
 
 def test_an_unknown_method_and_path_stay_bounded_labels(llm, tmp_path):  # noqa: F811
     with InProcessProxy(make_config(llm, tmp_path)) as proxy:
-        request = urllib.request.Request(proxy.url + "/v1/made-up-path-12345", method="PROPFIND")  # WebDAV: HTTP, not one of the known methods
+        # PROPFIND (WebDAV): HTTP, but not one of the methods the conventions name
+        request = urllib.request.Request(proxy.url + "/v1/made-up-path-12345", method="PROPFIND")
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(request, timeout=30)
     points = _points()[names.METRIC_HTTP_DURATION]

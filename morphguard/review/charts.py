@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-WIDTH, HEIGHT, LEFT, BOTTOM = 520, 200, 110, 24
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 520, 200, 110, 24, 12
 _LEGEND_ROW, _CHAR = 16, 6.5  # a legend row's height; the width of a character at the legend's size
 
 
@@ -96,11 +96,11 @@ def precision_over_time(scores: list[tuple[str, str, float, str]]) -> Chart:
         for x, day in zip(xs, days, strict=True):
             if day in by_day:
                 confirmed, dismissed = by_day[day]
-                dots.append((x, plot - plot * confirmed / (confirmed + dismissed)))
+                dots.append((x, plot - (plot - TOP) * confirmed / (confirmed + dismissed)))
         chart.lines.append(Line(topic, " ".join(f"{x:.1f},{y:.1f}" for x, y in dots), series % 4, dots))
     chart.keys([(series % 4, topic) for series, topic in enumerate(sorted(counts))])
     chart.axis = [(x, day[5:]) for x, day in zip(xs, days, strict=True)]
-    chart.axis_values = [(plot - plot * share, f"{share:.0%}") for share in (0.0, 0.5, 1.0)]
+    chart.axis_values = [(plot - (plot - TOP) * share, f"{share:.0%}") for share in (0.0, 0.5, 1.0)]
     return chart
 
 

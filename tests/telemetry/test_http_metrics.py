@@ -132,3 +132,14 @@ def test_upstream_calls_carry_the_server_the_response_model_and_a_failures_type(
     assert any(p.attributes.get(names.SERVER_PORT) == 9 and p.count >= 1 for p in failed)
     assert all(p.attributes[names.ERROR_TYPE].isidentifier() or p.attributes[names.ERROR_TYPE].isdigit()
                for p in failed)
+
+
+def test_a_judge_call_that_fails_is_timed_with_its_error_type(llm, tmp_path):  # noqa: F811
+    config = make_config(llm, tmp_path)
+    config = config.model_copy(update={"judge": config.judge.model_copy(
+        update={"api_base": "http://127.0.0.1:9/v1", "max_attempts": 1, "timeout_s": 2, "probe": "warn"})})
+    with InProcessProxy(config) as proxy:
+        post(proxy.url)  # the check fails and the general profile fails open: still a 200
+    failed = [p for p in _points()[names.METRIC_DURATION]
+              if p.attributes[names.ROLE] == "judge" and names.ERROR_TYPE in p.attributes]
+    assert failed and all(p.attributes[names.ERROR_TYPE].isidentifier() for p in failed)

@@ -144,6 +144,8 @@ def startup_line(config: Config, config_path: Path | None, host: str, port: int,
     judge = config.judge.model
     if judge == "local":
         judge = f"embedded {config.local.filename}"
+        if config.local.base_url:  # a llama.cpp server already running, not started here
+            judge += f" at {without_credentials(config.local.base_url)}"
     elif config.judge.api_base:
         judge += f" at {without_credentials(config.judge.api_base)}"
     audit = (without_credentials(config.store.url) if config.store.url else f"sqlite {config.policy.audit.path}") \

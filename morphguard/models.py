@@ -92,6 +92,7 @@ class Factoid(BaseModel):
     score: float
     label: Label | None = None  # what the context says of it, where the detector can tell
     evidence: list[Evidence] = Field(default_factory=list)  # context that supports or refutes it
+    reason: str = ""  # why the check scored it so, in a reviewer's words (the words the context lacks, ...)
     variants: list[Variant] = Field(default_factory=list)
 
 

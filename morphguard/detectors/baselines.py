@@ -111,7 +111,8 @@ class DirectJudge:
             for text in strings(json_list(reply.text, "unsupported")):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,
-                                        score=score, label="unsupported"))
+                                        score=score, label="unsupported",
+                                        reason="the judge names it as not supported by the passages"))
         stage = StageCost(seconds=reply.seconds)
         stage.count(reply)
         return Detection(

@@ -50,6 +50,19 @@ class SentenceReport:
     unsupported: list[Word]
 
 
+def missing_words(words: list[Word], shown: int = 8) -> str:
+    """A reviewer's reason for an unsupported claim: the words of it the context does not contain."""
+    unique = list(dict.fromkeys(w.text for w in words))
+    more = f" and {len(unique) - shown} more" if len(unique) > shown else ""
+    return "not in the context: " + ", ".join(unique[:shown]) + more if unique else "not stated by the context"
+
+
+def changed_copy(found: list[Conflict]) -> str:
+    """A reviewer's reason for a changed copy: which kinds of change it makes to its context sentence."""
+    kinds = ", ".join(dict.fromkeys(c.kind for c in found))
+    return f"copies a context sentence but changes it ({kinds})"
+
+
 def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
     """Per answer sentence: its content words, and those the context does not contain."""
     known = vocabulary(passages)
@@ -156,18 +169,21 @@ class Grounding:
             if own:  # a changed copy: the whole sentence is the claim in question
                 factoids.append(Factoid(text=answer[r.start:r.end], start=r.start, end=r.end, label="contradicted",
                                         score=self._score(self.weight(r.unsupported, own)),
-                                        evidence=[own[0].evidence]))
+                                        evidence=[own[0].evidence], reason=changed_copy(own)))
             elif not about_record and (claim := unsupported_claim(r)):
                 start, end = claim
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
-                                        score=self._score(self.weight(r.unsupported))))
+                                        score=self._score(self.weight(r.unsupported)),
+                                        reason=missing_words(r.unsupported)))
         for m in misread:  # the claim that states the field, not just its words
             start, end = (m.start, m.end) if m.exact else claim_around(answer, m.start, m.end)
             factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",
                                     score=self._score(self.settings.conflict_weight),
-                                    evidence=[m.evidence] if m.evidence else []))
+                                    evidence=[m.evidence] if m.evidence else [],
+                                    reason=f"states the record's field {m.field!r} otherwise than the record"))
         factoids += [Factoid(text=answer[a:b], start=a, end=b, label="unsupported",
-                             score=self._score(self.settings.instruction_weight)) for a, b in planted]
+                             score=self._score(self.settings.instruction_weight),
+                             reason="addresses the checker: an instruction in the answer") for a, b in planted]
         features = {
             "content_words": float(content),
             "unsupported": float(len(missing)),

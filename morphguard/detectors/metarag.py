@@ -177,6 +177,7 @@ class MetaRAG:
                 label=label,
                 evidence=[evidence] if evidence else [],
                 variants=flat,
+                reason=_explanation(flat),
             ))
         stats.factoids = len(factoids)
         stats.variants = sum(len(f.variants) for f in factoids)
@@ -383,6 +384,11 @@ class MetaRAG:
         probabilities = verdict_probabilities(reply.logprobs) if self.options.soft_verdicts else None
         return self._scored(model, passages, kind, statement, parse_verdict(reply.text), probabilities, reply.model)
 
+
+def _explanation(variants: list[Variant]) -> str:
+    """The judge's own words on the variants it scored against the claim (penalised ones first), for a reviewer."""
+    said = [v for v in sorted(variants, key=lambda v: -v.penalty) if v.reason and v.penalty > 0]
+    return "; ".join(dict.fromkeys(f"the judge on “{v.text}”: {v.reason}" for v in said[:2]))
 
 def _label(variants: list[Variant], score: float, threshold: float) -> Label:
     """Supported below the threshold; above it, contradicted when the verifier's refutations outweigh its

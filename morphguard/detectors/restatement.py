@@ -61,7 +61,9 @@ class RestatementJudge:
         for conflict in closest:  # one after the other: the embedded judge decodes one request at a time
             score = conflict.strength * await self._judge(conflict, answer, stage)
             factoids.append(Factoid(text=answer[conflict.start:conflict.end], start=conflict.start, end=conflict.end,
-                                    score=score, label="contradicted", evidence=[conflict.evidence]))
+                                    score=score, label="contradicted", evidence=[conflict.evidence],
+                                    reason=f"the judge reads it as not saying what its source says ({conflict.kind} "
+                                           "changed)"))
         score = max((f.score for f in factoids), default=0.0)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,

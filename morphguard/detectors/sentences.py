@@ -207,7 +207,8 @@ def _factoids(answer: str, start: int, end: int, score: float, phrases: list[str
             if at >= 0:
                 found.append((start + at, start + at + len(phrase.strip())))
         if found:
-            return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported")
+            return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported",
+                            reason="the judge names this phrase of the sentence as unsupported")
                     for s, e in sorted(set(found))]
     return [Factoid(text=sentence, start=start, end=end, score=score,
                     label="unsupported" if score >= threshold else "supported")]

@@ -83,7 +83,8 @@ class SpotCheck:
         factoids = []
         for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time
             score = await self._judge(answer[start:end], passages, stage)
-            factoids.append(Factoid(text=answer[start:end], start=start, end=end, score=score, label="unsupported"))
+            factoids.append(Factoid(text=answer[start:end], start=start, end=end, score=score, label="unsupported",
+                                    reason="the judge finds it stated nowhere in the context"))
         score = max((f.score for f in factoids), default=0.0)
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,

@@ -228,7 +228,7 @@ class LLMClient:
                 telemetry.record_chat(span, provider=endpoint.provider_name, role="judge",
                                       request_model=request["model"], response_model=None, input_tokens=None,
                                       output_tokens=None, seconds=time.perf_counter() - started,
-                                      error=type(exc).__name__)
+                                      error_type=type(exc).__qualname__)
                 raise
 
     async def _request(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:

@@ -84,6 +84,13 @@ reviews = sa.Table(
     sa.Column("note", sa.Text),
     sa.Index("reviews_decision", "decision_id"),
 )
+assignments = sa.Table(
+    "assignments", metadata,  # which reviewer took a decision to review (policy.reviews)
+    sa.Column("decision_id", sa.Integer, primary_key=True),
+    sa.Column("reviewer", sa.Text, nullable=False),
+    sa.Column("time", sa.Text, nullable=False),
+    sa.Index("assignments_reviewer", "reviewer"),
+)
 revoked_sessions = sa.Table(
     "revoked_sessions", metadata,  # review console sessions ended by logging out (policy.reviews)
     sa.Column("session_id", sa.Text, primary_key=True),

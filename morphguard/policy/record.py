@@ -13,11 +13,20 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from morphguard.config import Action
-from morphguard.models import Decision, Detection
+from morphguard.models import Decision, Detection, Factoid
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class EvidenceRecord(BaseModel):
+    """Where the context bears on a claim: a passage (1-based) and offsets in it. Never the text: the context
+    is stored as `store_text` says, and the place is read from it."""
+
+    passage: int
+    start: int
+    end: int
 
 
 class FactoidRecord(BaseModel):
@@ -26,6 +35,18 @@ class FactoidRecord(BaseModel):
     end: int | None = None
     score: float
     flagged: bool
+    # for a reviewer (the audit row only): what the context says of the claim, why, and where
+    label: str | None = None
+    reason: str | None = None
+    evidence: list[EvidenceRecord] = Field(default_factory=list)
+
+    REVIEW_ONLY: ClassVar[frozenset[str]] = frozenset({"label", "reason", "evidence"})
+
+    @classmethod
+    def of(cls, factoid: Factoid, threshold: float) -> FactoidRecord:
+        return cls(text=factoid.text, start=factoid.start, end=factoid.end, score=round(factoid.score, 4),
+                   flagged=factoid.score >= threshold, label=factoid.label, reason=factoid.reason or None,
+                   evidence=[EvidenceRecord(passage=e.passage, start=e.start, end=e.end) for e in factoid.evidence])
 
 
 class DecisionRecord(BaseModel):
@@ -68,8 +89,7 @@ class DecisionRecord(BaseModel):
         if detection is not None:
             checked = {"checked": True, "detector": detection.detector, "score": round(detection.score, 4),
                        "latency_ms": round(latency_ms),
-                       "factoids": [FactoidRecord(text=f.text, start=f.start, end=f.end, score=round(f.score, 4),
-                                                  flagged=f.score >= decision.threshold) for f in detection.factoids],
+                       "factoids": [FactoidRecord.of(f, decision.threshold) for f in detection.factoids],
                        "cost": detection.cost.model_dump(exclude={"stages"})}
         return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
                    action=decision.action, threshold=decision.threshold, escalated=decision.escalate,
@@ -80,9 +100,12 @@ class DecisionRecord(BaseModel):
         out = self.model_dump(exclude=set(self.AUDIT_ONLY), exclude_none=True)
         if not self.checked:
             del out["factoids"]
-        elif self.action == "block":  # where the blocked claims were and how they scored, never their words
+        else:
             for factoid in out["factoids"]:
-                del factoid["text"]
+                for name in FactoidRecord.REVIEW_ONLY & factoid.keys():
+                    del factoid[name]
+                if self.action == "block":  # where the blocked claims were and how they scored, never their words
+                    del factoid["text"]
         if not self.regenerations:
             del out["regenerations"]
         return out

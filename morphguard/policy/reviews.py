@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from morphguard.policy.audit import AuditStore, decisions, escalations, reviews, revoked_sessions
+from morphguard.policy.audit import AuditStore, assignments, decisions, escalations, reviews, revoked_sessions
 from morphguard.policy.record import now
 
 Label = Literal["hallucinated", "faithful", "unsure"]
@@ -31,6 +31,8 @@ class QueueFilter:
     until: str | None = None
     reviewed: bool | None = None  # None: both
     order: Literal["newest", "score"] = "newest"
+    text: str | None = None  # words the question or the answer contains (case folded)
+    assignee: str | None = None  # taken by this reviewer; "" for taken by nobody
 
 
 def _latest_review() -> sa.ScalarSelect[Any]:
@@ -47,9 +49,18 @@ class ReviewStore:
         """One page of flagged or escalated decisions and the cursor of the next page (None: last page)."""
         c = decisions.c
         label = _latest_review().label("review")
+        taken = (sa.select(assignments.c.reviewer).where(assignments.c.decision_id == c.id)
+                 .scalar_subquery().label("assignee"))
         sql = (sa.select(c.id, c.time, c.request_id, c.profile, c.topic, c.score, c.threshold, c.action,
-                         c.flagged, c.escalated, c.detector, label)
+                         c.flagged, c.escalated, c.detector, c.question, c.factoids, label, taken)
                .where(sa.or_(c.flagged.is_(True), c.escalated.is_(True))))
+        if where.text:  # a scan of the flagged rows' texts: the queue is the flagged share, and texts expire
+            folded = where.text.lower()
+            sql = sql.where(sa.or_(sa.func.lower(c.question).contains(folded, autoescape=True),
+                                   sa.func.lower(c.answer).contains(folded, autoescape=True)))
+        if where.assignee is not None:
+            mine = sa.exists().where(assignments.c.decision_id == c.id)
+            sql = sql.where(mine.where(assignments.c.reviewer == where.assignee) if where.assignee else ~mine)
         for column, value in ((c.topic, where.topic), (c.profile, where.profile), (c.action, where.action)):
             if value:
                 sql = sql.where(column == value)
@@ -74,6 +85,10 @@ class ReviewStore:
             rows = [dict(r) for r in db.execute(sql.limit(limit + 1)).mappings()]
         more = len(rows) > limit
         rows = rows[:limit]
+        for row in rows:
+            row["claim"] = _worst_claim(row.pop("factoids") or [])
+            if str(row["question"]).startswith("sha256:"):
+                row["question"] = None  # a hash is no question to show
         if not more or not rows:
             return rows, None
         last = rows[-1]
@@ -99,6 +114,29 @@ class ReviewStore:
         out = dict(row)
         out["factoids"] = out["factoids"] or []
         return out
+
+    def assignee(self, decision_id: int) -> str | None:
+        with self.engine.connect() as db:
+            return db.execute(sa.select(assignments.c.reviewer)
+                              .where(assignments.c.decision_id == decision_id)).scalar()
+
+    def take(self, decision_id: int, reviewer: str) -> str:
+        """Assign the decision to `reviewer` unless another holds it; returns who holds it now. An unknown
+        decision is a KeyError."""
+        if self.decision(decision_id) is None:
+            raise KeyError(decision_id)
+        try:
+            with self.engine.begin() as db:
+                db.execute(assignments.insert().values(decision_id=decision_id, reviewer=reviewer, time=now()))
+        except sa.exc.IntegrityError:
+            pass  # taken already: by this reviewer, or by another who keeps it
+        return self.assignee(decision_id) or reviewer
+
+    def release(self, decision_id: int, reviewer: str) -> None:
+        """Give the decision back, if `reviewer` holds it."""
+        with self.engine.begin() as db:
+            db.execute(assignments.delete().where(assignments.c.decision_id == decision_id,
+                                                  assignments.c.reviewer == reviewer))
 
     def delivery(self, request_id: str) -> str | None:
         """What became of the decision's escalation: pending, delivered or undelivered (None: none)."""
@@ -184,6 +222,12 @@ class ReviewStore:
         with self.engine.connect() as db:
             return db.execute(sa.select(revoked_sessions.c.session_id)
                               .where(revoked_sessions.c.session_id == session_id)).first() is not None
+
+
+def _worst_claim(factoids: list[dict[str, Any]]) -> str | None:
+    """The text of the highest-scoring flagged factoid: what the queue shows of an answer."""
+    flagged = [f for f in factoids if f.get("flagged")]
+    return max(flagged, key=lambda f: f.get("score") or 0.0)["text"] if flagged else None
 
 
 def _cursor(text: str) -> tuple[float, int]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 from starlette.responses import Response
 
 from morphguard import telemetry
@@ -49,6 +49,7 @@ class Relay:
     model: str | None
     provider: str
     started: float
+    server: tuple[str, int] | None = None
     chunks: AsyncIterator[str] | None = None
     refused: Response | None = None
     kept: dict[str, str] = field(default_factory=dict)
@@ -58,11 +59,16 @@ class Relay:
         telemetry.record_chat(self.span, provider=self.provider, role="upstream", request_model=self.model,
                               response_model=answer.model or None, input_tokens=None, output_tokens=None,
                               finish_reasons=[answer.finish_reason] if answer.finish_reason else [],
-                              seconds=time.perf_counter() - self.started, output_text=answer.text)
+                              seconds=time.perf_counter() - self.started, output_text=answer.text,
+                              server=self.server)
         return time.time_ns()
 
-    def failed(self, reason: str) -> None:
-        self.span.set_status(Status(StatusCode.ERROR, reason))
+    def failed(self, error_type: str) -> None:
+        """The call failed (`error_type`: the provider's HTTP status, an exception's class or an error code):
+        its duration is recorded with it and the span ends."""
+        telemetry.record_chat(self.span, provider=self.provider, role="upstream", request_model=self.model,
+                              response_model=None, input_tokens=None, output_tokens=None,
+                              seconds=time.perf_counter() - self.started, error_type=error_type, server=self.server)
         self.span.end()
 
 
@@ -72,26 +78,33 @@ class ChatBackend:
         self.adapter = adapter
         self.default_provider = default_provider
 
-    def _start(self, body: dict[str, Any]) -> tuple[Span, str | None, str]:
+    def _start(self, body: dict[str, Any]) -> tuple[Span, str | None, str, tuple[str, int] | None]:
         model = body.get("model") if isinstance(body.get("model"), str) else None
         route = self.adapter.route_for(model)
         provider = route.prefix.split("/")[0] if route else self.default_provider
-        return telemetry.start_chat_span(model, provider, "upstream", body.get("messages")), model, provider
+        base = self.upstream.base
+        server = None if route or not base.host else (base.host, base.port or (443 if base.scheme == "https" else 80))
+        span = telemetry.start_chat_span(model, provider, "upstream", body.get("messages"), server)
+        return span, model, provider, server
 
     async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
-        span, model, provider = self._start(body)
+        span, model, provider, server = self._start(body)
         started = time.perf_counter()
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=True):
                 reply = await self._complete(body, headers, span)
-        except BaseException:
+        except BaseException as exc:
+            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
+                                  input_tokens=None, output_tokens=None, seconds=time.perf_counter() - started,
+                                  error_type=type(exc).__qualname__, server=server)
             span.end()
             raise
         seconds = time.perf_counter() - started
         if reply.refused is not None:
+            status = reply.refused.status_code
             telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
                                   input_tokens=None, output_tokens=None, seconds=seconds,
-                                  error=f"HTTP {reply.refused.status_code}")
+                                  error=f"HTTP {status}", error_type=str(status), server=server)
         elif reply.completion is not None:
             result = reply.completion
             usage = result.get("usage")
@@ -101,7 +114,7 @@ class ChatBackend:
                 response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
                 output_tokens=_int(usage.get("completion_tokens")),
                 finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
-                seconds=seconds, output_text=prose(result))
+                seconds=seconds, output_text=prose(result), server=server)
         return reply
 
     async def _complete(self, body: dict[str, Any], headers: dict[str, str], span: Span) -> Reply:
@@ -121,8 +134,8 @@ class ChatBackend:
     @asynccontextmanager
     async def stream(self, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[Relay]:
         """The provider's stream, open until the context exits (which also ends a span left open)."""
-        span, model, provider = self._start(body)
-        relay = Relay(span, model, provider, time.perf_counter())
+        span, model, provider, server = self._start(body)
+        relay = Relay(span, model, provider, time.perf_counter(), server)
         async with AsyncExitStack() as opened:
             try:
                 with trace.use_span(span, end_on_exit=False, record_exception=True):
@@ -130,12 +143,16 @@ class ChatBackend:
                     if route is not None:
                         relay.chunks = self.adapter.stream(route, body)
                     else:
-                        response = await opened.enter_async_context(self.upstream.open(
-                            "POST", "chat/completions", headers, json_bytes(body)))
+                        try:
+                            response = await opened.enter_async_context(self.upstream.open(
+                                "POST", "chat/completions", headers, json_bytes(body)))
+                        except Exception as exc:  # the provider could not be reached
+                            relay.failed(type(exc).__qualname__)
+                            raise
                         if response.status_code >= 400:
                             relay.refused = Response(await response.read(), response.status_code,
                                                      headers=response_headers(response.headers, body="decoded"))
-                            relay.failed(f"HTTP {response.status_code}")
+                            relay.failed(str(response.status_code))
                         else:
                             relay.kept = response_headers(response.headers, body="ours")
                             relay.chunks = events(response.lines())

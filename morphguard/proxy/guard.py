@@ -76,6 +76,7 @@ class Guard:
         self._background: set[asyncio.Task[Any]] = set()  # rows written later: a cancelled stream, a store away
         self.audit_failures = 0
         telemetry.labels.configure(config)  # the metrics this guard emits carry labels from this config only
+        telemetry.prime()
         self._store = Outage("audit store", log)
         self._queue = Outage("async check queue", log)
         self._queue_full = Outage("room in the async check queue", log)

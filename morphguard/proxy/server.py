@@ -31,6 +31,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
@@ -116,6 +117,7 @@ def serve(config: Config, config_path: Path | None, host: str, port: int, *, log
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "log_config": _log_config(),
                                "timeout_graceful_shutdown": grace_s, "http": HttpProtocol}
     _prepare(config)
+    _started.info("%s", startup_line(config, config_path, host, port, processes))
     if processes == 1:
         from morphguard.proxy.app import create_app
 
@@ -126,6 +128,46 @@ def serve(config: Config, config_path: Path | None, host: str, port: int, *, log
     if judge:
         os.environ[JUDGE_ENV] = judge
     uvicorn.run(f"{__name__}:app_of_process", factory=True, workers=processes, **options)
+
+
+# The one start-up line has a logger of its own, shown at INFO whatever level the rest logs at: what a proxy
+# serves, from which config, is what an operator looks for first.
+_started = logging.getLogger("morphguard.serve")
+_started.setLevel(logging.INFO)
+
+
+def startup_line(config: Config, config_path: Path | None, host: str, port: int, processes: int) -> str:
+    """Where the proxy listens, which config it read, its profiles, judge and stores; URLs without credentials."""
+    from morphguard.detectors import resolve  # the check `detector.name: auto` comes to with this judge
+
+    shown_host = f"[{host}]" if ":" in host else host
+    judge = config.judge.model
+    if judge == "local":
+        judge = f"embedded {config.local.filename}"
+        if config.local.base_url:  # a llama.cpp server already running, not started here
+            judge += f" at {without_credentials(config.local.base_url)}"
+    elif config.judge.api_base:
+        judge += f" at {without_credentials(config.judge.api_base)}"
+    audit = (without_credentials(config.store.url) if config.store.url else f"sqlite {config.policy.audit.path}") \
+        if config.policy.audit.enabled else "off"
+    queue = without_credentials(config.queue.url) if config.queue.url else "embedded sqlite"
+    parts = [f"morphguard proxy on http://{shown_host}:{port}/v1",
+             f"config {config_path if config_path else '(defaults)'}",
+             f"profiles {', '.join(config.policy.profiles)}",
+             f"check {resolve(config)[0].name} with judge {judge}",
+             f"upstream {without_credentials(config.proxy.upstream.base_url)}",
+             f"audit {audit}", f"queue {queue}", f"mode {config.proxy.mode}"]
+    if processes > 1:
+        parts.append(f"{processes} processes")
+    return "; ".join(parts)
+
+
+def without_credentials(url: str) -> str:
+    """A URL with any user name and password taken out (database and Redis URLs carry them)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
 
 def _log_config() -> dict[str, Any]:

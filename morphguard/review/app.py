@@ -40,7 +40,7 @@ from morphguard.config import ReviewSettings
 from morphguard.policy.audit import AuditStore, parse_time
 from morphguard.policy.reviews import LABELS, QueueFilter, ReviewStore, text_kept
 from morphguard.review import charts
-from morphguard.review.pages import answer_pieces, passage_pieces, passages_of
+from morphguard.review.pages import answer_pieces, attach_evidence, claims_of, passage_pieces, passages_of
 from morphguard.review.throttle import LoginThrottle
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ class ReviewConsole:
                 Route("/queue", self._auth(self.queue), methods=["GET"]),
                 Route("/decisions/{decision_id}", self._auth(self.detail), methods=["GET"]),
                 Route("/decisions/{decision_id}/review", self._auth(self.review), methods=["POST"]),
+                Route("/decisions/{decision_id}/take", self._auth(self.take), methods=["POST"]),
+                Route("/decisions/{decision_id}/release", self._auth(self.release), methods=["POST"]),
                 Route("/insights", self._auth(self.insights), methods=["GET"]),
                 Route("/export.{kind:str}", self._auth(self.export), methods=["GET"]),
                 Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -226,9 +228,12 @@ class ReviewConsole:
             until = parse_time(q["until"]) if q.get("until") else None
         except ValueError:
             since = until = None
+        assigned = q.get("assigned", "")
+        assignee = request.session.get("reviewer") if assigned == "me" else "" if assigned == "nobody" else None
         return QueueFilter(topic=q.get("topic") or None, profile=q.get("profile") or None,
                            action=q.get("action") or None, since=since, until=until, reviewed=reviewed,
-                           order="score" if q.get("order") == "score" else "newest")
+                           order="score" if q.get("order") == "score" else "newest",
+                           text=q.get("q", "").strip()[:200] or None, assignee=assignee)
 
     async def queue(self, request: Request) -> Response:
         where = self._filter(request)
@@ -252,17 +257,17 @@ class ReviewConsole:
         judgements = await asyncio.to_thread(store.judgements, decision_id)
         delivery = await asyncio.to_thread(store.delivery, row["request_id"]) if row["escalated"] else None
         newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
+        assignee = await asyncio.to_thread(store.assignee, decision_id)
         kept = text_kept(row)
         passages = passages_of(row["context"]) if kept else []
         trace_url = None
         if self.settings.trace_url and row.get("trace_id") and _TRACE_ID.fullmatch(row["trace_id"]):
             trace_url = self.settings.trace_url.format(trace_id=row["trace_id"])
         # pure Python over the answer and the context: off the event loop
-        answer = await asyncio.to_thread(answer_pieces, row["answer"], row["factoids"]) if kept else []
-        marked = await asyncio.to_thread(passage_pieces, passages, row["factoids"]) if kept else []
+        claims, answer, marked = await asyncio.to_thread(_explained, row, passages, kept)
         return self._page(
             request, "detail.html", row=row, kept=kept, judgements=judgements, labels=LABELS,
-            answer=answer, passages=marked,
+            claims=claims, answer=answer, passages=marked, assignee=assignee,
             cost=row.get("cost") or {}, trace_url=trace_url, newer=newer, older=older, delivery=delivery,
             saved=request.query_params.get("saved") == "1")
 
@@ -284,6 +289,27 @@ class ReviewConsole:
             return self._page(request, "error.html", 400, message="Choose hallucinated, faithful or unsure.")
         _newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
         return self._redirect(request, f"/decisions/{older}?saved=1" if older else f"/decisions/{decision_id}?saved=1")
+
+    async def take(self, request: Request) -> Response:
+        """Assign the item to the reviewer asking, unless another reviewer has it."""
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
+        reviewer = request.session["reviewer"]
+        try:
+            holder = await asyncio.to_thread(self._audit().take, decision_id, reviewer)
+        except KeyError:
+            return self._no_decision(request)
+        if holder != reviewer:
+            return self._page(request, "error.html", 409, message=f"{holder} has taken this item already.")
+        return self._redirect(request, f"/decisions/{decision_id}")
+
+    async def release(self, request: Request) -> Response:
+        decision_id = _decision_id(request)
+        if decision_id is None:
+            return self._no_decision(request)
+        await asyncio.to_thread(self._audit().release, decision_id, request.session["reviewer"])
+        return self._redirect(request, f"/decisions/{decision_id}")
 
     async def insights(self, request: Request) -> Response:
         store = self._audit()
@@ -310,6 +336,15 @@ class ReviewConsole:
             text, media = out.getvalue(), "text/csv"
         return Response(text, media_type=media, headers={
             **_HEADERS, "content-disposition": f'attachment; filename="morphguard-reviews.{kind}"'})
+
+
+def _explained(row: dict[str, Any], passages: list[str], kept: bool) -> tuple[list[Any], list[Any], list[Any]]:
+    """The row's claims (with their evidence where the text was kept), the answer's pieces and the passages'."""
+    claims = claims_of(row["answer"] if kept else "", row["factoids"], bool(row["flagged"]))
+    if not kept:
+        return claims, [], []
+    attach_evidence(claims, passages)
+    return claims, answer_pieces(row["answer"], claims), passage_pieces(passages, claims)
 
 
 def _decision_id(request: Request) -> int | None:

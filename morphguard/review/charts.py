@@ -7,7 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-WIDTH, HEIGHT, LEFT, BOTTOM = 520, 200, 110, 24
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 520, 200, 110, 24, 12
+_LEGEND_ROW, _CHAR = 16, 6.5  # a legend row's height; the width of a character at the legend's size
 
 
 @dataclass
@@ -26,6 +27,17 @@ class Line:
     label: str
     points: str  # "x,y x,y ..." for <polyline>
     series: int
+    dots: list[tuple[float, float]] = field(default_factory=list)  # each day's point, drawn as well as joined
+
+
+@dataclass
+class Key:
+    """One legend entry, placed: entries wrap into rows below the plot rather than run off its right edge."""
+
+    series: int
+    label: str
+    x: float
+    y: float
 
 
 @dataclass
@@ -34,8 +46,24 @@ class Chart:
     bars: list[Bar] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
     axis: list[tuple[float, str]] = field(default_factory=list)  # x positions and their labels
-    legend: list[tuple[int, str]] = field(default_factory=list)
+    legend: list[Key] = field(default_factory=list)
+    axis_values: list[tuple[float, str]] = field(default_factory=list)  # y positions and their labels
     empty: bool = False
+
+    @property
+    def height(self) -> float:
+        """The drawing's height: the plot, its axis labels, and as many legend rows as the entries need."""
+        return max([HEIGHT + 20] + [k.y + 6 for k in self.legend])
+
+    def keys(self, entries: list[tuple[int, str]]) -> None:
+        x, y = float(LEFT), HEIGHT + 12.0
+        for series, label in entries:
+            label = label if len(label) <= 32 else label[:31] + "…"
+            width = 18 + _CHAR * len(label) + 14
+            if x > LEFT and x + width > WIDTH:
+                x, y = float(LEFT), y + _LEGEND_ROW
+            self.legend.append(Key(series, label, x, y))
+            x += width
 
 
 def flagged_rate(summary: list[dict[str, Any]]) -> Chart:
@@ -59,17 +87,20 @@ def precision_over_time(scores: list[tuple[str, str, float, str]]) -> Chart:
     for topic, day, _score, label in scores:
         if label in ("hallucinated", "faithful"):
             counts[topic][day][0 if label == "hallucinated" else 1] += 1
-    step = (WIDTH - LEFT - 20) / max(1, len(days) - 1)
+    span = WIDTH - LEFT - 20
+    # one day is a point in the middle (a line needs two); more spread from edge to edge
+    xs = [LEFT + span / 2] if len(days) == 1 else [LEFT + i * span / (len(days) - 1) for i in range(len(days))]
     plot = HEIGHT - BOTTOM
     for series, (topic, by_day) in enumerate(sorted(counts.items())):
-        points = []
-        for i, day in enumerate(days):
+        dots = []
+        for x, day in zip(xs, days, strict=True):
             if day in by_day:
                 confirmed, dismissed = by_day[day]
-                points.append(f"{LEFT + i * step:.1f},{plot - plot * confirmed / (confirmed + dismissed):.1f}")
-        chart.lines.append(Line(topic, " ".join(points), series))
-        chart.legend.append((series, topic))
-    chart.axis = [(LEFT + i * step, day[5:]) for i, day in enumerate(days)]
+                dots.append((x, plot - (plot - TOP) * confirmed / (confirmed + dismissed)))
+        chart.lines.append(Line(topic, " ".join(f"{x:.1f},{y:.1f}" for x, y in dots), series % 4, dots))
+    chart.keys([(series % 4, topic) for series, topic in enumerate(sorted(counts))])
+    chart.axis = [(x, day[5:]) for x, day in zip(xs, days, strict=True)]
+    chart.axis_values = [(plot - (plot - TOP) * share, f"{share:.0%}") for share in (0.0, 0.5, 1.0)]
     return chart
 
 
@@ -89,5 +120,5 @@ def score_distribution(scores: list[tuple[str, str, float, str]], bins: int = 10
             chart.bars.append(Bar(LEFT + i * slot + series * slot / 2, plot - height, slot / 2 - 1, height,
                                   f"{i / bins:.1f}–{(i + 1) / bins:.1f}", str(n), series))
     chart.axis = [(LEFT + i * slot, f"{i / bins:.1f}") for i in range(bins + 1)]
-    chart.legend = [(0, "confirmed (hallucinated)"), (1, "dismissed (faithful)")]
+    chart.keys([(0, "confirmed (hallucinated)"), (1, "dismissed (faithful)")])
     return chart

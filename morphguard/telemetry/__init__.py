@@ -62,8 +62,9 @@ def _instruments() -> dict[str, Any]:
         "check_duration": meter.create_histogram(names.METRIC_CHECK_DURATION, unit="s",
                                                  description="Wall time of one check, judge calls included",
                                                  explicit_bucket_boundaries_advisory=_SECONDS),
-        "decisions": meter.create_counter(names.METRIC_DECISIONS, unit="{decision}",
-                                          description="Policy decisions by action and topic"),
+        "decisions": meter.create_counter(
+            names.METRIC_DECISIONS, unit="{decision}",
+            description="Policy decisions by action and topic; checked=false with the reason no check decided"),
         "queue": [meter.create_observable_gauge(name, [_observe(key)], unit="{check}", description=text)
                   for name, key, text in (
                       (names.METRIC_QUEUE_DEPTH, "backlog", "Checks waiting in the async queue or being checked"),
@@ -99,9 +100,14 @@ def trace_id(span: Span | None = None) -> str | None:
 
 # --- GenAI client calls (upstream and judge) ---------------------------------------------------------------
 
-def start_chat_span(model: str | None, provider: str, role: str, messages: Any = None) -> Span:
-    """A GenAI client span `chat {model}`, a child of the current span; the caller ends it."""
-    attributes = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider, names.ROLE: role}
+def start_chat_span(model: str | None, provider: str, role: str, messages: Any = None,
+                    server: tuple[str, int] | None = None) -> Span:
+    """A GenAI client span `chat {model}`, a child of the current span; the caller ends it. `server`: the
+    configured address and port the call goes to, where one is known."""
+    attributes: dict[str, AttributeValue] = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider,
+                                             names.ROLE: role}
+    if server:
+        attributes |= {names.SERVER_ADDRESS: server[0], names.SERVER_PORT: server[1]}
     if model:
         attributes[names.REQUEST_MODEL] = model
     if setup.options.openinference:
@@ -118,8 +124,10 @@ def start_chat_span(model: str | None, provider: str, role: str, messages: Any =
 
 def record_chat(span: Span, *, provider: str, role: str, request_model: str | None, response_model: str | None,
                 input_tokens: int | None, output_tokens: int | None, finish_reasons: Sequence[str] = (),
-                seconds: float, output_text: str | None = None, error: str | None = None) -> None:
-    """The response side of a chat span, and the GenAI client metrics."""
+                seconds: float, output_text: str | None = None, error: str | None = None,
+                error_type: str | None = None, server: tuple[str, int] | None = None) -> None:
+    """The response side of a chat span, and the GenAI client metrics. A failed call is recorded too, with
+    `error_type` (the provider's HTTP status, or the exception's class) on the span and the duration."""
     if response_model:
         span.set_attribute(names.RESPONSE_MODEL, response_model)
     if input_tokens is not None:
@@ -138,15 +146,23 @@ def record_chat(span: Span, *, provider: str, role: str, request_model: str | No
                                                              ensure_ascii=False))
         if setup.options.openinference:
             span.set_attribute(names.OI_OUTPUT, output_text)
-    if error:
-        span.set_status(Status(StatusCode.ERROR, error))
-    common = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider, names.ROLE: role}
+    if error or error_type:
+        span.set_status(Status(StatusCode.ERROR, error or error_type))
+    if error_type:
+        span.set_attribute(names.ERROR_TYPE, error_type)
+    common: dict[str, AttributeValue] = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider,
+                                         names.ROLE: role}
     # The upstream's model is the client's string; the judge's comes from the config.
     label = request_model if role == "judge" else labels.model(request_model)
     if label:
         common[names.REQUEST_MODEL] = label
+    if response_model:  # the provider's string: a configured pattern or OTHER
+        common[names.RESPONSE_MODEL] = labels.model(response_model) or labels.OTHER
+    if server:  # configured, so bounded
+        common |= {names.SERVER_ADDRESS: server[0], names.SERVER_PORT: server[1]}
     instruments = _instruments()
-    instruments["duration"].record(seconds, common)
+    instruments["duration"].record(seconds, {**common, names.ERROR_TYPE: labels.error_type(error_type)}
+                                   if error_type else common)
     if input_tokens is not None:
         instruments["tokens"].record(input_tokens, {**common, names.TOKEN_TYPE: "input"})
     if output_tokens is not None:
@@ -223,8 +239,12 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
                 span.set_attribute(key, value)
     instruments = _instruments()
     topic, profile = labels.topic(decision.topic), labels.profile(decision.profile)
-    instruments["decisions"].add(1, {names.ACTION: labels.action(decision.action), names.TOPIC: topic,
-                                     names.PROFILE: profile, names.FLAGGED: decision.flagged})
+    counted: dict[str, AttributeValue] = {names.ACTION: labels.action(decision.action), names.TOPIC: topic,
+                                          names.PROFILE: profile, names.FLAGGED: decision.flagged,
+                                          names.CHECKED: detection is not None}
+    if detection is None:  # why not: no context, no answer, an upstream error, a check that failed
+        counted[names.REASON] = labels.unchecked(decision.reason)
+    instruments["decisions"].add(1, counted)
     if detection is None:
         if decision.reason and decision.reason.startswith("fail_open"):
             instruments["fail_open"].add(1, {names.PROFILE: profile, names.TOPIC: topic})
@@ -270,8 +290,22 @@ _queue_stats: dict[str, int] = {}
 
 def _observe(key: str) -> Any:
     def observe(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-        return [metrics.Observation(_queue_stats[key])] if key in _queue_stats else []
+        # zero until the first look at the queue: a panel or a rule reads 0, not "no data"
+        return [metrics.Observation(_queue_stats.get(key, 0))]
     return observe
+
+
+def prime() -> None:
+    """Every counter series a dashboard or an alert rule reads, at zero, from the start: a rate over a series
+    that does not exist yet is "no data", not 0. Called once the labels' vocabulary is configured."""
+    instruments = _instruments()
+    vocabulary = labels.vocabulary()
+    for profile in sorted(vocabulary.profiles):
+        for topic in sorted(vocabulary.topics):
+            instruments["fail_open"].add(0, {names.PROFILE: profile, names.TOPIC: topic})
+    for reason in sorted(labels.REASONS):
+        instruments["errors"].add(0, {names.REASON: reason})
+    instruments["judge_restarts"].add(0)
 
 
 def queue_observed(stats: dict[str, int]) -> None:

@@ -11,6 +11,7 @@ the event loop for a second, and the page echoed the clients' strings. So the me
   of `policy.routes`, then the `proxy.litellm_routes` prefixes), as configured; else OTHER;
 - topic and profile: a configured one (or "general", the topic of an untagged request); else OTHER;
 - action and detector: the config's actions and the registered detectors; else OTHER;
+- error.type: a standard HTTP status or an exception class's name (both come from code, not from clients);
 - reason: the proxy's and the guard's reason codes, `upstream_http_<status>` for a standard HTTP status,
   `upstream_http_other` for any other; else OTHER.
 
@@ -106,6 +107,20 @@ def action(name: str) -> str:
 
 def detector(name: str) -> str:
     return name if name in DETECTOR_SECTIONS else OTHER
+
+
+def unchecked(reason_given: str | None) -> str:
+    """Why a decision was taken with no check, as a reason code: `fail_open: judge_error` is judge_error (the
+    action says which way it went)."""
+    code = (reason_given or "").rpartition(": ")[2]
+    return reason(code) if code else OTHER
+
+
+def error_type(given: str) -> str:
+    """A failed call's `error.type`: an HTTP status as a standard one or `_OTHER`, an exception's class name."""
+    if given.isdigit():
+        return given if given in _STATUSES else "_OTHER"
+    return given if given.isidentifier() and len(given) <= 64 else "_OTHER"
 
 
 def reason(code: str) -> str:

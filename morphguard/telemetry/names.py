@@ -41,6 +41,10 @@ HTTP_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"
 HTTP_STATUS = "http.response.status_code"
 URL_PATH = "url.path"
+URL_SCHEME = "url.scheme"
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+ERROR_TYPE = "error.type"  # a failed call: the HTTP status, or the exception's class
 
 # Ours
 DETECTOR = "morphguard.detector"
@@ -53,6 +57,7 @@ PROFILE = "morphguard.profile"
 REQUEST_ID = "morphguard.request_id"
 CHECK_MODE = "morphguard.check.mode"  # inline | async
 REASON = "morphguard.reason"
+CHECKED = "morphguard.checked"  # whether a check ran (a decision taken on no check is not a pass)
 ROLE = "morphguard.llm.role"  # upstream | judge
 STAGE = "morphguard.stage"
 STAGE_CALLS = "morphguard.stage.llm_calls"
@@ -82,6 +87,8 @@ OI_EVAL_LABEL = "evaluation.label"
 OI_EVAL_EXPLANATION = "evaluation.explanation"
 
 # Metrics
+METRIC_HTTP_DURATION = "http.server.request.duration"
+METRIC_HTTP_ACTIVE = "http.server.active_requests"
 METRIC_TOKENS = "gen_ai.client.token.usage"
 METRIC_DURATION = "gen_ai.client.operation.duration"
 METRIC_SCORE = "morphguard.score"

@@ -179,7 +179,9 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
         tracer_provider.add_span_processor(BatchSpanProcessor(spans, schedule_delay_millis=500))
         trace.set_tracer_provider(tracer_provider)
     if readers:
+        global metering
         metrics.set_meter_provider(MeterProvider(resource=described, metric_readers=readers))
+        metering = True
     from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
     HTTPXClientInstrumentor().instrument()
@@ -188,6 +190,7 @@ def configure(settings: TelemetrySettings, *, span_exporter: SpanExporter | None
 
 
 prometheus_enabled = False  # whether the proxy serves GET /metrics
+metering = False  # whether a meter provider is installed (else every instrument is a no-op)
 metrics_token: SecretStr | None = None  # what GET /metrics requires as a bearer token (proxy.gate); None: open
 annotation_sink: AnnotationSink | None = None  # verdicts as Phoenix span annotations (telemetry.annotations)
 

@@ -131,7 +131,7 @@ def test_the_grafana_dashboard_queries_instruments_that_exist(provider, tmp_path
     queried = {re.sub(r"_(bucket|total|count|sum)$", "", m) for p in dashboard["panels"] for t in p["targets"]
                for m in re.findall(r"\b((?:morphguard|gen_ai)_[a-z_]+)\b", t["expr"])}
     queried -= {"morphguard_topic", "morphguard_action", "morphguard_flagged", "morphguard_llm_role",
-                "morphguard_reason"}  # labels, not series
+                "morphguard_reason", "morphguard_checked"}  # labels, not series
     base, process = serve(base_config(provider, tmp_path, {"prometheus": True}), tmp_path)
     try:
         ask(base)

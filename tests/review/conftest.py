@@ -16,7 +16,7 @@ import uvicorn
 
 from morphguard.config import AuditSettings, ReviewSettings
 from morphguard.policy.audit import AuditStore
-from morphguard.policy.record import DecisionRecord, FactoidRecord
+from morphguard.policy.record import DecisionRecord, EvidenceRecord, FactoidRecord
 from morphguard.review.app import ReviewConsole
 from tests.servers import free_port
 
@@ -34,9 +34,18 @@ def seed(store: AuditStore) -> dict[str, int]:
         return store.record(DecisionRecord(**{**base, **fields}))
 
     answer = "Yes, ibuprofen is safe throughout pregnancy. Paracetamol is the first choice."
+    # as the combined check records them: three of its parts name the first sentence, one its phrase
     factoids = [FactoidRecord(text="Yes, ibuprofen is safe throughout pregnancy.", start=0, end=44, score=0.9,
-                              flagged=True),
-                FactoidRecord(text="Paracetamol is the first choice.", start=45, end=77, score=0.1, flagged=False)]
+                              flagged=True, label="contradicted",
+                              reason="copies a context sentence but changes it (negation)",
+                              evidence=[EvidenceRecord(passage=1, start=0, end=65)]),
+                FactoidRecord(text="safe throughout pregnancy", start=18, end=43, score=0.9, flagged=True,
+                              label="unsupported", reason="the judge names it as not supported by the passages"),
+                FactoidRecord(text="Yes, ibuprofen is safe throughout pregnancy.", start=0, end=44, score=0.85,
+                              flagged=True, label="unsupported",
+                              reason="the judge finds it stated nowhere in the context"),
+                FactoidRecord(text="Paracetamol is the first choice.", start=45, end=77, score=0.1, flagged=False,
+                              label="supported")]
     ids = {
         "flagged": record("req-flagged", score=0.9, threshold=0.3, flagged=True, action="annotate", answer=answer,
                           factoids=factoids, cost={"calls": 6, "input_tokens": 1300, "output_tokens": 190}),

@@ -1,9 +1,10 @@
 """The review flow in a real browser: Debian's headless Chromium driven by Playwright, against
 `morphguard review` started as its own process (default settings: Secure cookies, on loopback).
 
-Log in, filter the queue, open an item, see its highlighted spans, label it with the keyboard, find the
-label in the export; an answer carrying <script> and <img onerror> stays inert. Screenshots of the queue
-and the detail page go to docs/images/ (shown in the README)."""
+Log in, filter the queue, open an item, see its flagged claim marked with its reasons and evidence, take it and
+label it with the keyboard, find the label in the export; an answer carrying <script> and <img onerror> stays
+inert. The screenshots of the README are taken by `morphguard.review.screenshots`, run here into a scratch folder
+(the suite leaves the work tree as it found it)."""
 
 from __future__ import annotations
 
@@ -69,8 +70,6 @@ def test_review_flow_in_chromium(review_process, tmp_path):
     from playwright.sync_api import sync_playwright
 
     base, ids = review_process
-    images = ROOT / "docs" / "images"
-    images.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         page = browser.new_page(viewport={"width": 1100, "height": 800})
@@ -89,17 +88,23 @@ def test_review_flow_in_chromium(review_process, tmp_path):
         page.wait_for_load_state()
         rows = page.locator("table.queue tbody tr")
         assert rows.count() == 2 and "legal" not in page.locator("table.queue").inner_text()
-        page.screenshot(path=str(images / "review-queue.png"), full_page=True)
+        assert "Yes, ibuprofen is safe throughout pregnancy." in page.locator("table.queue .claim").all_inner_texts()
 
         page.keyboard.press("j")
         page.keyboard.press("j")  # the second row: the flagged ibuprofen answer
         page.keyboard.press("Enter")
         page.wait_for_url(f"{base}/decisions/{ids['flagged']}")
-        mark = page.locator("p.answer mark#f1")
+        mark = page.locator("p.answer mark#c1")
         assert mark.inner_text().startswith("Yes, ibuprofen is safe throughout pregnancy.")
-        assert page.locator("mark.cited").count() == 1
-        page.screenshot(path=str(images / "review-detail.png"), full_page=True)
+        assert page.locator("p.answer mark").count() == 1  # the flagged sentence, not the whole answer
+        claim = page.locator("table.claims tr.claim")
+        assert claim.count() == 1 and claim.locator(".why li").count() == 3
+        assert claim.locator("mark.cited").inner_text() == \
+            "Ibuprofen is contraindicated in the third trimester of pregnancy."
 
+        page.keyboard.press("t")  # take the item
+        page.locator("form.assign button", has_text="Give back").wait_for()
+        assert "taken by\nalice" in page.locator("dl").inner_text()
         page.keyboard.press("h")
         page.fill("textarea[name=note]", "contradicts passage 1")
         page.keyboard.press("Control+Enter")
@@ -117,3 +122,15 @@ def test_review_flow_in_chromium(review_process, tmp_path):
         exported = Path(download.value.path()).read_text()
         assert '"label": "hallucinated"' in exported and "contradicts passage 1" in exported
         browser.close()
+
+
+def test_the_readme_screenshots_show_claims_with_evidence_and_reasons(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    from morphguard.review.screenshots import NAMES, regenerate
+
+    written = regenerate(tmp_path / "images")
+    assert [p.name for p in written] == list(NAMES)
+    for path in written:
+        data = path.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, path.name

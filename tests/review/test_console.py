@@ -66,10 +66,18 @@ def test_the_queue_holds_flagged_and_escalated_answers_with_filters_and_pages(co
 def test_the_detail_page_marks_flagged_spans_and_their_evidence(console):
     client = console.login()
     page = client.get(f"/decisions/{console.ids['flagged']}").text
-    assert ('<mark id="f1" title="factoid 1: score 0.90">Yes, ibuprofen is safe throughout pregnancy.<sup>1</sup>'
-            '</mark>') in page
-    assert '<mark class="cited" title="closest to factoid 1">' in page  # the ibuprofen sentence of passage 1
-    assert "Paracetamol is the first choice.</p>" in page  # factoid 2 is not flagged: not marked
+    # the flagged sentence is marked, not the whole answer; the unflagged one is plain text
+    assert ('<mark id="c1" class="contradicted" title="claim 1: contradicted, score 0.90">Yes, ibuprofen is safe '
+            'throughout pregnancy.<sup>1</sup></mark> Paracetamol is the first choice.</p>') in page
+    # three detector parts named that sentence: one row, with each part's reason and the sentence it contradicts
+    rows = re.findall(r'<tr id="claim-(\d+)" class="claim ([a-z]*)">(.*?)</tr>', page, re.S)
+    assert [(n, label) for n, label, _ in rows] == [("1", "contradicted")]
+    cells = rows[0][2]
+    assert cells.count("<li>") == 3 and "changes it (negation)" in cells and "stated nowhere in the context" in cells
+    assert ('<mark class="cited" title="the sentence the check compared for claim 1">Ibuprofen is contraindicated in '
+            'the third trimester of pregnancy.</mark>') in cells
+    assert 'name="f1"' in cells  # a reviewer's label for the claim is kept under its first factoid's number
+    assert "Other statements checked (1)" in page
     assert 'href="http://phoenix.local/projects/default/traces/0af7651916cd43dd8448eb211c80319c"' in page
     assert "6 judge calls" in page and "general / healthcare" in page
 
@@ -203,13 +211,35 @@ def test_text_is_kept_for_flagged_answers_only_and_purged_after_its_days(console
     assert store.purge_text() == 0
 
 
-def test_the_detail_page_marks_the_evidence_of_the_first_flagged_factoids_only():
-    """Each factoid's evidence is looked up over the whole context; an answer can carry thousands of flagged ones."""
-    from morphguard.review.pages import MAX_MARKED, passage_pieces
+def test_the_detail_page_looks_up_the_evidence_of_the_first_flagged_claims_only():
+    """Each claim's evidence is looked up over the whole context; an answer can carry thousands of flagged ones."""
+    from morphguard.review.pages import MAX_MARKED, attach_evidence, claims_of, passage_pieces
 
     passages = [" ".join(f"Kettle {i} is safe for adults." for i in range(200))]
-    factoids = [{"text": f"Kettle {i} is cheap in Paris.", "flagged": True} for i in range(200)]
-    (pieces,) = passage_pieces(passages, factoids)
-    marked = [p for p in pieces if p.factoid is not None]
-    assert [p.factoid for p in marked] == list(range(1, MAX_MARKED + 1))
+    factoids = [{"text": f"Kettle {i} is cheap in Paris.", "flagged": True, "score": 0.9} for i in range(200)]
+    claims = claims_of("", factoids, flagged_answer=True)
+    attach_evidence(claims, passages)
+    (pieces,) = passage_pieces(passages, claims)
+    marked = [p for p in pieces if p.claim is not None]
+    assert [p.claim for p in marked] == list(range(1, MAX_MARKED + 1))
     assert marked[2].text == "Kettle 2 is safe for adults."
+
+
+def test_claims_merge_the_parts_that_name_one_stretch_of_the_answer():
+    from morphguard.review.pages import claims_of
+
+    answer = "Ibuprofen is safe. It costs 4 euros. Take it daily."
+    factoids = [{"text": "Ibuprofen is safe.", "start": 0, "end": 18, "score": 0.4, "flagged": False,
+                 "label": "contradicted", "reason": "changed copy"},
+                {"text": "safe", "start": 13, "end": 17, "score": 0.9, "flagged": True, "label": "unsupported",
+                 "reason": "judge"},
+                {"text": "It costs 4 euros.", "start": 19, "end": 36, "score": 0.2, "flagged": False},
+                {"text": "somewhere unplaced", "score": 0.8, "flagged": True},
+                {"text": "somewhere unplaced", "score": 0.7, "flagged": True}]
+    claims = claims_of(answer, factoids, flagged_answer=True)
+    assert [(c.text, c.flagged, c.label, c.score, c.reasons) for c in claims] == [
+        ("Ibuprofen is safe.", True, "contradicted", 0.9, ["changed copy", "judge"]),
+        ("It costs 4 euros.", False, None, 0.2, []),
+        ("somewhere unplaced", True, None, 0.8, [])]
+    # a contradicted claim of an answer that is not flagged is not flagged either
+    assert not claims_of(answer, factoids[:1], flagged_answer=False)[0].flagged

@@ -122,6 +122,7 @@ def test_duplicates_already_in_a_store_are_kept_apart_by_the_migration(tmp_path)
             DROP INDEX decisions_request;
             CREATE INDEX decisions_request ON decisions (request_id);
             ALTER TABLE escalations DROP COLUMN retry_at;
+            DROP TABLE assignments;
             UPDATE alembic_version SET version_num = '0004';
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');

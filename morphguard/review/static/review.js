@@ -32,5 +32,6 @@
     if (!target) { return; }
     if (target.tagName === "INPUT") { target.checked = true; target.focus(); }
     else if (target.tagName === "A") { window.location.href = target.href; }
+    else if (target.tagName === "BUTTON") { target.form.requestSubmit(); }
   });
 }());

@@ -151,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(audit)
     audit.set_defaults(run=_audit)
 
-    demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, two RAG requests and their verdicts")
+    demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, two RAG requests")
     _config_option(demo)
     demo.set_defaults(run=_demo)
 

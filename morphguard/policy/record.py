@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from morphguard.config import Action
 from morphguard.models import Decision, Detection
+from morphguard.policy.actions import claims
 
 
 def now() -> str:
@@ -69,7 +70,8 @@ class DecisionRecord(BaseModel):
             checked = {"checked": True, "detector": detection.detector, "score": round(detection.score, 4),
                        "latency_ms": round(latency_ms),
                        "factoids": [FactoidRecord(text=f.text, start=f.start, end=f.end, score=round(f.score, 4),
-                                                  flagged=f.score >= decision.threshold) for f in detection.factoids],
+                                                  flagged=f.score >= decision.threshold)
+                                    for f in claims(detection.factoids)],
                        "cost": detection.cost.model_dump(exclude={"stages"})}
         return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
                    action=decision.action, threshold=decision.threshold, escalated=decision.escalate,

@@ -1,8 +1,8 @@
 """The verdict of each answer, taken off the wire by an httpx event hook.
 
 Every client apps use here (openai, anthropic, LangChain, LlamaIndex, the Agents SDK) talks HTTP through an
-httpx client it can be given. `VerdictCapture` hooks into that client and reads the proxy's `morphguard`
-object from each answer as the client reads it: the body field of an answer, the verdict chunk or event of
+httpx client it can be given (anthropic's: an `httpx2` client, the same hooks). `VerdictCapture` hooks into
+that client and reads the proxy's `morphguard` object from each answer as the client reads it: the body field of an answer, the verdict chunk or event of
 a stream. A client or framework that drops the field on its way to the app (LangChain, LlamaIndex, the SDKs'
 stream helpers, the Agents SDK) leaves it here.
 
@@ -16,11 +16,12 @@ stream helpers, the Agents SDK) leaves it here.
 from __future__ import annotations
 
 import json
+import sys
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from functools import cache
+from types import ModuleType
 from typing import Any
-
-import httpx
 
 FIELD = "morphguard"
 REQUEST_ID = "x-morphguard-request-id"
@@ -47,15 +48,15 @@ class VerdictCapture:
         self.last: dict[str, Any] | None = None
 
     @property
-    def hooks(self) -> dict[str, list[Callable[[httpx.Response], Any]]]:
-        """`event_hooks` for an `httpx.Client`."""
+    def hooks(self) -> dict[str, list[Callable[[Any], Any]]]:
+        """`event_hooks` for an `httpx.Client` (or `httpx2.Client`)."""
         return {"response": [self._tap]}
 
     @property
-    def async_hooks(self) -> dict[str, list[Callable[[httpx.Response], Any]]]:
-        """`event_hooks` for an `httpx.AsyncClient`."""
+    def async_hooks(self) -> dict[str, list[Callable[[Any], Any]]]:
+        """`event_hooks` for an `httpx.AsyncClient` (or `httpx2.AsyncClient`)."""
 
-        async def tap(response: httpx.Response) -> None:
+        async def tap(response: Any) -> None:
             self._tap(response)
 
         return {"response": [tap]}
@@ -63,16 +64,18 @@ class VerdictCapture:
     def of(self, request_id: str) -> dict[str, Any] | None:
         return self._by_id.get(request_id)
 
-    def _tap(self, response: httpx.Response) -> None:
+    def _tap(self, response: Any) -> None:
         """Read the body as it passes (never consuming it): the client still gets every byte."""
         request_id = response.headers.get(REQUEST_ID)
         if response.headers.get("content-encoding", "identity") != "identity":
             return  # compressed: the proxy writes its answers plain, so this is not one of them
         reader = _Reader(response.headers.get("content-type", ""), lambda v: self._found(request_id, v))
-        if isinstance(response.stream, httpx.SyncByteStream):
-            response.stream = _SyncTap(response.stream, reader)
-        elif isinstance(response.stream, httpx.AsyncByteStream):
-            response.stream = _AsyncTap(response.stream, reader)
+        http = sys.modules[type(response).__module__.partition(".")[0]]
+        sync_tap, async_tap = _taps(http)
+        if isinstance(response.stream, http.SyncByteStream):
+            response.stream = sync_tap(response.stream, reader)
+        elif isinstance(response.stream, http.AsyncByteStream):
+            response.stream = async_tap(response.stream, reader)
 
     def _found(self, request_id: str | None, verdict: dict[str, Any]) -> None:
         self.last = verdict
@@ -123,29 +126,35 @@ class _Reader:
             self.found(verdict)
 
 
-class _SyncTap(httpx.SyncByteStream):
-    def __init__(self, inner: httpx.SyncByteStream, reader: _Reader) -> None:
-        self.inner, self.reader = inner, reader
+@cache
+def _taps(http: ModuleType) -> tuple[type, type]:
+    """Byte streams that pass a body on while `_Reader` reads it, for the HTTP library `http` (httpx, or the
+    httpx2 that anthropic's client is built on: the same interface, its own classes)."""
 
-    def __iter__(self) -> Iterator[bytes]:
-        for part in self.inner:
-            self.reader.feed(part)
-            yield part
-        self.reader.end()
+    class SyncTap(http.SyncByteStream):  # type: ignore[name-defined]
+        def __init__(self, inner: Any, reader: _Reader) -> None:
+            self.inner, self.reader = inner, reader
 
-    def close(self) -> None:
-        self.inner.close()
+        def __iter__(self) -> Iterator[bytes]:
+            for part in self.inner:
+                self.reader.feed(part)
+                yield part
+            self.reader.end()
 
+        def close(self) -> None:
+            self.inner.close()
 
-class _AsyncTap(httpx.AsyncByteStream):
-    def __init__(self, inner: httpx.AsyncByteStream, reader: _Reader) -> None:
-        self.inner, self.reader = inner, reader
+    class AsyncTap(http.AsyncByteStream):  # type: ignore[name-defined]
+        def __init__(self, inner: Any, reader: _Reader) -> None:
+            self.inner, self.reader = inner, reader
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self.inner:
-            self.reader.feed(part)
-            yield part
-        self.reader.end()
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for part in self.inner:
+                self.reader.feed(part)
+                yield part
+            self.reader.end()
 
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return SyncTap, AsyncTap

@@ -2,9 +2,9 @@
 
 Every client apps use here (openai, anthropic, LangChain, LlamaIndex, the Agents SDK) talks HTTP through an
 httpx client it can be given (anthropic's: an `httpx2` client, the same hooks). `VerdictCapture` hooks into
-that client and reads the proxy's `morphguard` object from each answer as the client reads it: the body field of an answer, the verdict chunk or event of
-a stream. A client or framework that drops the field on its way to the app (LangChain, LlamaIndex, the SDKs'
-stream helpers, the Agents SDK) leaves it here.
+that client and reads the proxy's `morphguard` object from each answer as the client reads it: the body
+field of an answer, the verdict chunk or event of a stream. A client or framework that drops the field on
+its way to the app (LangChain, LlamaIndex, the SDKs' stream helpers, the Agents SDK) leaves it here.
 
     capture = VerdictCapture()
     client = openai.OpenAI(base_url=..., http_client=httpx.Client(event_hooks=capture.hooks))

@@ -26,10 +26,8 @@ def test_openai_chat_block_and_verdict(block_proxy):
     model = llm(OpenAI, block_proxy, capture)
     response = model.chat(MESSAGES)
     assert response.message.content == SAFE and verdict_of(response.raw)["action"] == "block"
-    last = None
-    for last in model.stream_chat(MESSAGES):
-        pass
-    assert last is not None and last.message.content == SAFE
+    last = list(model.stream_chat(MESSAGES))[-1]
+    assert last.message.content == SAFE
     assert capture.last["action"] == "block"
 
 
@@ -38,10 +36,8 @@ def test_openai_chat_annotate_verdict(annotate_proxy):
     model = llm(OpenAI, annotate_proxy, capture)
     response = model.chat(MESSAGES)
     assert response.message.content == HALLUCINATED and verdict_of(response.raw)["flagged"]
-    last = None
-    for last in model.stream_chat(MESSAGES):
-        pass
-    assert last is not None and last.message.content == HALLUCINATED and capture.last["flagged"]
+    last = list(model.stream_chat(MESSAGES))[-1]
+    assert last.message.content == HALLUCINATED and capture.last["flagged"]
 
 
 def test_openai_responses_block_is_a_refusal(block_proxy):
@@ -50,10 +46,8 @@ def test_openai_responses_block_is_a_refusal(block_proxy):
     response = model.chat(MESSAGES)
     assert not response.message.content and response.additional_kwargs["refusal"] == SAFE
     assert verdict_of(response.raw)["action"] == "block"
-    last = None
-    for last in model.stream_chat(MESSAGES):
-        pass
-    assert last is not None and not last.message.content
+    last = list(model.stream_chat(MESSAGES))[-1]
+    assert not last.message.content
     assert verdict_of(last.raw)["action"] == "block" and capture.last["action"] == "block"
 
 

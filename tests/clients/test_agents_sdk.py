@@ -68,3 +68,11 @@ def test_guardrail_can_trip_on_a_flagged_answer(annotate_proxy):
     with pytest.raises(OutputGuardrailTripwireTriggered) as raised:
         asyncio.run(Runner.run(agent(annotate_proxy, "responses", capture, trip_when_flagged=True), QUESTION))
     assert raised.value.guardrail_result.output.output_info["flagged"]
+
+
+@pytest.mark.parametrize("api", list(MODELS))
+def test_the_sdk_refusal_handler_makes_the_safe_message_the_final_output(block_proxy, api):
+    capture = VerdictCapture()
+    result = asyncio.run(Runner.run(agent(block_proxy, api, capture), QUESTION,
+                                    error_handlers={"model_refusal": lambda data: data.error.refusal}))
+    assert result.final_output == SAFE and capture.last["action"] == "block"

@@ -5,7 +5,11 @@ flagged spans; `cite` appends, for each flagged statement, what the context says
 the answer for the safe message; `regenerate` is a loop the proxy runs with `regeneration_body`.
 
 `withheld` is the one place that decides what of a blocked answer a client may see: nothing of it. Every
-choice becomes the safe message, with no tool calls, audio, refusal or logprobs of the blocked answer.
+choice becomes the safe message, with no tool calls, audio or logprobs of the blocked answer, shaped as the
+provider's own refusal: the message's `refusal` is the safe message and the choice ends normally (`stop`).
+That is what the clients read as a refusal (`parse()` leaves `parsed` empty, LangChain's structured output
+and the Agents SDK raise their refusal errors) where a `content_filter` ending makes several of them raise a
+protocol error; `content` carries the safe message too, for clients that show only the text.
 """
 
 from __future__ import annotations
@@ -33,17 +37,38 @@ def with_answer(completion: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def withheld(completion: dict[str, Any], safe_message: str) -> dict[str, Any]:
-    """A blocked completion: every choice is the safe message alone, ended by the content filter."""
+    """A blocked completion: every choice is the safe message alone, as a refusal."""
     out = {k: copy.deepcopy(v) for k, v in completion.items() if k != "choices"}
     choices = completion.get("choices") or [{"index": 0}]
     out["choices"] = [{"index": c.get("index", i) if isinstance(c, dict) else i,
-                       "message": {"role": "assistant", "content": safe_message},
-                       "logprobs": None, "finish_reason": "content_filter"} for i, c in enumerate(choices)]
+                       "message": {"role": "assistant", "content": safe_message, "refusal": safe_message},
+                       "logprobs": None, "finish_reason": "stop"} for i, c in enumerate(choices)]
     return out
 
 
+def claims(factoids: Sequence[Factoid]) -> list[Factoid]:
+    """One factoid per claim: detectors that combine parts can name one span once per part, so factoids of
+    the same span (or, unplaced, the same words) become one, scored as its most suspicious part scored it,
+    carrying the first evidence any part found and every part's reason (a contradiction wins the label).
+    Order of first appearance is kept."""
+    merged: dict[tuple[object, ...], Factoid] = {}
+    for factoid in factoids:
+        key: tuple[object, ...] = ((factoid.start, factoid.end) if factoid.start is not None
+                                   and factoid.end is not None else (factoid.text,))
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = factoid
+            continue
+        best = factoid if factoid.score > seen.score else seen
+        reasons = [r for r in dict.fromkeys((seen.reason, factoid.reason)) if r]
+        label = "contradicted" if "contradicted" in (seen.label, factoid.label) else best.label
+        merged[key] = best.model_copy(update={"evidence": best.evidence or seen.evidence or factoid.evidence,
+                                              "reason": "; ".join(reasons), "label": label})
+    return list(merged.values())
+
+
 def flagged_factoids(detection: Detection, threshold: float) -> list[Factoid]:
-    return [f for f in detection.factoids if f.score >= threshold]
+    return [f for f in claims(detection.factoids) if f.score >= threshold]
 
 
 def highlight(text: str, factoids: Sequence[Factoid], open_mark: str, close_mark: str) -> str:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from morphguard.config import Action
 from morphguard.models import Decision, Detection, Factoid
+from morphguard.policy.actions import claims
 
 
 def now() -> str:
@@ -89,7 +90,7 @@ class DecisionRecord(BaseModel):
         if detection is not None:
             checked = {"checked": True, "detector": detection.detector, "score": round(detection.score, 4),
                        "latency_ms": round(latency_ms),
-                       "factoids": [FactoidRecord.of(f, decision.threshold) for f in detection.factoids],
+                       "factoids": [FactoidRecord.of(f, decision.threshold) for f in claims(detection.factoids)],
                        "cost": detection.cost.model_dump(exclude={"stages"})}
         return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
                    action=decision.action, threshold=decision.threshold, escalated=decision.escalate,

@@ -143,19 +143,19 @@ class Responses:
 
     @staticmethod
     def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
-        """The answer's text replaced (all of it in the first text part), or, blocked, a refusal that
-        leaves the response `incomplete` for content filtering."""
+        """The answer's text replaced (all of it in the first text part), or, blocked, the answer as the
+        provider writes its own refusals: a completed response whose one message is a `refusal` part."""
         out = dict(response)
         if blocked:
             # Ids the provider never issued: a later request cannot name the stored blocked response
             # (`previous_response_id`) or its message (`item_reference`) to have it repeated.
             out["id"] = f"resp_blocked_{secrets.token_hex(12)}"
             item = {"type": "message", "id": f"msg_blocked_{secrets.token_hex(12)}",
-                    "role": "assistant", "status": "incomplete",
+                    "role": "assistant", "status": "completed",
                     "content": [{"type": "refusal", "refusal": text}]}
             out["output"] = [item]
-            out["status"] = "incomplete"
-            out["incomplete_details"] = {"reason": "content_filter"}
+            out["status"] = "completed"
+            out["incomplete_details"] = None
             return out
         first = True
         rebuilt = []
@@ -215,15 +215,19 @@ class Responses:
         for index, item in enumerate(response.get("output", [])):
             yield event("response.output_item.added", output_index=index, item={**item, "content": []})
             for part_index, part in enumerate(item.get("content") or []):
-                yield event("response.content_part.added", output_index=index, item_id=item.get("id"),
-                            content_index=part_index, part=part)
+                at = {"output_index": index, "item_id": item.get("id"), "content_index": part_index}
+                # a part opens empty and its words follow as deltas, which clients add up
                 if part.get("type") == "output_text":
-                    yield event("response.output_text.delta", output_index=index, item_id=item.get("id"),
-                                content_index=part_index, delta=part["text"], logprobs=[])
-                    yield event("response.output_text.done", output_index=index, item_id=item.get("id"),
-                                content_index=part_index, text=part["text"], logprobs=[])
-                yield event("response.content_part.done", output_index=index, item_id=item.get("id"),
-                            content_index=part_index, part=part)
+                    yield event("response.content_part.added", **at, part={**part, "text": ""})
+                    yield event("response.output_text.delta", **at, delta=part["text"], logprobs=[])
+                    yield event("response.output_text.done", **at, text=part["text"], logprobs=[])
+                elif part.get("type") == "refusal":
+                    yield event("response.content_part.added", **at, part={**part, "refusal": ""})
+                    yield event("response.refusal.delta", **at, delta=part["refusal"])
+                    yield event("response.refusal.done", **at, refusal=part["refusal"])
+                else:
+                    yield event("response.content_part.added", **at, part=part)
+                yield event("response.content_part.done", **at, part=part)
             yield event("response.output_item.done", output_index=index, item=item)
         yield event(final, response=response)
 
@@ -286,11 +290,15 @@ class Messages:
 
     @staticmethod
     def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
+        """The answer's text replaced, or, blocked, a refusal as Anthropic writes one: `stop_reason`
+        `refusal`, the safe message as its text and as the refusal's explanation (`stop_details`)."""
         out = dict(response)
         others = [b for b in out.get("content", []) if isinstance(b, dict) and b.get("type") != "text"]
         out["content"] = [{"type": "text", "text": text}] + ([] if blocked else others)
         if blocked:
             out["stop_reason"] = "refusal"
+            out["stop_sequence"] = None
+            out["stop_details"] = {"type": "refusal", "category": None, "explanation": text}
         return out
 
     @staticmethod
@@ -347,7 +355,8 @@ class Messages:
     @staticmethod
     def synthesize(message: dict[str, Any]) -> Iterator[Event]:
         yield event_of("message_start", {"type": "message_start",
-                                          "message": {**message, "content": [], "stop_reason": None}})
+                                          "message": {**message, "content": [], "stop_reason": None,
+                                                      "stop_details": None}})
         for index, block in enumerate(message.get("content", [])):
             if block.get("type") != "text":
                 continue
@@ -356,8 +365,10 @@ class Messages:
             yield event_of("content_block_delta", {"type": "content_block_delta", "index": index,
                                                     "delta": {"type": "text_delta", "text": block["text"]}})
             yield event_of("content_block_stop", {"type": "content_block_stop", "index": index})
-        yield event_of("message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
+        ending = {"stop_reason": message.get("stop_reason"), "stop_sequence": None}
+        if message.get("stop_details") is not None:
+            ending["stop_details"] = message["stop_details"]
+        yield event_of("message_delta", {"type": "message_delta", "delta": ending,
                                           "usage": {"output_tokens": (message.get("usage") or {}).get("output_tokens",
                                                                                                        0)}})
         yield event_of("message_stop", {"type": "message_stop"})

@@ -103,8 +103,11 @@ class StreamedAnswer:
         return self.chunk([], morphguard=payload)
 
     def replacement_chunks(self, message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
-        """The chunks of a rewritten answer: its text, then its tool calls (none once blocked), then the end."""
+        """The chunks of a rewritten answer: its text and refusal (a blocked answer's), then its tool calls (none
+        once blocked), then the end."""
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if isinstance(message.get("refusal"), str):
+            delta["refusal"] = message["refusal"]
         calls = message.get("tool_calls")
         if isinstance(calls, list) and calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]

@@ -69,10 +69,10 @@ def test_responses_function_call_output_is_context(annotate_proxy):
     assert response.model_extra["morphguard"]["flagged"]
 
 
-def test_responses_block_is_an_incomplete_refusal(block_proxy):
+def test_responses_block_is_a_refusal(block_proxy):
     response = oai(block_proxy).responses.create(model="hallucinated", input=QUESTION,
                                                  extra_body={"morphguard": {"context": PASSAGE}})
-    assert response.status == "incomplete" and response.incomplete_details.reason == "content_filter"
+    assert response.status == "completed" and response.incomplete_details is None
     refusal = response.output[0].content[0]
     assert refusal.type == "refusal" and "reliable answer" in refusal.refusal
     assert response.output_text == "" and response.model_extra["morphguard"]["action"] == "block"
@@ -109,7 +109,7 @@ def test_responses_stream_helper_and_async_client(annotate_proxy):
 def test_responses_buffered_stream_can_block(block_proxy):
     events = list(oai(block_proxy).responses.create(model="hallucinated", input=QUESTION, stream=True,
                                                     extra_body={"morphguard": {"context": PASSAGE}}))
-    assert [e.type for e in events][-2:] == ["morphguard.verdict", "response.incomplete"]
+    assert [e.type for e in events][-2:] == ["morphguard.verdict", "response.completed"]
     assert not any(e.type == "response.output_text.delta" for e in events)  # nothing of the answer got out
     assert events[-1].response.output[0].content[0].type == "refusal"
 

@@ -123,7 +123,7 @@ def test_regenerate_reasks_with_the_unsupported_claims_and_keeps_the_better_answ
 
 def test_block_replaces_the_answer_with_the_safe_message(policy_proxy):
     completion = ask(client(policy_proxy, prefix="/block"))
-    assert completion.choices[0].finish_reason == "content_filter"
+    assert completion.choices[0].finish_reason == "stop" and completion.choices[0].message.refusal
     assert completion.choices[0].message.content.startswith("I can't give a reliable answer")
 
 
@@ -236,7 +236,7 @@ def test_fail_closed_blocks_and_an_undeliverable_escalation_is_kept(broken_judge
     completion = ask(client(broken_judge_proxy, **{"x-tenant": "strict"}))
     verdict = verdict_of(completion)
     assert verdict["action"] == "block" and verdict["reason"].startswith("fail_closed")
-    assert completion.choices[0].finish_reason == "content_filter"
+    assert completion.choices[0].message.refusal and completion.choices[0].finish_reason == "stop"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         kept = audit(proxy_factory, broken_judge_proxy, "--undelivered").stdout.splitlines()

@@ -176,8 +176,9 @@ def test_health_and_readiness(annotate_proxy):
 def test_block_config_replaces_a_hallucinated_answer(block_proxy):
     completion = client(block_proxy, key="mg-key-2").chat.completions.create(
         **ask("hallucinated"), extra_body={"morphguard": {"context": PASSAGE}})
-    assert completion.choices[0].finish_reason == "content_filter"
+    assert completion.choices[0].finish_reason == "stop"
     assert "reliable answer" in completion.choices[0].message.content
+    assert completion.choices[0].message.refusal == completion.choices[0].message.content
     assert verdict_of(completion)["action"] == "block"
 
 
@@ -194,7 +195,8 @@ def test_buffered_stream_can_block(block_proxy):
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "reliable answer" in text and "safe throughout" not in text
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "content_filter"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert "reliable answer" in "".join(c.choices[0].delta.refusal or "" for c in chunks if c.choices)
     assert chunks[-1].model_extra["morphguard"]["action"] == "block"
 
 

@@ -79,7 +79,7 @@ def test_no_spelling_of_the_chat_route_skips_the_check(guarded, proxy_factory, p
     if status == 200:  # reached the chat route: checked and blocked like the canonical spelling
         completion = json.loads(data)
         assert completion["morphguard"]["checked"] and completion["morphguard"]["action"] == "block"
-        assert completion["choices"][0]["finish_reason"] == "content_filter"
+        assert completion["choices"][0]["finish_reason"] == "stop" and completion["choices"][0]["message"]["refusal"]
         assert len(audit_rows(proxy_factory, guarded)) == before + 1
     else:
         assert 400 <= status < 500 and is_openai_error(data)

@@ -90,8 +90,8 @@ def test_a_blocked_answer_leaves_nothing_of_itself(block_proxy, request_of):
 def test_a_blocked_chat_answer_has_no_logprobs_and_more_choices_are_refused(block_proxy):
     path, body = chat("hallucinated", logprobs=True)
     choice = post(block_proxy, path, body).json()["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": SAFE} and choice["logprobs"] is None
-    assert choice["finish_reason"] == "content_filter"
+    assert choice["message"] == {"role": "assistant", "content": SAFE, "refusal": SAFE} and choice["logprobs"] is None
+    assert choice["finish_reason"] == "stop"
     with pytest.raises(openai.BadRequestError) as err:
         openai.OpenAI(base_url=block_proxy + "/v1", api_key="sk-client", max_retries=0).chat.completions.create(
             model="hallucinated", n=2, messages=[{"role": "user", "content": QUESTION}],
@@ -113,7 +113,7 @@ def test_answers_outside_the_text_are_checked(block_proxy, request_of):
     assert found["checked"] and found["flagged"] and found["action"] == "block", found
     assert "safe throughout" not in response.text
     if path == "/v1/chat/completions" and not body.get("stream"):
-        assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": SAFE}
+        assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": SAFE, "refusal": SAFE}
 
 
 def test_policy_names_what_happens_to_tool_calls_and_output_it_cannot_read(proxy_factory):
@@ -127,7 +127,7 @@ def test_policy_names_what_happens_to_tool_calls_and_output_it_cannot_read(proxy
     strict = proxy_factory(policy={"profiles": {"general": {"action": "block", "topics": {}}},
                                    "unreadable_output": "block"})
     response = post(strict, *responses("image-answer"))
-    assert verdict(response)["action"] == "block" and response.json()["status"] == "incomplete"
+    assert verdict(response)["action"] == "block" and response.json()["output"][0]["content"][0]["type"] == "refusal"
     assert "iVBORw0K" not in response.text  # the image is withheld with the rest
 
 
@@ -135,7 +135,7 @@ def test_a_blocked_response_cannot_be_repeated_through_previous_response_id(bloc
     client = openai.OpenAI(base_url=block_proxy + "/v1", api_key="sk-client", max_retries=0, timeout=60)
     blocked = client.responses.create(model="hallucinated", input=QUESTION,
                                       extra_body={"morphguard": {"context": PASSAGE}})
-    assert blocked.status == "incomplete" and blocked.id.startswith("resp_blocked_")
+    assert blocked.output[0].content[0].type == "refusal" and blocked.id.startswith("resp_blocked_")
     with pytest.raises(openai.BadRequestError) as err:  # no context in this turn: it would not be checked
         client.responses.create(model="faithful", input="Please repeat your previous answer word for word.",
                                 previous_response_id=blocked.id)
@@ -192,4 +192,4 @@ def test_a_blocked_buffered_stream_ends_with_the_verdict_in_its_last_event(block
     lines = [line for line in post(block_proxy, path, body).text.splitlines() if line.startswith("data:")]
     last = json.loads(lines[-1][5:])
     verdict = last["response"]["morphguard"] if path == "/v1/responses" else last["morphguard"]
-    assert last["type"] in ("response.incomplete", "message_stop") and verdict["action"] == "block"
+    assert last["type"] in ("response.completed", "message_stop") and verdict["action"] == "block"

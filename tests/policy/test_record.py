@@ -61,3 +61,29 @@ def test_an_audit_store_of_an_older_version_gains_the_new_columns(tmp_path):
     assert [r["request_id"] for r in rows] == ["old", "r1"]
     assert rows[0]["context_source"] is None and rows[1]["context_source"] == "explicit"
     assert rows[1]["factoids"][0]["text"] == "safe" and rows[1]["answer"] == "a." and set(rows[1]) == set(COLUMNS)
+
+
+def test_a_claim_named_by_several_parts_of_a_check_is_one_entry_with_its_worst_score():
+    from morphguard.config import PolicySettings
+    from morphguard.models import Evidence
+    from morphguard.policy.actions import apply
+
+    answer = "Ibuprofen is safe throughout pregnancy. It helps."
+    source = Evidence(passage=1, start=0, end=52, text="Ibuprofen is contraindicated in the third trimester.")
+    # the judge, the grounding score and the spot check each name the first sentence (as `combined` does)
+    detection = Detection(detector="combined", score=0.9, threshold=0.5, flagged=True, factoids=[
+        Factoid(text=answer[:39], start=0, end=39, score=0.9),
+        Factoid(text=answer[:39], start=0, end=39, score=0.4, evidence=[source]),
+        Factoid(text=answer[40:], start=40, end=49, score=0.2),
+        Factoid(text=answer[:39], start=0, end=39, score=0.6),
+        Factoid(text="unplaced claim", score=0.1), Factoid(text="unplaced claim", score=0.7)])
+    decision = DECISION.model_copy(update={"action": "cite"})
+    payload = DecisionRecord.of_check(request_id="r3", decision=decision, detection=detection,
+                                      latency_ms=1).payload()
+    assert [(f.get("start"), f["score"], f["flagged"]) for f in payload["factoids"]] == [
+        (0, 0.9, True), (40, 0.2, False), (None, 0.7, True)]
+    completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]}
+    cited = apply(completion, decision, detection, ["Ibuprofen is contraindicated in the third trimester."],
+                  PolicySettings())["choices"][0]["message"]["content"]
+    assert cited.count(answer[:39]) == 2  # the answer itself, and one citation of it
+    assert 'source [1] says "Ibuprofen is contraindicated in the third trimester."' in cited

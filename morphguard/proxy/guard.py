@@ -193,7 +193,7 @@ class Guard:
             self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
         return self._named[name]
 
-    async def review(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
+    async def settle(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
                      reask: Reask | None = None, mode: str = "inline",
                      wait_for_store: bool = False) -> tuple[dict[str, Any], DecisionRecord]:
         """The completion as the client gets it, and the record of the decision.
@@ -488,7 +488,7 @@ class Guard:
                 await self.account(request, "check_crashed", self.answer_text(completion), wait_for_store=True)
                 await self._acknowledge(self.queue.dead, entry, "check_crashed")
                 return
-            _, record = await self.review(request, completion, can_change=False, mode="async", wait_for_store=True)
+            _, record = await self.settle(request, completion, can_change=False, mode="async", wait_for_store=True)
             log.info("async check of %s: score %s, flagged %s, action %s", record.request_id,
                      record.score, record.flagged, record.action)
         except Exception:

@@ -6,7 +6,7 @@ import pytest
 
 from morphguard.config import PolicySettings
 from morphguard.policy.engine import PolicyEngine, RequestFacts
-from morphguard.proxy.app import _presented_key
+from morphguard.proxy.flow import presented_key as _presented_key
 from morphguard.proxy.gate import bearer_token
 
 

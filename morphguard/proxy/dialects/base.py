@@ -107,6 +107,7 @@ class Dialect(Protocol):
     name: str  # the route's last path segment, and the path upstream
     provider: str | None  # the provider its spans name; None: the configured upstream provider
     can_reask: bool  # the request can be sent again with an instruction added (`regenerate`)
+    via_litellm: bool  # a model a litellm route names goes to that provider (`proxy.litellm_routes`)
 
     def read(self, raw: bytes) -> dict[str, Any]:
         """The request body, parsed and validated (400 otherwise)."""

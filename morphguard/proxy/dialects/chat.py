@@ -19,8 +19,9 @@ DONE = Event(None, "[DONE]")
 
 class ChatCompletions:
     name = "chat/completions"
-    provider = None
+    provider: str | None = None
     can_reask = True
+    via_litellm = True
 
     @staticmethod
     def read(raw: bytes) -> dict[str, Any]:

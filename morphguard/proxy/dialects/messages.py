@@ -37,8 +37,9 @@ class Messages:
     """POST /v1/messages (Anthropic)."""
 
     name = "messages"
-    provider = "anthropic"
+    provider: str | None = "anthropic"
     can_reask = False
+    via_litellm = False
     EMPTY: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
 
     @staticmethod

@@ -40,8 +40,9 @@ class Responses:
     """POST /v1/responses (OpenAI)."""
 
     name = "responses"
-    provider = None
+    provider: str | None = None
     can_reask = False
+    via_litellm = False
     EMPTY: dict[str, Any] = {"object": "response", "output": []}
 
     @staticmethod

@@ -27,6 +27,7 @@ from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy import probes
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import Backend
+from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.dialects.chat import ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.dialects.responses import Responses
@@ -80,14 +81,15 @@ class Proxy:
         backend = Backend(self.upstream, self.anthropic, adapter, self.config.telemetry.upstream_provider)
         self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
         self.flow = Flow(self.config, self.engine, backend, self.guard)
-        await self.guard.start()
+        consumer = Consumer(self.guard)
+        await consumer.start()
         # What is loaded by now (litellm, pydantic models, ~370k objects) lives as long as the process: out of
         # the collector's sight, a full collection no longer stalls every request in flight (~150-200 ms here).
         gc.freeze()
         try:
             yield
         finally:
-            await self.guard.stop()
+            await consumer.stop()
             await self.upstream.aclose()
             if self.anthropic is not None:
                 await self.anthropic.aclose()

@@ -25,10 +25,10 @@ from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
+from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, client_disconnected, too_large, upstream_unavailable
 from morphguard.proxy.exchange import Exchange, StreamMode
-from morphguard.proxy.gate import bearer_token
 from morphguard.proxy.guard import Guard, Reask
 from morphguard.proxy.stream_modes import STREAM_MODES
 from morphguard.telemetry import names
@@ -183,13 +183,6 @@ def request_facts(request: Request, *, model: str | None = None, policy: Any = N
                         path_prefix=f"/{prefix}" if prefix else "",
                         requested_profile=_string(policy) or headers.get("x-morphguard-policy"),
                         requested_topic=_string(topic) or headers.get("x-morphguard-topic"))
-
-
-def presented_key(headers: dict[str, str]) -> str | None:
-    """The client's key: a bearer token (OpenAI's clients; the scheme in any case, any white space after it, as
-    providers take it) or x-api-key (Anthropic's). Another scheme's value counts whole, as it always has."""
-    authorization = headers.get("authorization", "")
-    return bearer_token(authorization) or authorization.strip() or headers.get("x-api-key") or None
 
 
 def _string(value: Any) -> str | None:

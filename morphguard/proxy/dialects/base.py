@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from morphguard.policy.answers import UNREADABLE
 from morphguard.proxy.body import loads
@@ -20,9 +20,9 @@ from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_stream_broken
 
 
-@dataclass(frozen=True)
-class Event:
-    """One server-sent event: its name (None for unnamed events, as chat completion chunks are) and its data."""
+class Event(NamedTuple):
+    """One server-sent event: its name (None for unnamed events, as chat completion chunks are) and its data.
+    A tuple: a stream makes one per chunk, and that is the cheapest object to make."""
 
     name: str | None
     data: str
@@ -34,8 +34,9 @@ class Event:
             return None
 
     def encode(self) -> bytes:
-        head = f"event: {self.name}\n" if self.name else ""
-        return (head + f"data: {self.data}\n\n").encode()
+        if self.name:
+            return f"event: {self.name}\ndata: {self.data}\n\n".encode()
+        return b"data: " + self.data.encode() + b"\n\n"
 
 
 def event_of(name: str | None, data: dict[str, Any]) -> Event:

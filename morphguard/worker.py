@@ -24,6 +24,7 @@ from morphguard.detectors import build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
 from morphguard.policy.engine import PolicyEngine
+from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.errors import mask_config_secrets
 from morphguard.proxy.guard import Guard, build_guard
 from morphguard.proxy.probes import probe_app
@@ -53,7 +54,8 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     probes = _serve_probes(guard, config, listening) if listening is not None else None
-    await guard.start()
+    consumer = Consumer(guard)
+    await consumer.start()
     log.warning("worker %s: %d checks at once from %s", getattr(guard.queue, "consumer", "?"), concurrency,
                 config.queue.stream)
     if ready is not None:
@@ -61,7 +63,7 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     try:
         await stopping.wait()
     finally:
-        await guard.stop()
+        await consumer.stop()
         if probes is not None:  # answering while checks under way finish
             probes.should_exit = True
             await probes.done

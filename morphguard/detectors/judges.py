@@ -11,7 +11,7 @@ from functools import cache
 from typing import Any
 
 from morphguard.config import Config
-from morphguard.detectors.registry import resolve, stage_models
+from morphguard.detectors.registry import choose_auto_with, resolve, stage_models
 from morphguard.errors import MorphguardError
 from morphguard.llm import LLMClient
 from morphguard.llm.local import LOCAL_MODEL
@@ -40,6 +40,9 @@ def chosen_detector(config: Config) -> str:
         return "combined"
     _say_once(repr(fitted), repr(judge))
     return "sentences"
+
+
+choose_auto_with(chosen_detector)
 
 
 @cache

@@ -77,13 +77,19 @@ def is_known(name: object) -> bool:
     return base in SPECS and (not profile or profile in SPECS[base].profiles)
 
 
+# What `detector.name: auto` runs, as `detectors.judges` chooses it (set when the package imports it).
+_AUTO: list[Callable[[Config], str]] = []
+
+
+def choose_auto_with(chooser: Callable[[Config], str]) -> None:
+    _AUTO[:] = [chooser]
+
+
 def resolve(config: Config, name: str | None = None) -> tuple[DetectorSpec[Any], Any]:
     """The spec of `name` (default: the configured detector) and the settings it runs with."""
     name = name or config.detector.name
     if name == AUTO_DETECTOR:
-        from morphguard.detectors.judges import chosen_detector  # it reads the specs registered here
-
-        name = chosen_detector(config)
+        name = _AUTO[0](config)
     base, _, profile = name.partition(":")
     if base not in SPECS:
         raise ValueError(f"unknown detector {base!r}; choose from {', '.join(sorted(SPECS))}")

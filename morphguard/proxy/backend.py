@@ -1,15 +1,16 @@
-"""The provider behind the proxy: one chat interface over the OpenAI-compatible upstream (aiohttp) and the
-litellm routes (other providers, chosen by model prefix), owning each call's GenAI client span.
+"""The provider behind the proxy, for every dialect: the OpenAI-compatible upstream (aiohttp), Anthropic's
+(`proxy.anthropic`, for Messages) and, for chat completions, the litellm routes (other providers, chosen by
+model prefix). It owns each call's GenAI client span.
 
 The span stays open after the provider has answered, so that the check's evaluation event lands on it,
-and is ended by the caller at the moment the provider finished (`Reply.end`, `Relay.finished`): it
-measures the provider, not our check.
+and is ended by the caller at the moment the provider finished (`Call.end`): it measures the provider,
+not our check.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,47 +22,28 @@ from starlette.responses import Response
 from morphguard import telemetry
 from morphguard.policy.answers import prose
 from morphguard.proxy.adapter import LitellmAdapter
-from morphguard.proxy.body import chat_completion, loads_upstream
+from morphguard.proxy.body import loads_upstream
+from morphguard.proxy.dialects.base import Dialect, Event, read_events
 from morphguard.proxy.errors import json_bytes
-from morphguard.proxy.streaming import StreamedAnswer, events
 from morphguard.proxy.upstream import Upstream, response_headers
 
 
 @dataclass
-class Reply:
-    """A non-streamed call: the completion, or the provider's own error response to pass on unchanged."""
-
-    span: Span
-    answered: int  # time.time_ns() when the provider's answer was in
-    completion: dict[str, Any] | None = None
-    refused: Response | None = None
-    kept: dict[str, str] = field(default_factory=dict)  # provider response headers worth passing on
-
-    def end(self) -> None:
-        self.span.end(end_time=self.answered)
-
-
-@dataclass
-class Relay:
-    """A streamed call: the chunk payloads as they arrive, or the provider's own error response."""
+class Call:
+    """One call to the provider: its span, and the provider's own error response to pass on unchanged, if any."""
 
     span: Span
     model: str | None
     provider: str
     started: float
-    server: tuple[str, int] | None = None
-    chunks: AsyncIterator[str] | None = None
+    server: tuple[str, int] | None = None  # the configured address and port called; None for litellm's routes
     refused: Response | None = None
-    kept: dict[str, str] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)  # provider response headers worth passing on
+    answered: int = 0  # time.time_ns() when the provider's answer was all in
 
-    def finished(self, answer: StreamedAnswer) -> int:
-        """Record what the provider streamed; returns the time to end the span at."""
-        telemetry.record_chat(self.span, provider=self.provider, role="upstream", request_model=self.model,
-                              response_model=answer.model or None, input_tokens=None, output_tokens=None,
-                              finish_reasons=[answer.finish_reason] if answer.finish_reason else [],
-                              seconds=time.perf_counter() - self.started, output_text=answer.text,
-                              server=self.server)
-        return time.time_ns()
+    def end(self) -> None:
+        if self.span.is_recording():
+            self.span.end(end_time=self.answered or None)
 
     def failed(self, error_type: str) -> None:
         """The call failed (`error_type`: the provider's HTTP status, an exception's class or an error code):
@@ -72,80 +54,123 @@ class Relay:
         self.span.end()
 
 
-class ChatBackend:
-    def __init__(self, upstream: Upstream, adapter: LitellmAdapter, default_provider: str) -> None:
+@dataclass
+class Reply(Call):
+    """A non-streamed call: the response in the dialect's shape (validated), unless refused."""
+
+    response: dict[str, Any] | None = None
+
+
+@dataclass
+class Relay(Call):
+    """A streamed call: the events as they arrive, unless refused."""
+
+    events: AsyncIterator[Event] | None = None
+
+
+class Backend:
+    def __init__(self, upstream: Upstream, anthropic: Upstream | None, adapter: LitellmAdapter,
+                 default_provider: str) -> None:
         self.upstream = upstream
+        self.anthropic = anthropic
         self.adapter = adapter
         self.default_provider = default_provider
 
-    def _start(self, body: dict[str, Any]) -> tuple[Span, str | None, str, tuple[str, int] | None]:
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        route = self.adapter.route_for(model)
-        provider = route.prefix.split("/")[0] if route else self.default_provider
-        base = self.upstream.base
-        server = None if route or not base.host else (base.host, base.port or (443 if base.scheme == "https" else 80))
-        span = telemetry.start_chat_span(model, provider, "upstream", body.get("messages"), server)
-        return span, model, provider, server
+    def _upstream(self, dialect: Dialect) -> Upstream:
+        return self.anthropic or self.upstream if dialect.provider == "anthropic" else self.upstream
 
-    async def complete(self, body: dict[str, Any], headers: dict[str, str]) -> Reply:
-        span, model, provider, server = self._start(body)
-        started = time.perf_counter()
+    def headers_for(self, dialect: Dialect, incoming: Mapping[str, str]) -> dict[str, str]:
+        upstream = self._upstream(dialect)
+        headers = upstream.headers_for(incoming)
+        if dialect.provider == "anthropic" and upstream.settings.api_key is not None:
+            # The proxy's own key, the way Anthropic's API takes it.
+            headers["x-api-key"] = headers.pop("authorization").removeprefix("Bearer ")
+        headers["content-type"] = "application/json"
+        return headers
+
+    def _start(self, dialect: Dialect, body: dict[str, Any], messages: Any, factory: type[Call]) -> Call:
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        route = self.adapter.route_for(model) if dialect.via_litellm else None
+        provider = (route.prefix.split("/")[0] if route else dialect.provider) or self.default_provider
+        base = self._upstream(dialect).base
+        server = None if route or not base.host else (base.host, base.port or (443 if base.scheme == "https" else 80))
+        span = telemetry.start_chat_span(model, provider, "upstream", messages, server)
+        return factory(span, model, provider, time.perf_counter(), server)
+
+    def record(self, dialect: Dialect, call: Call, response: dict[str, Any] | None, text: str) -> None:
+        """What the provider answered, on the call's span; the moment it finished is when the span ends."""
+        usage = dialect.usage(response) if response is not None else None
+        telemetry.record_chat(call.span, provider=call.provider, role="upstream", request_model=call.model,
+                              response_model=usage.model if usage else None,
+                              input_tokens=usage.input_tokens if usage else None,
+                              output_tokens=usage.output_tokens if usage else None,
+                              finish_reasons=list(usage.finish_reasons) if usage else [],
+                              seconds=time.perf_counter() - call.started, output_text=text, server=call.server)
+        call.answered = call.answered or time.time_ns()
+
+    def _refused(self, call: Call) -> None:
+        assert call.refused is not None
+        status = call.refused.status_code
+        telemetry.record_chat(call.span, provider=call.provider, role="upstream", request_model=call.model,
+                              response_model=None, input_tokens=None, output_tokens=None,
+                              seconds=time.perf_counter() - call.started, error=f"HTTP {status}",
+                              error_type=str(status), server=call.server)
+
+    async def complete(self, dialect: Dialect, body: dict[str, Any], headers: dict[str, str],
+                       messages: Any = None) -> Reply:
+        """The provider's answer, validated as the dialect's (502 otherwise); the span is left for the caller."""
+        reply = self._start(dialect, body, messages if messages is not None else body.get("messages"), Reply)
+        assert isinstance(reply, Reply)
         try:
-            with trace.use_span(span, end_on_exit=False, record_exception=True):
-                reply = await self._complete(body, headers, span)
+            with trace.use_span(reply.span, end_on_exit=False, record_exception=True):
+                raw = await self._send(dialect, reply, body, headers)
+            if reply.refused is not None:
+                self._refused(reply)
+                return reply
+            reply.response = raw
+            completion = dialect.completion(raw)
         except BaseException as exc:
-            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
-                                  input_tokens=None, output_tokens=None, seconds=time.perf_counter() - started,
-                                  error_type=type(exc).__qualname__, server=server)
-            span.end()
+            telemetry.record_chat(reply.span, provider=reply.provider, role="upstream", request_model=reply.model,
+                                  response_model=None, input_tokens=None, output_tokens=None,
+                                  seconds=time.perf_counter() - reply.started, error_type=type(exc).__qualname__,
+                                  server=reply.server)
+            reply.end()
             raise
-        seconds = time.perf_counter() - started
-        if reply.refused is not None:
-            status = reply.refused.status_code
-            telemetry.record_chat(span, provider=provider, role="upstream", request_model=model, response_model=None,
-                                  input_tokens=None, output_tokens=None, seconds=seconds,
-                                  error=f"HTTP {status}", error_type=str(status), server=server)
-        elif reply.completion is not None:
-            result = reply.completion
-            usage = result.get("usage")
-            usage = usage if isinstance(usage, dict) else {}
-            telemetry.record_chat(
-                span, provider=provider, role="upstream", request_model=model,
-                response_model=_string(result.get("model")), input_tokens=_int(usage.get("prompt_tokens")),
-                output_tokens=_int(usage.get("completion_tokens")),
-                finish_reasons=[str(c.get("finish_reason")) for c in result["choices"] if isinstance(c, dict)],
-                seconds=seconds, output_text=prose(result), server=server)
+        self.record(dialect, reply, raw, prose(completion))
         return reply
 
-    async def _complete(self, body: dict[str, Any], headers: dict[str, str], span: Span) -> Reply:
-        route = self.adapter.route_for(body.get("model"))
+    async def _send(self, dialect: Dialect, reply: Reply, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        route = self.adapter.route_for(body.get("model")) if dialect.via_litellm else None
         if route is not None:
-            completion = chat_completion(await self.adapter.complete(route, body))
-            return Reply(span, time.time_ns(), completion=completion)
-        async with self.upstream.open("POST", "chat/completions", headers, json_bytes(body)) as response:
+            answer = await self.adapter.complete(route, body)
+            reply.answered = time.time_ns()
+            return answer
+        async with self._upstream(dialect).open("POST", dialect.name, headers, json_bytes(body)) as response:
             data = await response.read()
-        answered = time.time_ns()
+        reply.answered = time.time_ns()
         if response.status_code >= 400:
-            return Reply(span, answered, refused=Response(data, response.status_code, headers=response_headers(
-                response.headers, body="decoded")))
-        return Reply(span, answered, completion=chat_completion(loads_upstream(data)),
-                     kept=response_headers(response.headers, body="ours"))
+            reply.refused = Response(data, response.status_code,
+                                     headers=response_headers(response.headers, body="decoded"))
+            return None
+        reply.kept = response_headers(response.headers, body="ours")
+        return loads_upstream(data)
 
     @asynccontextmanager
-    async def stream(self, body: dict[str, Any], headers: dict[str, str]) -> AsyncIterator[Relay]:
+    async def stream(self, dialect: Dialect, body: dict[str, Any], headers: dict[str, str],
+                     messages: Any = None) -> AsyncIterator[Relay]:
         """The provider's stream, open until the context exits (which also ends a span left open)."""
-        span, model, provider, server = self._start(body)
-        relay = Relay(span, model, provider, time.perf_counter(), server)
+        relay = self._start(dialect, body, messages if messages is not None else body.get("messages"), Relay)
+        assert isinstance(relay, Relay)
         async with AsyncExitStack() as opened:
             try:
-                with trace.use_span(span, end_on_exit=False, record_exception=True):
-                    route = self.adapter.route_for(model)
+                with trace.use_span(relay.span, end_on_exit=False, record_exception=True):
+                    route = self.adapter.route_for(relay.model) if dialect.via_litellm else None
                     if route is not None:
-                        relay.chunks = self.adapter.stream(route, body)
+                        relay.events = _unnamed(self.adapter.stream(route, body))
                     else:
                         try:
-                            response = await opened.enter_async_context(self.upstream.open(
-                                "POST", "chat/completions", headers, json_bytes(body)))
+                            response = await opened.enter_async_context(self._upstream(dialect).open(
+                                "POST", dialect.name, headers, json_bytes(body)))
                         except Exception as exc:  # the provider could not be reached
                             relay.failed(type(exc).__qualname__)
                             raise
@@ -155,16 +180,13 @@ class ChatBackend:
                             relay.failed(str(response.status_code))
                         else:
                             relay.kept = response_headers(response.headers, body="ours")
-                            relay.chunks = events(response.lines())
+                            relay.events = read_events(response.lines())
                 yield relay
             finally:
-                if span.is_recording():  # a stream that ended in an error or a client that left
-                    span.end()
+                if relay.span.is_recording():  # a stream that ended in an error or a client that left
+                    relay.span.end()
 
 
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+async def _unnamed(payloads: AsyncIterator[str]) -> AsyncIterator[Event]:
+    async for payload in payloads:
+        yield Event(None, payload)

@@ -37,6 +37,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from morphguard.proxy.credentials import bearer_token
+
 log = logging.getLogger(__name__)
 
 
@@ -211,8 +213,6 @@ def config_secrets(config: BaseModel) -> list[str]:
 
 def credentials_in(headers: Mapping[str, str]) -> tuple[str, ...]:
     """The keys in request headers: bearer token (and the whole Authorization value), x-api-key, api-key."""
-    from morphguard.proxy.gate import bearer_token  # the one reading of Authorization (gate imports this module)
-
     keys: list[str] = []
     for name in ("authorization", "x-api-key", "api-key"):
         value = headers.get(name, "").strip()

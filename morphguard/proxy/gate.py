@@ -10,7 +10,7 @@ Headers that decide who the client is or which policy applies must appear once: 
 `Authorization` headers, one part of a stack may authenticate the first and another route on the last.
 
 `GET /metrics` needs the bearer token `telemetry.metrics_token` when one is configured (401 otherwise), checked
-here, on the canonical path, before any route runs. `bearer_token` is the one reading of `Authorization`.
+here, on the canonical path, before any route runs. `credentials.bearer_token` is the one reading of `Authorization`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from morphguard.proxy.credentials import bearer_token
 from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, metrics_unauthorized
 from morphguard.telemetry import setup as telemetry_setup
 
@@ -33,15 +34,6 @@ _SINGLE = frozenset({"authorization", "api-key", "x-api-key", "content-length", 
                      "transfer-encoding"})
 _OURS = "x-morphguard-"
 METRICS_PATH = "/metrics"
-
-
-def bearer_token(authorization: str) -> str | None:
-    """The token of an `Authorization: Bearer <token>` value, the scheme in any case and any white space after it
-    (auth schemes are case-insensitive, RFC 9110, and providers accept `bearer` and a tab); None for another scheme."""
-    parts = authorization.split(None, 1)
-    if len(parts) == 2 and parts[0].lower() == "bearer":
-        return parts[1].strip() or None
-    return None
 
 
 def may_scrape(headers: list[tuple[bytes, bytes]]) -> bool:

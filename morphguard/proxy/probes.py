@@ -49,7 +49,7 @@ async def readiness(guard: Guard, **checked: bool) -> tuple[bool, dict[str, Any]
     """Whether the process is ready, and the body /readyz answers with; `checked`: what the caller checked
     itself (the proxy: its upstream), reported first."""
     checks: dict[str, Any] = dict(checked)
-    llm = getattr(guard.detector, "llm", None)
+    llm = getattr(guard.checker.detector, "llm", None)
     local = getattr(llm, "routes", {}).get("local")
     if local is not None and local.api_base:
         checks["judge"] = await _reachable(local.api_base.removesuffix("/v1") + "/health")

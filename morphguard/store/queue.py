@@ -1,5 +1,5 @@
-"""The async check queue: every accepted check is written down before the client gets its answer, and
-leaves the queue only once its outcome is in the audit trail.
+"""The async check queue's interface: every accepted check is written down before the client gets its answer,
+and leaves the queue only once its outcome is in the audit trail.
 
 A process killed outright (kill -9) or stopped before its queue drained leaves its entries behind;
 the next start hands them out again (`recover`), so a check can run twice but is never lost. The
@@ -7,34 +7,15 @@ consumer decides what "done" means: `done` after the audit row is written, `retr
 (an entry that failed `max_tries` times is handed back once more as `poisoned`, for the caller to
 record as not checked and drop with `dead`).
 
-Two implementations: `SqliteCheckQueue` here (one process, the default) and
-`store.redis_queue.RedisCheckQueue` (Redis Streams, shared by proxy replicas and `morphguard worker`s);
-`open_queue` picks by `queue.url`.
+Two implementations: `store.sqlite_queue.SqliteCheckQueue` (one process, the default) and
+`store.redis_queue.RedisCheckQueue` (Redis Streams, shared by proxy replicas and `morphguard worker`s, which is
+also a `WorkerPool`); `store.open_queue` picks by `queue.url`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sqlite3
-import threading
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
-
-from morphguard.config import QueueSettings
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS check_queue (
-    id TEXT PRIMARY KEY,
-    enqueued REAL NOT NULL,
-    payload TEXT NOT NULL,
-    claimed REAL,
-    tries INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS check_queue_order ON check_queue (claimed, enqueued);
-"""
 
 
 class QueueUnavailable(Exception):
@@ -48,6 +29,7 @@ class Entry:
     payload: dict[str, Any]
     tries: int  # earlier deliveries that did not end in `done`
     poisoned: bool  # delivered max_tries times: record it as not checked, then `dead`
+    reply_to: str | None = None  # a job a caller waits on (`WorkerPool.call`): answer it, do not audit it
 
 
 class CheckQueue(Protocol):
@@ -84,110 +66,12 @@ class CheckQueue(Protocol):
     async def close(self) -> None: ...
 
 
-class SqliteCheckQueue:
-    """The embedded queue: one SQLite table, one process consuming it."""
+class WorkerPool(Protocol):
+    """Inline checks run by the workers of a fleet (`proxy.inline_via: workers`): a caller puts a job and waits
+    for its reply; the worker that takes it (an entry with `reply_to`) answers."""
 
-    shared = False
+    async def call(self, entry_id: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The worker's reply, {"error": "queue_full"}, or None when none came within `timeout_s`."""
 
-    def __init__(self, path: str | Path, max_size: int, max_tries: int = 3) -> None:
-        self.max_size, self.max_tries = max_size, max_tries
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL: a committed entry survives the process being killed (kill -9, OOM), not a power cut
-        # of the host. FULL fsyncs every accepted request: in benchmarks/proxy_overhead.py at concurrency 16
-        # it measured 176 req/s (p50 84.5 ms) against 211 req/s (p50 71.0 ms) with NORMAL, in two runs here.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        self._added = asyncio.Event()  # the only producer is this process: no polling while idle
-
-    async def put(self, entry_id: str, payload: dict[str, Any]) -> bool:
-        stored = await asyncio.to_thread(self._put, entry_id, json.dumps(payload))  # ASCII escapes: lone
-        if stored:                                                                  # surrogates survive
-            self._added.set()
-        return stored
-
-    def _put(self, entry_id: str, text: str) -> bool:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                (size,) = self._db.execute("SELECT count(*) FROM check_queue").fetchone()
-                if size >= self.max_size:
-                    return False
-                self._db.execute("INSERT INTO check_queue (id, enqueued, payload) VALUES (?, ?, ?)",
-                                 (entry_id, time.time(), text))
-            finally:
-                self._db.execute("COMMIT")
-        return True
-
-    async def take(self, wait_s: float) -> Entry | None:
-        entry = await asyncio.to_thread(self._take)
-        if entry is None and wait_s > 0:
-            self._added.clear()
-            try:
-                await asyncio.wait_for(self._added.wait(), timeout=wait_s)
-            except TimeoutError:
-                return None
-            entry = await asyncio.to_thread(self._take)
-        return entry
-
-    def _take(self) -> Entry | None:
-        with self._lock:
-            row = self._db.execute(
-                "UPDATE check_queue SET claimed = ? WHERE id = (SELECT id FROM check_queue WHERE claimed IS NULL "
-                "ORDER BY enqueued LIMIT 1) RETURNING id, payload, tries", (time.time(),)).fetchone()
-        if row is None:
-            return None
-        entry_id, payload, tries = row
-        return Entry(entry_id, entry_id, json.loads(payload), tries, poisoned=tries >= self.max_tries)
-
-    async def keep_claims(self) -> None:
-        return None  # claims last until the next start
-
-    async def done(self, entry: Entry) -> None:
-        await asyncio.to_thread(self._run, "DELETE FROM check_queue WHERE id = ?", entry.id)
-
-    async def retry(self, entry: Entry) -> None:
-        await asyncio.to_thread(self._run, "UPDATE check_queue SET claimed = NULL, tries = tries + 1 WHERE id = ?",
-                                entry.id)
-        self._added.set()
-
-    async def dead(self, entry: Entry, reason: str) -> None:
-        await self.done(entry)  # the audit row (check_crashed) is its record; one process has no one to tell
-
-    async def recover(self) -> int:
-        """Release the claims of a previous run: this process is the queue's only consumer."""
-        await asyncio.to_thread(self._run, "UPDATE check_queue SET claimed = NULL WHERE claimed IS NOT NULL")
-        return await self.backlog()
-
-    async def backlog(self) -> int:
-        return int(await asyncio.to_thread(self._count))
-
-    async def stats(self) -> dict[str, int]:
-        return {"backlog": await self.backlog()}
-
-    async def reachable(self) -> bool:
-        return True  # a file beside the process
-
-    def _count(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT count(*) FROM check_queue").fetchone()[0])
-
-    def _run(self, sql: str, *args: Any) -> None:
-        with self._lock:
-            self._db.execute(sql, args)
-
-    async def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-def open_queue(settings: QueueSettings, sqlite_path: str | Path, max_size: int,
-               longest_wait_s: float = 120.0) -> CheckQueue:
-    """`longest_wait_s`: the longest this process waits on the queue in one call (an awaited inline check)."""
-    if settings.url is None:
-        return SqliteCheckQueue(sqlite_path, max_size, settings.max_tries)
-    from morphguard.store.redis_queue import RedisCheckQueue  # redis is needed only by fleets
-
-    return RedisCheckQueue(settings, max_size, longest_wait_s)
+    async def answer(self, entry: Entry, reply: dict[str, Any]) -> None:
+        """Send the reply, then drop the job."""

@@ -50,7 +50,11 @@ if not epoch then
   redis.call('SET', KEYS[2], epoch)
 end
 if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return '' end
-redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'payload', ARGV[3], 'tries', ARGV[4])
+if ARGV[6] == '' then
+  redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'payload', ARGV[3], 'tries', ARGV[4])
+else
+  redis.call('XADD', KEYS[1], '*', 'id', ARGV[2], 'payload', ARGV[3], 'tries', ARGV[4], 'reply_to', ARGV[6])
+end
 return epoch
 """
 
@@ -93,10 +97,10 @@ class RedisCheckQueue:
         """`tries` > 0: an entry queued again (Redis lost the first copy); the worker looks for its row first."""
         return await self._add(entry_id, json.dumps(payload), tries)
 
-    async def _add(self, entry_id: str, text: str, tries: int) -> bool:
+    async def _add(self, entry_id: str, text: str, tries: int, reply_to: str = "") -> bool:
         with _reaching():
             epoch = await self._put(keys=[self.stream, self._epoch_key],
-                                    args=[self.max_size, entry_id, text, tries, uuid.uuid4().hex])
+                                    args=[self.max_size, entry_id, text, tries, uuid.uuid4().hex, reply_to])
         if not epoch:
             return False
         self.epoch = epoch
@@ -196,7 +200,7 @@ class RedisCheckQueue:
         self._in_flight.add(message_id)
         tries = max(int(fields.get("tries", 0)), deliveries - 1)
         return Entry(message_id, fields.get("id", ""), json.loads(fields["payload"]), tries,
-                     poisoned=tries >= self.settings.max_tries)
+                     poisoned=tries >= self.settings.max_tries, reply_to=fields.get("reply_to") or None)
 
     async def done(self, entry: Entry) -> None:
         await self._settle(entry)
@@ -231,14 +235,14 @@ class RedisCheckQueue:
         # Without the group the entry is no one's any more (the pipeline's other commands ran): nothing to repeat.
         await self._grouped(run, repeat=False)
 
-    # Request/reply for inline checks run by workers (`proxy.inline_via: workers`): the job names a list
-    # to answer on; the caller waits on it as long as its latency budget allows.
+    # `WorkerPool`: request/reply for inline checks run by workers (`proxy.inline_via: workers`). The job's
+    # entry names a list to answer on (`reply_to`); the caller waits on it as long as its latency budget allows.
 
-    async def call(self, entry_id: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+    async def call(self, entry_id: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
         """The worker's reply, {"error": "queue_full"}, or None when none came within `timeout_s`."""
         reply_to = f"{self.stream}:reply:{uuid.uuid4().hex}"
-        job = {**payload, "reply_to": reply_to, "deadline": time.time() + timeout_s}
-        if not await self._add(entry_id, json.dumps(job), 0):
+        job = {**job, "deadline": time.time() + timeout_s}
+        if not await self._add(entry_id, json.dumps(job), 0, reply_to):
             return {"error": "queue_full"}
         with _reaching():
             try:
@@ -249,7 +253,8 @@ class RedisCheckQueue:
 
     async def answer(self, entry: Entry, reply: dict[str, Any]) -> None:
         """Send the reply, then drop the job; a reply nobody waits for any more expires."""
-        await self._settle(entry, reply=(entry.payload["reply_to"], json.dumps(reply)))
+        assert entry.reply_to is not None
+        await self._settle(entry, reply=(entry.reply_to, json.dumps(reply)))
         self._in_flight.discard(entry.id)
 
     async def recover(self) -> int:

@@ -6,8 +6,8 @@ import pytest
 
 from morphguard.config import PolicySettings
 from morphguard.policy.engine import PolicyEngine, RequestFacts
-from morphguard.proxy.app import _presented_key
-from morphguard.proxy.gate import bearer_token
+from morphguard.proxy.credentials import bearer_token
+from morphguard.proxy.credentials import presented_key as _presented_key
 
 
 def engine(**policy) -> PolicyEngine:

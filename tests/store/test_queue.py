@@ -8,7 +8,8 @@ import uuid
 import pytest
 
 from morphguard.config import QueueSettings
-from morphguard.store.queue import SqliteCheckQueue, open_queue
+from morphguard.store import open_queue
+from morphguard.store.sqlite_queue import SqliteCheckQueue
 
 
 @pytest.fixture(params=["sqlite", "redis"])

@@ -1,0 +1,161 @@
+"""Checking an answer: the detector within the profile's latency budget, through the verdict cache a fleet
+shares, here or by the fleet's workers (`proxy.inline_via: workers`, over `store.queue.WorkerPool`); what the
+check could not read noted, and blocked where policy says so. The outcome is policy's decision on it; carrying
+it out is `proxy.guard`'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+from typing import Any
+
+from opentelemetry import trace
+
+from morphguard import telemetry
+from morphguard.config import Config
+from morphguard.detectors import Detector, build_detector, fingerprint
+from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
+from morphguard.models import Detection, utf8
+from morphguard.policy import answers
+from morphguard.policy.engine import PolicyEngine
+from morphguard.proxy.check import CheckOutcome, CheckRequest
+from morphguard.proxy.errors import mask_secrets
+from morphguard.store import verdicts
+from morphguard.store.queue import Entry, WorkerPool
+from morphguard.store.verdicts import VerdictCache
+from morphguard.telemetry import names
+
+log = logging.getLogger(__name__)
+
+
+class Checker:
+    def __init__(self, detector: Detector, engine: PolicyEngine, config: Config, cache: VerdictCache | None = None,
+                 pool: WorkerPool | None = None) -> None:
+        self.detector = detector
+        self._named: dict[str, Detector] = {}
+        self.engine = engine
+        self.config = config
+        self.cache = cache
+        self.pool = pool  # set when inline checks go to the workers
+        self._fingerprints: dict[str, str] = {}
+
+    def answer_text(self, completion: dict[str, Any]) -> str:
+        """What the check reads of a completion, as policy says (`policy.tool_calls`)."""
+        return answers.checked_text(completion, tool_calls=self.config.policy.tool_calls == "check")
+
+    def _unread(self, completion: dict[str, Any]) -> str | None:
+        """A note of what the check did not read, for the audit row; None when it read everything."""
+        parts = answers.unreadable(completion)
+        if parts:
+            return "unreadable_output: " + ", ".join(sorted(set(parts)))
+        if self.config.policy.tool_calls == "record" and answers.has_tool_calls(completion):
+            return "tool_calls_unchecked"
+        return None
+
+    async def check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
+        """The check of what the completion says, noting what it could not read (`policy.tool_calls`,
+        `policy.unreadable_output`), and blocking it where policy says so."""
+        started = time.perf_counter()
+        outcome = await self._check(request, completion)
+        unread = self._unread(completion) if request.rag is not None else None
+        if unread is None:
+            return outcome
+        decision = outcome.decision
+        if unread.startswith("unreadable_output") and self.config.policy.unreadable_output == "block":
+            decision = decision.model_copy(update={"action": "block", "escalate": False})
+        note = f"{decision.reason}; {unread}" if decision.reason else unread
+        return CheckOutcome(decision.model_copy(update={"reason": note}), outcome.detection,
+                            outcome.latency_ms or (time.perf_counter() - started) * 1000)
+
+    async def _check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
+        started = time.perf_counter()
+        answer = self.answer_text(completion)
+        if request.rag is None:
+            return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_context"), None, 0.0)
+        if not answer.strip():
+            return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_answer"), None, 0.0)
+        budget = self.engine.budget_s(request.profile)
+        try:
+            if self.pool is not None:
+                detection = await self._detect_by_workers(request, utf8(answer), budget)
+            else:
+                detector = await self.detector_for(request.detector)
+                detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
+        except (MorphguardError, TimeoutError) as exc:
+            # Clients and the audit get a short stable code; the exception chain stays in the log and span.
+            reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
+                      else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
+            _record_masked(exc)
+            telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
+            decision = self.engine.failed(request.profile, request.topic, reason)
+            log.warning("request %s %s unchecked (%s): %s", request.request_id,
+                        "passed" if decision.action == "pass" else "blocked", decision.reason, exc)
+            return CheckOutcome(decision, None, (time.perf_counter() - started) * 1000)
+        decision = self.engine.decide(request.profile, request.topic, detection)
+        return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
+
+    async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
+        assert request.rag is not None
+        if self.cache is None:
+            return await detector.detect(request.rag, answer)
+        name = request.detector or self.config.detector.name
+        if name not in self._fingerprints:
+            self._fingerprints[name] = fingerprint(self.config, name)
+        key = verdicts.key_of(self._fingerprints[name], request.rag.question, request.rag.passages, answer)
+        cached = await self.cache.get(key)
+        if cached is not None:
+            return Detection.model_validate(cached)
+        detection = await detector.detect(request.rag, answer)
+        await self.cache.put(key, detection.model_dump(mode="json"))
+        return detection
+
+    async def _detect_by_workers(self, request: CheckRequest, answer: str, budget: float | None) -> Detection:
+        """The detection, computed by whichever worker takes the job; failures raise as a local check's would."""
+        assert self.pool is not None
+        job = {"detect": {"request": request.to_dict(), "answer": answer, "trace": telemetry.carrier()}}
+        reply = await self.pool.call(request.request_id, job, budget or self.config.judge.timeout_s)
+        if reply is None:
+            raise TimeoutError("no worker answered within the latency budget")
+        error = reply.get("error")
+        if error == "judge_timeout":
+            raise LLMTimeoutError("the worker's judge timed out")
+        if error:
+            raise LLMError(f"the worker could not check: {error}")
+        return Detection.model_validate(reply["detection"])
+
+    async def detect_for_caller(self, entry: Entry) -> dict[str, Any]:
+        """A worker's half of `_detect_by_workers`: the detection or a short error, never an exception."""
+        job = entry.payload["detect"]
+        request = CheckRequest.from_dict(job["request"])
+        if entry.poisoned:
+            return {"error": "check_crashed"}
+        remaining = entry.payload["deadline"] - time.time()
+        if remaining <= 0:
+            return {"error": "expired"}  # the caller has given up waiting: spend no judge time on it
+        with telemetry.continued(job.get("trace"), names.SPAN_REMOTE_CHECK, request.request_id):
+            try:
+                detector = await self.detector_for(request.detector)
+                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
+            except (MorphguardError, TimeoutError) as exc:
+                _record_masked(exc)
+                return {"error": "judge_timeout" if isinstance(exc, LLMTimeoutError | TimeoutError) else "judge_error"}
+        return {"detection": detection.model_dump(mode="json")}
+
+    async def detector_for(self, name: str | None) -> Detector:
+        """The configured detector, or one a request names, built once and sharing the judge client."""
+        if not name or name == self.detector.name:
+            return self.detector
+        if name not in self._named:
+            llm = getattr(self.detector, "llm", None)
+            self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
+        return self._named[name]
+
+
+def _record_masked(exc: BaseException) -> None:
+    """The judge's error on the current span, with any secret it echoes masked (litellm's messages may)."""
+    trace.get_current_span().record_exception(exc, attributes={
+        "exception.message": mask_secrets(str(exc)),
+        "exception.stacktrace": mask_secrets("".join(traceback.format_exception(exc)))})

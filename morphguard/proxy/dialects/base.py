@@ -1,0 +1,237 @@
+"""What the request path needs to know of an API (`Dialect`), and the server-sent events all of them stream.
+
+A dialect reads its request as a chat (`chat_view`), so that context extraction and policy are the same for
+every API, and its answer as a chat completion (`completion`, in the shape `policy.answers` reads), so that the
+check and the actions are too. What policy did to that completion is written back in the dialect's own shape
+(`written`). A stream is read event by event (`Assembly`); a dialect says what text an event adds (`delta`), how
+its stream ends as a refused answer (`filtered_ending`) and how an event carries a verdict (`with_verdict`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from morphguard.policy.answers import UNREADABLE
+from morphguard.proxy.body import loads
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_stream_broken
+
+
+class Event(NamedTuple):
+    """One server-sent event: its name (None for unnamed events, as chat completion chunks are) and its data.
+    A tuple: a stream makes one per chunk, and that is the cheapest object to make."""
+
+    name: str | None
+    data: str
+
+    def json(self) -> Any:
+        try:
+            return loads(self.data)
+        except (ValueError, RecursionError):
+            return None
+
+    def encode(self) -> bytes:
+        if self.name:
+            return f"event: {self.name}\ndata: {self.data}\n\n".encode()
+        return b"data: " + self.data.encode() + b"\n\n"
+
+
+def event_of(name: str | None, data: dict[str, Any]) -> Event:
+    return Event(name, json.dumps(data))
+
+
+async def read_events(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
+    """Server-sent events from the provider's lines (comments and ids dropped); an error event's secrets masked,
+    since the provider may echo the key it was sent."""
+    name: str | None = None
+    data: list[str] = []
+    async for line in lines:
+        if not line.strip():
+            if data:
+                yield _masked(Event(name, "\n".join(data)))
+            name, data = None, []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+    if data:
+        yield _masked(Event(name, "\n".join(data)))
+
+
+def _masked(event: Event) -> Event:
+    if event.name in ("error", "response.failed") or '"error"' in event.data[:200]:
+        return Event(event.name, mask_secrets(event.data))
+    return event
+
+
+def as_completion(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as the completion the guard reads and rewrites."""
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the GenAI span records of an answer."""
+
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reasons: tuple[str, ...] = ()
+
+
+class Assembly(Protocol):
+    """One stream's answer, put together event by event as the events pass."""
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far (what a broken stream's audit row keeps)."""
+
+    def add(self, event: Event) -> bool:
+        """Take one event; True when it is the stream's last, which is held back until the verdict is known.
+        Raises ProxyError for an event that breaks the stream."""
+
+    def finish(self) -> None:
+        """Raises ProxyError when the stream ended before its answer did."""
+
+    def response(self) -> dict[str, Any] | None:
+        """The whole response the events make, in the dialect's shape; None where it cannot be read."""
+
+    def completion(self) -> dict[str, Any]:
+        """The answer to check: from the whole response, or, where that cannot be read, from the text deltas
+        (they have gone out to the client, so they are checked all the same)."""
+
+
+class Dialect(Protocol):
+    name: str  # the route's last path segment, and the path upstream
+    provider: str | None  # the provider its spans name; None: the configured upstream provider
+    can_reask: bool  # the request can be sent again with an instruction added (`regenerate`)
+    via_litellm: bool  # a model a litellm route names goes to that provider (`proxy.litellm_routes`)
+
+    def read(self, raw: bytes) -> dict[str, Any]:
+        """The request body, parsed and validated (400 otherwise)."""
+
+    def chat_view(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request as a chat (`messages`, `model`, `stream`, our field): what context extraction reads."""
+
+    def completion(self, response: Any) -> dict[str, Any]:
+        """The answer as a chat completion, every field that carries the model's words translated (502 when
+        the response is not one of this API's)."""
+
+    def usage(self, response: dict[str, Any]) -> Usage: ...
+
+    def written(self, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
+        """The response with what policy made of its completion (`checked`) written back."""
+
+    def assembly(self) -> Assembly: ...
+
+    def delta(self, event: Event) -> str:
+        """The answer text this event adds."""
+
+    def replay(self, response: dict[str, Any]) -> list[Event]:
+        """A stream that says what `response` says, its last event last."""
+
+    def filtered_ending(self, response: dict[str, Any] | None, text: str) -> list[Event]:
+        """The events that end a stream as an answer the provider's content filter stopped, saying `text`;
+        `response`, where known, is the stream's response so far (its id and model)."""
+
+    def with_verdict(self, last: Event | None, verdict: dict[str, Any],
+                     response: dict[str, Any] | None) -> list[Event]:
+        """The stream's ending with the verdict on it: the verdict's own event, then `last` (the held-back
+        last event) carrying it too where it can; `response` is the stream's (its id and model)."""
+
+    def stream_error(self, error: ProxyError) -> Event:
+        """The event that tells the client a stream broke after its status line went out."""
+
+
+# --- helpers of the dialects that translate to and from the chat shape ----------------------------------------
+
+VERDICT_EVENT = "morphguard.verdict"  # the event a Responses or Messages stream gets the verdict in
+
+
+def text_of(content: Any, kinds: tuple[str, ...]) -> str:
+    """The text of a content that is a string or a list of typed parts (those of `kinds`)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content
+                         if isinstance(p, dict) and p.get("type") in kinds and isinstance(p.get("text"), str))
+    return ""
+
+
+def chat_request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat-shaped request the context extractor and policy read."""
+    view: dict[str, Any] = {"messages": messages}
+    for key in ("model", "stream", OUR_FIELD):
+        if key in body:
+            view[key] = body[key]
+    return view
+
+
+def chat_message(text: str, refusals: list[str], calls: list[dict[str, Any]], unread: list[str]) -> dict[str, Any]:
+    """An answer as a chat message (`policy.answers`), with the output types the check cannot read named."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if refusals:
+        message["refusal"] = "\n".join(refusals)
+    if calls:
+        message["tool_calls"] = calls
+    if unread:
+        message[UNREADABLE] = unread
+    return message
+
+
+def api_error_event(error: ProxyError) -> Event:
+    """The `error` event both Responses and Messages streams end with when they break."""
+    return event_of("error", {"type": "error", "error": {"type": "api_error", "message": error.message}})
+
+
+class NamedEvents(Protocol):
+    """What `EventLog` needs of a dialect whose stream ends in a named last event."""
+
+    def delta(self, event: Event) -> str: ...
+
+    def is_last(self, event: Event) -> bool: ...
+
+    def collected(self, events: list[Event]) -> dict[str, Any] | None: ...
+
+    def completion(self, response: Any) -> dict[str, Any]: ...
+
+
+class EventLog:
+    """A stream kept whole as its events pass; the response is what its events assemble."""
+
+    def __init__(self, dialect: NamedEvents) -> None:
+        self.dialect = dialect
+        self.events: list[Event] = []
+        self.parts: list[str] = []
+        self.last: Event | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def add(self, event: Event) -> bool:
+        self.events.append(event)
+        if self.dialect.is_last(event):
+            self.last = event
+            return True
+        self.parts.append(self.dialect.delta(event))
+        return False
+
+    def finish(self) -> None:
+        if self.last is None:
+            raise upstream_stream_broken("the stream ended before its last event")
+
+    def response(self) -> dict[str, Any] | None:
+        return self.dialect.collected(self.events)
+
+    def completion(self) -> dict[str, Any]:
+        collected = self.response()
+        if collected is not None:
+            try:
+                return self.dialect.completion(collected)
+            except ProxyError:
+                pass
+        return as_completion({"role": "assistant", "content": self.text})

@@ -1,0 +1,224 @@
+"""POST /v1/chat/completions: the API the guard reads natively (its completion is what policy checks and
+rewrites). Streams are chunk objects, one per unnamed event, ended by `[DONE]`; the verdict goes out as one
+extra chunk with no choices (clients skip it like a usage chunk) just before `[DONE]`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from morphguard.policy.answers import message_of
+from morphguard.proxy.body import chat_completion, loads, parse_chat
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.dialects.base import Event, Usage
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, upstream_malformed, upstream_stream_broken
+
+DONE = Event(None, "[DONE]")
+
+
+class ChatCompletions:
+    name = "chat/completions"
+    provider: str | None = None
+    can_reask = True
+    via_litellm = True
+
+    @staticmethod
+    def read(raw: bytes) -> dict[str, Any]:
+        body = parse_chat(raw)
+        n = body.get("n")
+        if n is not None and (type(n) is not int or n != 1):
+            raise bad_request("'n' must be 1: the guard checks one answer per request.", "n")
+        return body
+
+    @staticmethod
+    def chat_view(body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    @staticmethod
+    def completion(response: Any) -> dict[str, Any]:
+        return chat_completion(response)
+
+    @staticmethod
+    def usage(response: dict[str, Any]) -> Usage:
+        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
+        choices: list[Any] = response["choices"] if isinstance(response.get("choices"), list) else []
+        return Usage(_string(response.get("model")) or None, _int(usage.get("prompt_tokens")),
+                     _int(usage.get("completion_tokens")),
+                     tuple(str(c.get("finish_reason")) for c in choices if isinstance(c, dict)))
+
+    @staticmethod
+    def written(response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
+        return checked
+
+    @staticmethod
+    def assembly() -> ChatAssembly:
+        return ChatAssembly()
+
+    @staticmethod
+    def delta(event: Event) -> str:
+        chunk = event.json()
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        for choice in choices if isinstance(choices, list) else []:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
+                content = choice["delta"].get("content")
+                return content if isinstance(content, str) else ""
+        return ""
+
+    @staticmethod
+    def replay(response: dict[str, Any]) -> list[Event]:
+        answer = StreamedAnswer.of(response)
+        message = message_of(response)
+        finish = (response.get("choices") or [{}])[0].get("finish_reason") or "stop"
+        return [*(_chunk(c) for c in answer.replacement_chunks(message, finish)), DONE]
+
+    @staticmethod
+    def filtered_ending(response: dict[str, Any] | None, text: str) -> list[Event]:
+        answer = StreamedAnswer.of(response or {})
+        return [*(_chunk(c) for c in answer.replacement_chunks(
+            {"content": text}, "content_filter")), DONE]
+
+    @staticmethod
+    def with_verdict(last: Event | None, verdict: dict[str, Any],
+                     response: dict[str, Any] | None) -> list[Event]:
+        return [_chunk(StreamedAnswer.of(response or {}).chunk([]) | {OUR_FIELD: verdict}), DONE]
+
+    @staticmethod
+    def stream_error(error: ProxyError) -> Event:
+        return _chunk(error.payload())  # an unnamed error event: the official SDKs raise it as an APIError
+
+
+class ChatAssembly:
+    """Chunks of the first choice, checked as they pass: a chunk that is not one, or an error chunk, breaks
+    the stream; so does its end before a finish reason."""
+
+    def __init__(self) -> None:
+        self.answer = StreamedAnswer()
+
+    @property
+    def text(self) -> str:
+        return self.answer.text
+
+    def add(self, event: Event) -> bool:
+        if event.data.strip() == "[DONE]":
+            return True
+        try:
+            chunk = loads(event.data)
+        except (ValueError, RecursionError):
+            raise upstream_malformed("a stream chunk is not valid JSON") from None
+        if isinstance(chunk, dict) and chunk.get("error") is not None:
+            raise upstream_stream_broken("the provider reported an error mid-stream")
+        if not self.answer.add(chunk):
+            raise upstream_malformed("a stream chunk is not a chat completion chunk")
+        return False
+
+    def finish(self) -> None:
+        if self.answer.finish_reason is None:
+            raise upstream_stream_broken("the stream ended before the answer was finished")
+
+    def response(self) -> dict[str, Any]:
+        return self.answer.as_completion()
+
+    def completion(self) -> dict[str, Any]:
+        return self.answer.as_completion()
+
+
+@dataclass
+class StreamedAnswer:
+    """The answer as it is assembled from the chunks of the first choice."""
+
+    id: str = ""
+    model: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    parts: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, completion: dict[str, Any]) -> StreamedAnswer:
+        """The chunk header (id, model, time) of a whole completion."""
+        answer = cls(id=_string(completion.get("id")), model=_string(completion.get("model")))
+        if isinstance(completion.get("created"), int):
+            answer.created = completion["created"]
+        return answer
+
+    def add(self, chunk: Any) -> bool:
+        """Take in one chunk; False (nothing taken) when it is not shaped like a chat completion chunk."""
+        choices = chunk.get("choices", []) if isinstance(chunk, dict) else None
+        if not isinstance(choices, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("delta") or {}, dict) for c in choices):
+            return False
+        self.id = _string(chunk.get("id")) or self.id
+        self.model = _string(chunk.get("model")) or self.model
+        created = chunk.get("created")
+        self.created = created if isinstance(created, int) else self.created
+        for choice in choices:
+            if choice.get("index", 0) == 0:
+                delta = choice.get("delta") or {}
+                if isinstance(delta.get("content"), str):
+                    self.parts.append(delta["content"])
+                if isinstance(delta.get("refusal"), str):
+                    self.refusal.append(delta["refusal"])
+                self._add_calls(delta.get("tool_calls"))
+                if choice.get("finish_reason"):
+                    self.finish_reason = str(choice["finish_reason"])
+        return True
+
+    def _add_calls(self, calls: Any) -> None:
+        """Tool calls arrive in pieces: an id, type and name first, then the arguments a fragment at a time."""
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
+                continue
+            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function",
+                                                                       "function": {"name": "", "arguments": ""}})
+            for key in ("id", "type"):
+                if isinstance(call.get(key), str):
+                    whole[key] = call[key]
+            function = call.get("function")
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    if isinstance(function.get(key), str):
+                        whole["function"][key] += function[key]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def as_completion(self) -> dict[str, Any]:
+        """The assembled answer as a non-streamed completion."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
+
+    def replacement_chunks(self, message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
+        """The chunks of a rewritten answer: its text and refusal (a blocked answer's), then its tool calls (none
+        once blocked), then the end."""
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if isinstance(message.get("refusal"), str):
+            delta["refusal"] = message["refusal"]
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return [self.chunk([{"index": 0, "delta": delta, "finish_reason": None}]),
+                self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
+
+
+def _chunk(chunk: dict[str, Any]) -> Event:
+    return Event(None, json_bytes(chunk).decode())
+
+
+def _string(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

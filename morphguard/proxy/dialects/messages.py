@@ -1,0 +1,237 @@
+"""POST /v1/messages (Anthropic's Messages API) in its own shape, sent to `proxy.anthropic` when set.
+
+For the check, `system` becomes a system message, text blocks messages, documents and tool results tool
+messages. The answer is read from its text and tool-use blocks. A blocked answer is the safe message alone,
+stopped for `refusal` as Anthropic writes its own refusals. A stream's `message_stop` is held back until the
+verdict event has gone out, and carries the verdict too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from morphguard.policy.answers import prose
+from morphguard.proxy.body import parse_object
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.dialects.base import (
+    VERDICT_EVENT,
+    Event,
+    EventLog,
+    Usage,
+    api_error_event,
+    as_completion,
+    chat_message,
+    chat_request,
+    event_of,
+    text_of,
+)
+from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
+
+# Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
+_NOT_ANSWERS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"})
+
+
+class Messages:
+    """POST /v1/messages (Anthropic)."""
+
+    name = "messages"
+    provider: str | None = "anthropic"
+    can_reask = False
+    via_litellm = False
+    EMPTY: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
+
+    @staticmethod
+    def read(raw: bytes) -> dict[str, Any]:
+        return parse_object(raw)
+
+    @classmethod
+    def completion(cls, response: Any) -> dict[str, Any]:
+        return as_completion(cls.answer(response))
+
+    @staticmethod
+    def usage(response: dict[str, Any]) -> Usage:
+        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
+        model = response.get("model")
+        return Usage(model if isinstance(model, str) else None, _int(usage.get("input_tokens")),
+                     _int(usage.get("output_tokens")))
+
+    @classmethod
+    def written(cls, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
+        text = prose(checked)
+        if not blocked and text == cls.answer(response)["content"]:
+            return response
+        return cls.rewrite(response, text, blocked)
+
+    @classmethod
+    def assembly(cls) -> EventLog:
+        return EventLog(cls)
+
+    @classmethod
+    def replay(cls, response: dict[str, Any]) -> list[Event]:
+        return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
+
+    @classmethod
+    def filtered_ending(cls, response: dict[str, Any] | None, text: str) -> list[Event]:
+        return cls.replay(cls.rewrite(response or cls.EMPTY, text, blocked=True))
+
+    @classmethod
+    def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
+                     response: dict[str, Any] | None) -> list[Event]:
+        ours = event_of(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: verdict})
+        return [ours] if last is None else [ours, cls.attach(last, verdict)]
+
+    @staticmethod
+    def stream_error(error: ProxyError) -> Event:
+        return api_error_event(error)
+
+    @staticmethod
+    def chat_view(body: dict[str, Any]) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        system = body.get("system")
+        if system is not None:
+            if not isinstance(system, str | list):
+                raise bad_request("'system' must be a string or an array of text blocks.", "system")
+            messages.append({"role": "system", "content": text_of(system, ("text",))})
+        turns = body.get("messages")
+        if not isinstance(turns, list) or not turns:
+            raise bad_request("Missing required parameter: 'messages' (a non-empty array).", "messages")
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
+                raise bad_request(f"messages[{i}] must be an object with a string 'role'.", f"messages[{i}]")
+            content = turn.get("content")
+            if isinstance(content, list):
+                for block in content:
+                    if not isinstance(block, dict):
+                        continue
+                    if block.get("type") == "document":
+                        text = _document_text(block.get("source"))
+                        if text.strip():
+                            messages.append({"role": "tool", "content": text})
+                    elif block.get("type") == "tool_result":
+                        text = text_of(block.get("content"), ("text",))
+                        if text.strip():
+                            messages.append({"role": "tool", "content": text})
+                content = text_of(content, ("text",))
+            messages.append({"role": turn["role"], "content": content if isinstance(content, str) else ""})
+        return chat_request(body, messages)
+
+    @staticmethod
+    def answer(response: Any) -> dict[str, Any]:
+        """The message's content as a chat message (`policy.answers`): text, tool uses, and the block types
+        the check cannot read."""
+        content = response.get("content") if isinstance(response, dict) else None
+        if not isinstance(content, list):
+            raise upstream_malformed("not a message with a content array")
+        text, calls, unread = [], [], []
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                text.append(block["text"])
+            elif kind == "tool_use":
+                given = block.get("input")
+                arguments = given if isinstance(given, str) else json.dumps(given, ensure_ascii=False)
+                calls.append({"type": "function", "function": {"name": block.get("name"), "arguments": arguments}})
+            elif kind not in _NOT_ANSWERS:
+                unread.append(str(kind))
+        return chat_message("".join(text), [], calls, unread)
+
+    @staticmethod
+    def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
+        """The answer's text replaced, or, blocked, a refusal as Anthropic writes one: `stop_reason`
+        `refusal`, the safe message as its text and as the refusal's explanation (`stop_details`)."""
+        out = dict(response)
+        others = [b for b in out.get("content", []) if isinstance(b, dict) and b.get("type") != "text"]
+        out["content"] = [{"type": "text", "text": text}] + ([] if blocked else others)
+        if blocked:
+            out["stop_reason"] = "refusal"
+            out["stop_sequence"] = None
+            out["stop_details"] = {"type": "refusal", "category": None, "explanation": text}
+        return out
+
+    @staticmethod
+    def delta(event: Event) -> str:
+        if event.name == "content_block_delta":
+            data = event.json()
+            delta = data.get("delta") if isinstance(data, dict) else None
+            if isinstance(delta, dict) and delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+                return delta["text"]
+        return ""
+
+    @staticmethod
+    def is_last(event: Event) -> bool:
+        return event.name == "message_stop"
+
+    @staticmethod
+    def collected(events: list[Event]) -> dict[str, Any] | None:
+        """The message the events build: message_start's, with the text blocks and the final stop reason."""
+        message: dict[str, Any] | None = None
+        blocks: dict[int, dict[str, Any]] = {}
+        for event in events:
+            data = event.json()
+            if not isinstance(data, dict):
+                continue
+            if event.name == "message_start" and isinstance(data.get("message"), dict):
+                message = dict(data["message"])
+            elif event.name == "content_block_start" and isinstance(data.get("content_block"), dict):
+                blocks[int(data.get("index", len(blocks)))] = dict(data["content_block"])
+            elif event.name == "content_block_delta":
+                block = blocks.setdefault(int(data.get("index", 0)), {"type": "text", "text": ""})
+                delta: dict[str, Any] = data["delta"] if isinstance(data.get("delta"), dict) else {}
+                if block.get("type") == "tool_use" and isinstance(delta.get("partial_json"), str):
+                    # the input arrives as JSON text in pieces; the check reads it as text
+                    so_far = block.get("input")
+                    block["input"] = (so_far if isinstance(so_far, str) else "") + delta["partial_json"]
+                elif block.get("type") == "text":
+                    block["text"] = block.get("text", "") + Messages.delta(event)
+            elif event.name == "message_delta" and message is not None and isinstance(data.get("delta"), dict):
+                message.update({k: v for k, v in data["delta"].items() if k in ("stop_reason", "stop_sequence")})
+                if isinstance(data.get("usage"), dict):
+                    message["usage"] = {**(message.get("usage") or {}), **data["usage"]}
+        if message is not None:
+            message["content"] = [blocks[i] for i in sorted(blocks)]
+        return message
+
+    @staticmethod
+    def attach(event: Event, verdict: dict[str, Any]) -> Event:
+        """The event with the verdict in the response it carries."""
+        data = event.json()
+        if isinstance(data, dict):
+            data[OUR_FIELD] = verdict
+            return Event(event.name, json.dumps(data))
+        return event
+
+    @staticmethod
+    def synthesize(message: dict[str, Any]) -> Iterator[Event]:
+        yield event_of("message_start", {"type": "message_start",
+                                          "message": {**message, "content": [], "stop_reason": None,
+                                                      "stop_details": None}})
+        for index, block in enumerate(message.get("content", [])):
+            if block.get("type") != "text":
+                continue
+            yield event_of("content_block_start", {"type": "content_block_start", "index": index,
+                                                    "content_block": {"type": "text", "text": ""}})
+            yield event_of("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                    "delta": {"type": "text_delta", "text": block["text"]}})
+            yield event_of("content_block_stop", {"type": "content_block_stop", "index": index})
+        ending = {"stop_reason": message.get("stop_reason"), "stop_sequence": None}
+        if message.get("stop_details") is not None:
+            ending["stop_details"] = message["stop_details"]
+        yield event_of("message_delta", {"type": "message_delta", "delta": ending,
+                                          "usage": {"output_tokens": (message.get("usage") or {}).get("output_tokens",
+                                                                                                       0)}})
+        yield event_of("message_stop", {"type": "message_stop"})
+
+
+def _document_text(source: Any) -> str:
+    """A document block's text: plain text data, or text blocks of a content source (PDFs are not read)."""
+    if not isinstance(source, dict):
+        return ""
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return str(source["data"])
+    return text_of(source.get("content"), ("text",)) if source.get("type") == "content" else ""
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

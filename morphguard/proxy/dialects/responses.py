@@ -1,0 +1,240 @@
+"""POST /v1/responses (OpenAI's Responses API) in its own shape.
+
+The request goes upstream as the client sent it (less our field); for the check, `instructions` become a system
+message, input items messages, function outputs and file-search results tool messages. The answer is read from
+every output item that carries the model's words. A blocked answer is written as the provider writes its own
+refusals (a completed response whose one message is a `refusal` part), with ids the provider never issued. A
+stream's last event (`response.completed`, `.incomplete` or `.failed`) is held back until the verdict event has
+gone out, and carries the verdict too.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+from morphguard.policy.answers import prose
+from morphguard.proxy.body import parse_object
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.dialects.base import (
+    VERDICT_EVENT,
+    Event,
+    EventLog,
+    Usage,
+    api_error_event,
+    as_completion,
+    chat_message,
+    chat_request,
+    event_of,
+    text_of,
+)
+from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
+
+# Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
+_NOT_ANSWERS = frozenset({"reasoning", "file_search_call", "web_search_call"})
+
+
+class Responses:
+    """POST /v1/responses (OpenAI)."""
+
+    name = "responses"
+    provider: str | None = None
+    can_reask = False
+    via_litellm = False
+    EMPTY: dict[str, Any] = {"object": "response", "output": []}
+
+    @staticmethod
+    def read(raw: bytes) -> dict[str, Any]:
+        return parse_object(raw)
+
+    @classmethod
+    def completion(cls, response: Any) -> dict[str, Any]:
+        return as_completion(cls.answer(response))
+
+    @staticmethod
+    def usage(response: dict[str, Any]) -> Usage:
+        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
+        model = response.get("model")
+        return Usage(model if isinstance(model, str) else None, _int(usage.get("input_tokens")),
+                     _int(usage.get("output_tokens")))
+
+    @classmethod
+    def written(cls, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
+        text = prose(checked)
+        if not blocked and text == cls.answer(response)["content"]:
+            return response
+        return cls.rewrite(response, text, blocked)
+
+    @classmethod
+    def assembly(cls) -> EventLog:
+        return EventLog(cls)
+
+    @classmethod
+    def replay(cls, response: dict[str, Any]) -> list[Event]:
+        return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
+
+    @classmethod
+    def filtered_ending(cls, response: dict[str, Any] | None, text: str) -> list[Event]:
+        refused = cls.rewrite(response or cls.EMPTY, text, blocked=True)
+        stopped = [{**item, "status": "incomplete"} for item in refused["output"]]
+        return cls.replay({**refused, "output": stopped, "status": "incomplete",
+                           "incomplete_details": {"reason": "content_filter"}})
+
+    @classmethod
+    def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
+                     response: dict[str, Any] | None) -> list[Event]:
+        ours = event_of(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: verdict})
+        return [ours] if last is None else [ours, cls.attach(last, verdict)]
+
+    @staticmethod
+    def stream_error(error: ProxyError) -> Event:
+        return api_error_event(error)
+
+    @staticmethod
+    def chat_view(body: dict[str, Any]) -> dict[str, Any]:
+        messages: list[dict[str, Any]] = []
+        if "instructions" in body and body["instructions"] is not None:
+            if not isinstance(body["instructions"], str):
+                raise bad_request("'instructions' must be a string.", "instructions")
+            messages.append({"role": "system", "content": body["instructions"]})
+        items = body.get("input")
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        if not isinstance(items, list):
+            raise bad_request("Missing required parameter: 'input' (a string or an array of items).", "input")
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise bad_request(f"input[{i}] must be an object.", f"input[{i}]")
+            kind = item.get("type", "message")
+            if kind == "message" and isinstance(item.get("role"), str):
+                messages.append({"role": item["role"],
+                                 "content": text_of(item.get("content"), ("input_text", "output_text", "text"))})
+            elif kind == "function_call_output" and isinstance(item.get("output"), str):
+                messages.append({"role": "tool", "content": item["output"]})
+            elif kind == "file_search_call" and isinstance(item.get("results"), list):
+                messages += [{"role": "tool", "content": r["text"]} for r in item["results"]
+                             if isinstance(r, dict) and isinstance(r.get("text"), str)]
+        return chat_request(body, messages)
+
+    @staticmethod
+    def answer(response: Any) -> dict[str, Any]:
+        """The response's output as a chat message (`policy.answers`): text, refusals, tool calls, and the
+        output types the check cannot read."""
+        output = response.get("output") if isinstance(response, dict) else None
+        if not isinstance(output, list):
+            raise upstream_malformed("not a response with an output array")
+        text, refusals, calls, unread = [], [], [], []
+        for item in output:
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind == "message":
+                for part in item.get("content") or []:
+                    part = part if isinstance(part, dict) else {}
+                    if part.get("type") == "output_text" and isinstance(part.get("text"), str):
+                        text.append(part["text"])
+                    elif part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
+                        refusals.append(part["refusal"])
+            elif kind == "function_call" and isinstance(item.get("arguments"), str):
+                function = {"name": item.get("name"), "arguments": item["arguments"]}
+                calls.append({"type": "function", "function": function})
+            elif kind == "custom_tool_call" and isinstance(item.get("input"), str):
+                calls.append({"type": "custom", "custom": {"name": item.get("name"), "input": item["input"]}})
+            elif kind not in _NOT_ANSWERS:
+                unread.append(str(kind))
+        return chat_message("".join(text), refusals, calls, unread)
+
+    @staticmethod
+    def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
+        """The answer's text replaced (all of it in the first text part), or, blocked, the answer as the
+        provider writes its own refusals: a completed response whose one message is a `refusal` part."""
+        out = dict(response)
+        if blocked:
+            # Ids the provider never issued: a later request cannot name the stored blocked response
+            # (`previous_response_id`) or its message (`item_reference`) to have it repeated.
+            out["id"] = f"resp_blocked_{secrets.token_hex(12)}"
+            item = {"type": "message", "id": f"msg_blocked_{secrets.token_hex(12)}",
+                    "role": "assistant", "status": "completed",
+                    "content": [{"type": "refusal", "refusal": text}]}
+            out["output"] = [item]
+            out["status"] = "completed"
+            out["incomplete_details"] = None
+            return out
+        first = True
+        rebuilt = []
+        for item in out.get("output", []):
+            if isinstance(item, dict) and item.get("type") == "message":
+                parts: list[Any] = []
+                for part in item.get("content") or []:
+                    if isinstance(part, dict) and part.get("type") == "output_text":
+                        if first:
+                            parts.append({**part, "text": text, "annotations": []})
+                            first = False
+                        continue
+                    parts.append(part)
+                item = {**item, "content": parts}
+            rebuilt.append(item)
+        out["output"] = rebuilt
+        return out
+
+    @staticmethod
+    def delta(event: Event) -> str:
+        if event.name == "response.output_text.delta":
+            data = event.json()
+            if isinstance(data, dict) and isinstance(data.get("delta"), str):
+                return data["delta"]
+        return ""
+
+    @staticmethod
+    def is_last(event: Event) -> bool:
+        return event.name in ("response.completed", "response.incomplete", "response.failed")
+
+    @staticmethod
+    def collected(events: list[Event]) -> dict[str, Any] | None:
+        """The whole response, as the stream's last event carries it."""
+        data = events[-1].json() if events else None
+        return data.get("response") if isinstance(data, dict) and isinstance(data.get("response"), dict) else None
+
+    @staticmethod
+    def attach(event: Event, verdict: dict[str, Any]) -> Event:
+        """The event with the verdict in the response it carries."""
+        data = event.json()
+        if isinstance(data, dict) and isinstance(data.get("response"), dict):
+            data["response"][OUR_FIELD] = verdict
+            return Event(event.name, json.dumps(data))
+        return event
+
+    @staticmethod
+    def synthesize(response: dict[str, Any]) -> Iterator[Event]:
+        """A stream that says what `response` says: the events the SDK assembles into it."""
+        seq = 0
+
+        def event(name: str, **data: Any) -> Event:
+            nonlocal seq
+            seq += 1
+            return event_of(name, {"type": name, "sequence_number": seq, **data})
+
+        final = "response.incomplete" if response.get("status") == "incomplete" else "response.completed"
+        yield event("response.created", response={**response, "status": "in_progress", "output": []})
+        for index, item in enumerate(response.get("output", [])):
+            yield event("response.output_item.added", output_index=index, item={**item, "content": []})
+            for part_index, part in enumerate(item.get("content") or []):
+                at = {"output_index": index, "item_id": item.get("id"), "content_index": part_index}
+                # a part opens empty and its words follow as deltas, which clients add up
+                if part.get("type") == "output_text":
+                    yield event("response.content_part.added", **at, part={**part, "text": ""})
+                    yield event("response.output_text.delta", **at, delta=part["text"], logprobs=[])
+                    yield event("response.output_text.done", **at, text=part["text"], logprobs=[])
+                elif part.get("type") == "refusal":
+                    yield event("response.content_part.added", **at, part={**part, "refusal": ""})
+                    yield event("response.refusal.delta", **at, delta=part["refusal"])
+                    yield event("response.refusal.done", **at, refusal=part["refusal"])
+                else:
+                    yield event("response.content_part.added", **at, part=part)
+                yield event("response.content_part.done", **at, part=part)
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event(final, response=response)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

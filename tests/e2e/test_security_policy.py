@@ -120,7 +120,8 @@ def test_metrics_stay_bounded_whatever_models_clients_name(open_metrics):
             ask(f"attacker-model-{i:04d}")
         text, after = scrape(open_metrics)
     assert after == before  # 280 more model names: not one more series
-    assert len(text) < 64_000 and "attacker" not in text
+    # every series is primed at start-up (a zero for each error reason), so the page has a fixed size
+    assert len(text) < 96_000 and "attacker" not in text
     models = {dict(labels).get("gen_ai_request_model") for _, labels in after} - {None}
     assert models == {"gpt-4o*", "claude-*", "other"}  # the configured patterns they match, or "other"
 

@@ -32,6 +32,7 @@ from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import ChatBackend, Relay
 from morphguard.proxy.body import OFFLOAD_BYTES, parse_chat
 from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check_api import CheckApi
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.errors import (
     JSON,
@@ -117,6 +118,7 @@ class Proxy:
         return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),  # first: the router tries routes in order
+                *CheckApi(self).routes(),
                 Route("/healthz", probes.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/metrics", probes.metrics, methods=["GET"]),

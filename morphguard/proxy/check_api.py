@@ -25,6 +25,7 @@ from starlette.routing import Route
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.body import check_content, parse_chat, parse_object
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes, present_keys, unauthorized
@@ -90,8 +91,8 @@ class CheckApi:
     async def check(self, request: Request) -> Response:
         key = self._authenticate(request)
         body = parse_object(await self.proxy._read_body(request))
-        question = _text(body, "question", required=True)
-        answer = _text(body, "answer", required=True)
+        question = _required_text(body, "question")
+        answer = _required_text(body, "answer")
         passages = _passages(body.get("context"))
         model = _text(body, "model")
         hints = Hints(model=model, profile=_text(body, "policy"), topic=_text(body, "topic"), api_key=key,
@@ -123,7 +124,9 @@ class CheckApi:
             raise bad_request(f"request.json: {exc.message}", f"request.json.{exc.param}" if exc.param else
                               "request.json") from None
         extraction = self.proxy.extractor.extract(chat)
-        metadata = hook.get("metadata") if isinstance(hook.get("metadata"), dict) else {}
+        metadata = hook.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
         options = extraction.options
         hints = Hints(model=_string(chat.get("model")), api_key=key, headers=self._headers(request),
                       profile=_string(options.get("policy")) or _string(metadata.get("morphguard_policy")),
@@ -135,7 +138,8 @@ class CheckApi:
             out["transformedData"] = {"response": {"json": reviewed, "text": prose(reviewed)}}
         return JSON(out, headers=record.headers())
 
-    async def _review(self, review: CheckRequest, completion: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    async def _review(self, review: CheckRequest,
+                      completion: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
         """The check, inline whatever `proxy.mode` says (the caller waits for the verdict); accepted from here on,
         so every way out leaves one audit row."""
         try:
@@ -152,10 +156,12 @@ def _string(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _text(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+def _text(body: dict[str, Any], name: str) -> str | None:
+    return None if body.get(name) is None else _required_text(body, name)
+
+
+def _required_text(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
-    if value is None and not required:
-        return None
     if not isinstance(value, str):
         raise bad_request(f"'{name}' must be a string.", name)
     return value

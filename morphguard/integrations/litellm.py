@@ -176,9 +176,9 @@ class MorphguardGuardrail(CustomGuardrail):
         # The verdict as one more chunk with no choices, as morphguard's proxy sends it; LiteLLM relays an SSE event
         # given as bytes unchanged (its serializer of plain text chunks would drop an extra field).
         last = chunks[-1]
-        verdict = {"id": getattr(last, "id", None), "object": "chat.completion.chunk",
-                   "created": getattr(last, "created", None), "model": getattr(last, "model", None), "choices": [],
-                   OUR_FIELD: record.payload()}
+        verdict: dict[str, Any] = {"id": getattr(last, "id", None), "object": "chat.completion.chunk",
+                                   "created": getattr(last, "created", None), "model": getattr(last, "model", None),
+                                   "choices": [], OUR_FIELD: record.payload()}
         yield b"data: " + json_bytes(verdict) + b"\n\n"
 
     async def async_post_call_failure_hook(self, request_data: dict[str, Any], original_exception: Exception,

@@ -30,9 +30,8 @@ HALLUCINATED = "Ibuprofen is safe throughout pregnancy."
 SAFE = "Please ask your midwife or doctor about medicines in pregnancy."
 
 
-@pytest.fixture(scope="module")
-def gateway(provider, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("litellm")
+def start_litellm(provider: str, folder: Path, mode: list[str]):
+    """The LiteLLM proxy with morphguard as a guardrail in `mode`; its base URL and process."""
     morphguard = {
         "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
         "detector": {"name": "metarag"},
@@ -52,7 +51,7 @@ def gateway(provider, tmp_path_factory):
         "model_list": models,
         "guardrails": [{"guardrail_name": "morphguard", "litellm_params": {
             "guardrail": "morphguard.integrations.litellm.MorphguardGuardrail",
-            "mode": ["pre_call", "post_call"], "default_on": True,
+            "mode": mode, "default_on": True,
             "morphguard_config": str(folder / "morphguard.yaml")}}],
         "general_settings": {"master_key": MASTER},
     }
@@ -63,7 +62,23 @@ def gateway(provider, tmp_path_factory):
     process = start([litellm_cli, "--config", str(folder / "litellm.yaml"), "--host", "127.0.0.1", "--port",
                      str(port)], f"http://127.0.0.1:{port}/health/liveliness", folder / "litellm.log", timeout=180,
                     env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"})
-    yield f"http://127.0.0.1:{port}", folder
+    return f"http://127.0.0.1:{port}", process
+
+
+@pytest.fixture(scope="module")
+def gateway(provider, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("litellm")
+    base, process = start_litellm(provider, folder, ["pre_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def late_gateway(provider, tmp_path_factory):
+    """Reading the request while the provider answers (during_call), checking after (post_call)."""
+    folder = tmp_path_factory.mktemp("litellm-late")
+    base, process = start_litellm(provider, folder, ["during_call", "post_call"])
+    yield base, folder
     stop(process)
 
 
@@ -176,3 +191,18 @@ def test_a_failed_provider_call_is_audited(gateway):
         ask(client(base), "fail-400")
     [new] = [r for key, r in rows(folder).items() if key not in before]
     assert new["checked"] == 0 and new["reason"] == "upstream_error"
+
+
+def test_during_call_mode_reads_tagged_context_and_checks_after(late_gateway):
+    base, folder = late_gateway
+    tagged = [{"role": "system", "content": f"Answer from the context.\n<context>{PASSAGE}</context>"},
+              {"role": "user", "content": QUESTION}]
+    for model, flagged in (("faithful", False), ("hallucinated", True)):
+        completion = client(base).chat.completions.create(model=model, messages=tagged)
+        verdict = completion.model_extra["morphguard"]
+        assert verdict["checked"] is True and verdict["flagged"] is flagged
+        row = rows(folder)[verdict["request_id"]]
+        assert row["context_source"] == "tags" and row["question"] == QUESTION
+    with pytest.raises(openai.BadRequestError):  # a malformed field is refused in this mode too
+        client(base).chat.completions.create(model="faithful", messages=tagged,
+                                             extra_body={"morphguard": {"topic": 5}})

@@ -141,15 +141,15 @@ class MorphguardGuardrail(CustomGuardrail):
             payload = record.payload()
             raise _rejection(400, {"message": prose(reviewed), "type": "invalid_request_error", "param": None,
                                    "code": "morphguard_blocked"}, payload)
-        self._headers[str(data.get("litellm_call_id"))] = record.headers()
-        while len(self._headers) > _MAX_PENDING:
-            self._headers.popitem(last=False)
         return reviewed, record
 
     async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
         if not isinstance(response, litellm.ModelResponse):
             return response  # not a chat answer: nothing to check
         reviewed, record = await self._review(data, response.model_dump())
+        self._headers[str(data.get("litellm_call_id"))] = record.headers()  # a stream's headers are sent already
+        while len(self._headers) > _MAX_PENDING:
+            self._headers.popitem(last=False)
         for choice, changed in zip(response.choices, reviewed.get("choices") or [], strict=False):
             message = getattr(choice, "message", None)
             content = (changed.get("message") or {}).get("content") if isinstance(changed, dict) else None

@@ -8,46 +8,15 @@ https://portkey.ai/docs/product/guardrails/bring-your-own-guardrails
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import serve
-from tests.servers import stop
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
 
 DATA = Path(__file__).parent / "data"
-KEY = "sk-proxy-check-0123"
-PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
-QUESTION = "Can pregnant women take ibuprofen for back pain?"
-FAITHFUL = "Ibuprofen is contraindicated in the third trimester of pregnancy."
-HALLUCINATED = "Ibuprofen is safe throughout pregnancy."
-SAFE = "Please ask your midwife or doctor about medicines in pregnancy."
-
-
-@pytest.fixture(scope="module")
-def checker(provider, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("check")
-    config = {
-        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
-        "detector": {"name": "metarag"},
-        "metarag": {"profile": "paper"},
-        "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY]},
-        "policy": {
-            "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
-                         "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
-                         "marked": {"threshold": 0.5, "action": "highlight", "topics": {}}},
-            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
-                       {"profile": "marked", "headers": {"x-tenant": "marked"}}],
-            "highlight": {"open": "[!", "close": "!]"},
-            "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
-        },
-    }
-    base, process = serve(config, folder)
-    yield base, folder
-    stop(process)
 
 
 def post(base: str, path: str, body: Any, key: str | None = KEY, **headers: str) -> httpx.Response:
@@ -56,12 +25,6 @@ def post(base: str, path: str, body: Any, key: str | None = KEY, **headers: str)
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return httpx.post(f"{base}{path}", content=content, headers={"content-type": "application/json", **headers},
                       timeout=30)
-
-
-def rows(folder: Path) -> dict[str, dict]:
-    with sqlite3.connect(folder / "audit.db") as db:
-        db.row_factory = sqlite3.Row
-        return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM decisions")}
 
 
 def check_body(answer: str, **extra: Any) -> dict[str, Any]:

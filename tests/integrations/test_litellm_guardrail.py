@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -18,16 +17,12 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import start
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, PASSAGE, QUESTION, SAFE, rows
 from tests.servers import free_port, stop
 
 pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (the bench extra)")
 
 MASTER = "sk-litellm-master-0123"
-PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
-QUESTION = "Can pregnant women take ibuprofen for back pain?"
-FAITHFUL = "Ibuprofen is contraindicated in the third trimester of pregnancy."
-HALLUCINATED = "Ibuprofen is safe throughout pregnancy."
-SAFE = "Please ask your midwife or doctor about medicines in pregnancy."
 
 
 def start_litellm(provider: str, folder: Path, mode: list[str]):
@@ -91,12 +86,6 @@ def ask(c: openai.OpenAI, model: str, **kwargs):
     return c.chat.completions.with_raw_response.create(
         model=model, messages=[{"role": "user", "content": QUESTION}],
         extra_body={"morphguard": {"context": [PASSAGE]}}, **kwargs)
-
-
-def rows(folder: Path) -> dict[str, dict]:
-    with sqlite3.connect(folder / "audit.db") as db:
-        db.row_factory = sqlite3.Row
-        return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM decisions")}
 
 
 def test_a_grounded_answer_passes_with_its_verdict(gateway, provider):

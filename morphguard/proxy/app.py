@@ -1,5 +1,6 @@
 """The proxy's routes: chat completions, the Responses API and the Anthropic Messages API are forwarded
-and checked (each a dialect over the one request path of `flow`); a short allow-list of other /v1 paths
+and checked (each a dialect over the one request path of `flow`); `/v1/check` checks an answer the caller
+already has (`check_api`); a short allow-list of other /v1 paths
 (`proxy.passthrough_routes`) passes through; generation routes that cannot be checked are refused
 unless `proxy.unchecked_routes` lets them pass (audited); anything else is 404.
 
@@ -27,6 +28,7 @@ from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy import probes
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import Backend
+from morphguard.proxy.check_api import CheckApi
 from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.dialects.chat import ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
@@ -110,6 +112,7 @@ class Proxy:
         return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),  # first: the router tries routes in order
+                *CheckApi(self.settings, lambda: self.flow).routes(),
                 Route("/healthz", probes.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/metrics", probes.metrics, methods=["GET"]),

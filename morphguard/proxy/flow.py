@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from opentelemetry import trace
@@ -24,7 +25,7 @@ from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES
 from morphguard.proxy.check import CheckRequest
-from morphguard.proxy.context import OUR_FIELD, ContextExtractor
+from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, client_disconnected, too_large, upstream_unavailable
@@ -54,17 +55,30 @@ class Flow:
             exchange = await asyncio.to_thread(self._accept, request, dialect, raw, headers)
         else:
             exchange = self._accept(request, dialect, raw, headers)
-        # Accepted: from here on, every way out leaves one audit row.
-        try:
+        async with self.accepted(exchange.intake, "upstream_error"):
             if exchange.body.get("stream"):
                 return await self._stream(exchange)
             return await self._complete(exchange)
+
+    @asynccontextmanager
+    async def accepted(self, intake: CheckRequest, reason: str) -> AsyncIterator[None]:
+        """The request is accepted: a way out by an error leaves its audit row too, with the error's code (else
+        `reason`)."""
+        try:
+            yield
         except ProxyError as exc:
-            await self.guard.account(exchange.intake, exc.code or "upstream_error")
+            await self.guard.account(intake, exc.code or reason)
             raise
         except Exception:  # a bug of ours: the client gets a 500, the audit trail still gets its row
-            await self.guard.account(exchange.intake, "internal_error")
+            await self.guard.account(intake, "internal_error")
             raise
+
+    async def settle(self, intake: CheckRequest,
+                     completion: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
+        """An answer the caller already has (`/v1/check`), checked inline whatever `proxy.mode` says, since the
+        caller waits for the verdict; accepted, so every way out leaves one audit row."""
+        async with self.accepted(intake, "check_error"):
+            return await self.guard.settle(intake, completion)
 
     async def read_body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with
@@ -90,23 +104,15 @@ class Flow:
         body = dialect.read(raw)
         view = dialect.chat_view(body)
         extraction = self.extractor.extract(view)
-        options = extraction.options
-        if options.get("detector") is not None and not self.config.policy.request_override:
-            raise bad_request(f"'{OUR_FIELD}.detector' may only be set when the proxy allows requests to choose "
-                              "their policy (policy.request_override).", f"{OUR_FIELD}.detector")
-        facts = request_facts(request, model=view.get("model") if isinstance(view.get("model"), str) else None,
-                              policy=options.get("policy"), topic=options.get("topic"))
-        profile = self.engine.profile_for(facts)
-        topic = self.engine.topic_for(profile, extraction.rag, facts.requested_topic)
-        intake = CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
-                              topic=topic, model=facts.model, route=facts.path_prefix,
-                              detector=options.get("detector"))
+        facts = request_facts(request.headers, prefix=_prefix(request), model=_string(view.get("model")),
+                              policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
+        intake = accept(self.engine, self.config, extraction, facts)
         forwarded = {k: v for k, v in body.items() if k != OUR_FIELD}
         return Exchange(dialect, forwarded, view, intake, headers)
 
     def bare_intake(self, request: Request) -> CheckRequest:
         """The request as policy sees it when there is no body to read (an unchecked route)."""
-        full = request_facts(request)
+        full = request_facts(request.headers, prefix=_prefix(request))
         facts = RequestFacts(api_key=full.api_key, headers=full.headers, path_prefix=full.path_prefix)
         profile = self.engine.profile_for(facts)
         return CheckRequest(body={}, rag=None, source=None, profile=profile,
@@ -173,16 +179,34 @@ class Flow:
         return reask
 
 
-def request_facts(request: Request, *, model: str | None = None, policy: Any = None,
+def accept(engine: PolicyEngine, config: Config, extraction: Extraction, facts: RequestFacts) -> CheckRequest:
+    """The request as policy sees it, the same however it came in (an API's route, `/v1/check`, the LiteLLM
+    guardrail): profile by the route rules, topic by the tagger over the conversation and context, and the detector
+    the request names where `policy.request_override` lets requests choose (400 otherwise)."""
+    detector = extraction.options.get("detector")
+    if detector is not None and not config.policy.request_override:
+        raise bad_request(f"'{OUR_FIELD}.detector' may only be set when the proxy allows requests to choose "
+                          "their policy (policy.request_override).", f"{OUR_FIELD}.detector")
+    profile = engine.profile_for(facts)
+    topic = engine.topic_for(profile, extraction.rag, facts.requested_topic)
+    return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
+                        topic=topic, model=facts.model, route=facts.path_prefix, detector=detector)
+
+
+def request_facts(headers: Mapping[str, str], *, prefix: str = "", model: str | None = None, policy: Any = None,
                   topic: Any = None) -> RequestFacts:
     """What policy routes on: the key, model, headers and path prefix, and the profile or topic asked for (in our
     body field, else in a header)."""
-    headers = {k.lower(): val for k, val in request.headers.items()}
+    lower = {k.lower(): val for k, val in headers.items()}
+    return RequestFacts(api_key=presented_key(lower), model=model, headers=lower, path_prefix=prefix,
+                        requested_profile=_string(policy) or lower.get("x-morphguard-policy"),
+                        requested_topic=_string(topic) or lower.get("x-morphguard-topic"))
+
+
+def _prefix(request: Request) -> str:
+    """The path prefix a route was reached under (`/clinic` of /clinic/v1/chat/completions), or none."""
     prefix = request.path_params.get("prefix")
-    return RequestFacts(api_key=presented_key(headers), model=model, headers=headers,
-                        path_prefix=f"/{prefix}" if prefix else "",
-                        requested_profile=_string(policy) or headers.get("x-morphguard-policy"),
-                        requested_topic=_string(topic) or headers.get("x-morphguard-topic"))
+    return f"/{prefix}" if prefix else ""
 
 
 def _string(value: Any) -> str | None:

@@ -1,0 +1,1 @@
+"""Plug-ins that run morphguard inside other gateways and frameworks."""

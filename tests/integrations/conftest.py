@@ -1,0 +1,49 @@
+"""Real processes on loopback for the gateway integrations: the scripted provider (the RAG model and the judge),
+and `morphguard serve` with proxy keys and three profiles."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import provider, serve  # noqa: F401  (provider: the session fixture, shared with e2e)
+from tests.servers import stop
+
+KEY = "sk-proxy-check-0123"
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+FAITHFUL = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+HALLUCINATED = "Ibuprofen is safe throughout pregnancy."
+SAFE = "Please ask your midwife or doctor about medicines in pregnancy."
+
+
+@pytest.fixture(scope="module")
+def checker(provider, tmp_path_factory):  # noqa: F811
+    """`morphguard serve` whose profile is chosen by `x-tenant`: `clinic` blocks, `marked` highlights."""
+    folder = tmp_path_factory.mktemp("check")
+    config = {
+        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "detector": {"name": "metarag"},
+        "metarag": {"profile": "paper"},
+        "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY]},
+        "policy": {
+            "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
+                         "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
+                         "marked": {"threshold": 0.5, "action": "highlight", "topics": {}}},
+            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
+                       {"profile": "marked", "headers": {"x-tenant": "marked"}}],
+            "highlight": {"open": "[!", "close": "!]"},
+            "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
+        },
+    }
+    base, process = serve(config, folder)
+    yield base, folder
+    stop(process)
+
+
+def rows(folder: Path) -> dict[str, dict]:
+    with sqlite3.connect(folder / "audit.db") as db:
+        db.row_factory = sqlite3.Row
+        return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM decisions")}

@@ -1,0 +1,203 @@
+"""POST /v1/check and the Portkey webhook shape, through `morphguard serve` under uvicorn.
+
+The judge is the scripted provider (exact, known verdicts); the client is httpx. The Portkey request and response
+examples in data/portkey_webhook.json are recorded from Portkey's documentation:
+https://portkey.ai/docs/product/guardrails/bring-your-own-guardrails
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+
+DATA = Path(__file__).parent / "data"
+
+
+def post(base: str, path: str, body: Any, key: str | None = KEY, **headers: str) -> httpx.Response:
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{base}{path}", content=content, headers={"content-type": "application/json", **headers},
+                      timeout=30)
+
+
+def check_body(answer: str, **extra: Any) -> dict[str, Any]:
+    return {"question": QUESTION, "context": [PASSAGE], "answer": answer, **extra}
+
+
+def test_a_grounded_answer_passes_with_its_verdict_and_audit_row(checker):
+    base, folder = checker
+    response = post(base, "/v1/check", check_body(FAITHFUL, model="gpt-4o-mini"))
+    assert response.status_code == 200, response.text
+    verdict = response.json()
+    assert verdict["checked"] is True and verdict["flagged"] is False and verdict["action"] == "pass"
+    assert verdict["score"] == 0.0 and verdict["answer"] == FAITHFUL
+    assert response.headers["x-morphguard-action"] == "pass"
+    row = rows(folder)[verdict["request_id"]]
+    assert row["checked"] == 1 and row["answer"] == FAITHFUL and row["question"] == QUESTION
+    assert row["context"] == PASSAGE and row["model"] == "gpt-4o-mini"
+
+
+def test_a_hallucinated_answer_is_flagged_with_its_spans(checker):
+    base, folder = checker
+    verdict = post(base, "/v1/check", check_body(HALLUCINATED, context=PASSAGE)).json()  # context as one string
+    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    [claim] = verdict["factoids"]
+    assert claim["flagged"] and HALLUCINATED[claim["start"]:claim["end"]] == "Ibuprofen is safe throughout pregnancy"
+    assert rows(folder)[verdict["request_id"]]["flagged"] == 1
+
+
+def test_the_profile_decides_the_action_block_and_highlight(checker):
+    base, folder = checker
+    blocked = post(base, "/v1/check", check_body(HALLUCINATED), **{"x-tenant": "clinic"}).json()
+    assert (blocked["profile"], blocked["action"], blocked["answer"]) == ("strict", "block", SAFE)
+    assert "text" not in blocked["factoids"][0]  # where the blocked claim was, never its words
+    marked = post(base, "/v1/check", check_body(HALLUCINATED), **{"x-tenant": "marked"}).json()
+    assert marked["action"] == "highlight" and marked["answer"] == "[!Ibuprofen is safe throughout pregnancy!]."
+    assert rows(folder)[blocked["request_id"]]["action"] == "block"
+
+
+@pytest.mark.parametrize("key", [None, "sk-not-a-proxy-key", "sk-proxy-check-01"])
+def test_a_check_needs_a_proxy_key(checker, key):
+    base, folder = checker
+    before = len(rows(folder))
+    response = post(base, "/v1/check", check_body(FAITHFUL), key=key)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert post(base, "/v1/check/portkey", {}, key=key).status_code == 401
+    assert len(rows(folder)) == before  # refused before anything was accepted
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    (b"[" * 100 + b"]" * 100, None),
+    (b"[]", None),
+    ({"context": [PASSAGE], "answer": FAITHFUL}, "question"),
+    ({"question": QUESTION, "context": [PASSAGE], "answer": 12}, "answer"),
+    ({"question": QUESTION, "context": [PASSAGE, 3], "answer": FAITHFUL}, "context"),
+    ({"question": QUESTION, "context": ["  "], "answer": FAITHFUL}, "context"),
+    ({"question": QUESTION, "answer": FAITHFUL}, "context"),
+    ({**check_body(FAITHFUL), "model": ["gpt"]}, "model"),
+    ({**check_body(FAITHFUL), "topic": {"a": 1}}, "topic"),
+])
+def test_hostile_input_is_an_openai_shaped_400(checker, body, param):
+    base, folder = checker
+    before = len(rows(folder))
+    response = post(base, "/v1/check", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert error["param"] == param
+    assert len(rows(folder)) == before
+
+
+def portkey(name: str) -> dict[str, Any]:
+    return json.loads((DATA / "portkey_webhook.json").read_text())[name]
+
+
+def portkey_response_ok(body: Any) -> bool:
+    """The webhook response Portkey reads: `verdict` a boolean; `transformedData.request` / `.response`, when
+    present, objects whose `json` is an object (and `text` a string)."""
+    if not isinstance(body, dict) or not isinstance(body.get("verdict"), bool):
+        return False
+    transformed = body.get("transformedData", {})
+    if not isinstance(transformed, dict):
+        return False
+    for part in transformed.values():
+        if not (isinstance(part, dict) and isinstance(part.get("json"), dict)
+                and isinstance(part.get("text", ""), str)):
+            return False
+    return True
+
+
+def test_the_shape_check_reads_portkeys_own_examples():
+    for example in portkey("responses").values():
+        assert portkey_response_ok(example)
+    assert not portkey_response_ok({"data": {"verdict": True}})
+    assert not portkey_response_ok({"verdict": "true"})
+
+
+def test_portkey_before_request_is_a_pass_with_nothing_checked(checker):
+    base, folder = checker
+    before = len(rows(folder))
+    response = post(base, "/v1/check/portkey", portkey("beforeRequestHook"))
+    assert response.status_code == 200 and portkey_response_ok(response.json())
+    assert response.json()["verdict"] is True and len(rows(folder)) == before
+
+
+def test_portkeys_recorded_after_request_without_context_passes_unchecked_and_audited(checker):
+    base, folder = checker
+    response = post(base, "/v1/check/portkey", portkey("afterRequestHook"))
+    assert response.status_code == 200 and portkey_response_ok(response.json())
+    body = response.json()
+    assert body["verdict"] is True and body["data"]["checked"] is False and body["data"]["reason"] == "no_context"
+    assert "transformedData" not in body
+    row = rows(folder)[body["data"]["request_id"]]
+    assert row["reason"] == "no_context" and row["model"] == "gpt-4o-mini"
+
+
+def rag_hook(answer: str, **metadata: str) -> dict[str, Any]:
+    """Portkey's recorded afterRequestHook, as a RAG app sends it: the passage in the system message's
+    <context> block, and the model's answer in the response."""
+    hook = portkey("afterRequestHook")
+    hook["request"]["json"]["messages"] = [
+        {"role": "system", "content": f"Answer from the context.\n<context>{PASSAGE}</context>"},
+        {"role": "user", "content": QUESTION}]
+    hook["request"]["text"] = QUESTION
+    hook["response"]["json"]["choices"][0]["message"]["content"] = answer
+    hook["response"]["text"] = answer
+    hook["metadata"].update(metadata)
+    return hook
+
+
+def test_portkey_after_request_with_a_grounded_answer_passes(checker):
+    base, folder = checker
+    body = post(base, "/v1/check/portkey", rag_hook(FAITHFUL)).json()
+    assert portkey_response_ok(body) and body["verdict"] is True
+    assert body["data"]["checked"] is True and body["data"]["flagged"] is False
+    assert rows(folder)[body["data"]["request_id"]]["context_source"] == "tags"
+
+
+def test_portkey_after_request_blocked_is_a_false_verdict_with_the_safe_message(checker):
+    base, folder = checker
+    response = post(base, "/v1/check/portkey", rag_hook(HALLUCINATED), **{"x-tenant": "clinic"})
+    body = response.json()
+    assert portkey_response_ok(body) and body["verdict"] is False
+    assert body["data"]["action"] == "block" and body["data"]["flagged"] is True
+    replaced = body["transformedData"]["response"]
+    assert replaced["text"] == SAFE and replaced["json"]["choices"][0]["message"]["content"] == SAFE
+    assert replaced["json"]["id"] == "chatcmpl-B9SAAj7zd4mq12omkeEImYvYnjbOr"  # the rest of the response is kept
+    row = rows(folder)[body["data"]["request_id"]]
+    assert row["action"] == "block" and row["answer"] == HALLUCINATED
+
+
+def test_portkey_metadata_names_a_topic(checker):
+    base, _ = checker
+    body = post(base, "/v1/check/portkey", rag_hook(FAITHFUL, morphguard_topic="pregnancy")).json()
+    assert body["data"]["topic"] == "pregnancy"
+
+
+@pytest.mark.parametrize("change, param", [
+    (lambda h: h.update(eventType="onTuesday"), "eventType"),
+    (lambda h: h.pop("request"), "request"),
+    (lambda h: h["request"].update(json=[1]), "request.json"),
+    (lambda h: h["request"]["json"].update(messages="hi"), "request.json.messages"),
+    (lambda h: h.update(response={"json": {"choices": []}}), "response.json.choices"),
+    (lambda h: h["response"]["json"]["choices"][0]["message"].update(content=7),
+     "response.json.choices[0].message.content"),
+])
+def test_portkey_hostile_input_is_an_openai_shaped_400(checker, change, param):
+    base, folder = checker
+    hook = rag_hook(FAITHFUL)
+    change(hook)
+    before = len(rows(folder))
+    response = post(base, "/v1/check/portkey", hook)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert len(rows(folder)) == before

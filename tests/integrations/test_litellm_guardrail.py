@@ -1,0 +1,197 @@
+"""morphguard as a guardrail of the real LiteLLM proxy (the version the benchmarks pin), run as its own process.
+
+LiteLLM loads `morphguard.integrations.litellm.MorphguardGuardrail` from its `guardrails:` config; its models are
+the scripted provider, which is the judge too (exact, known verdicts). The client is the official `openai` SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.e2e.conftest import start
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, PASSAGE, QUESTION, SAFE, rows
+from tests.servers import free_port, stop
+
+pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (the bench extra)")
+
+MASTER = "sk-litellm-master-0123"
+
+
+def start_litellm(provider: str, folder: Path, mode: list[str]):
+    """The LiteLLM proxy with morphguard as a guardrail in `mode`; its base URL and process."""
+    morphguard = {
+        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "detector": {"name": "metarag"},
+        "metarag": {"profile": "paper"},
+        "policy": {
+            "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
+                         "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE}},
+            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}}],
+            "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
+        },
+    }
+    (folder / "morphguard.yaml").write_text(yaml.safe_dump(morphguard))
+    models = [{"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": provider,
+                                                      "api_key": "sk-upstream"}}
+              for name in ("faithful", "hallucinated", "fail-400")]
+    config = {
+        "model_list": models,
+        "guardrails": [{"guardrail_name": "morphguard", "litellm_params": {
+            "guardrail": "morphguard.integrations.litellm.MorphguardGuardrail",
+            "mode": mode, "default_on": True,
+            "morphguard_config": str(folder / "morphguard.yaml")}}],
+        "general_settings": {"master_key": MASTER},
+    }
+    (folder / "litellm.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    litellm_cli = shutil.which("litellm", path=str(Path(sys.executable).parent))
+    assert litellm_cli, "the litellm command comes with litellm[proxy]"
+    process = start([litellm_cli, "--config", str(folder / "litellm.yaml"), "--host", "127.0.0.1", "--port",
+                     str(port)], f"http://127.0.0.1:{port}/health/liveliness", folder / "litellm.log", timeout=180,
+                    env={"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"})
+    return f"http://127.0.0.1:{port}", process
+
+
+@pytest.fixture(scope="module")
+def gateway(provider, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("litellm")
+    base, process = start_litellm(provider, folder, ["pre_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def late_gateway(provider, tmp_path_factory):
+    """Reading the request while the provider answers (during_call), checking after (post_call)."""
+    folder = tmp_path_factory.mktemp("litellm-late")
+    base, process = start_litellm(provider, folder, ["during_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+def client(base: str, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=MASTER, max_retries=0, timeout=60,
+                         default_headers=headers or None)
+
+
+def ask(c: openai.OpenAI, model: str, **kwargs):
+    return c.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"morphguard": {"context": [PASSAGE]}}, **kwargs)
+
+
+def test_a_grounded_answer_passes_with_its_verdict(gateway, provider):
+    base, folder = gateway
+    raw = ask(client(base), "faithful")
+    completion = raw.parse()
+    assert completion.choices[0].message.content == FAITHFUL
+    verdict = completion.model_extra["morphguard"]
+    assert verdict["checked"] is True and verdict["flagged"] is False and verdict["action"] == "pass"
+    assert raw.headers["x-morphguard-action"] == "pass" and raw.headers["x-morphguard-checked"] == "true"
+    row = rows(folder)[verdict["request_id"]]
+    assert row["checked"] == 1 and row["answer"] == FAITHFUL and row["context"] == PASSAGE
+    assert row["question"] == QUESTION and row["context_source"] == "explicit"
+    # the provider got the chat without morphguard's field or its state
+    sent = [r["body"] for r in httpx.get(f"{provider.removesuffix('/v1')}/_requests").json()
+            if r["body"].get("model") == "faithful"][-1]
+    assert "morphguard" not in json.dumps(sent)
+
+
+def test_a_hallucinated_answer_is_annotated_under_the_default_profile(gateway):
+    base, folder = gateway
+    completion = ask(client(base), "hallucinated").parse()
+    assert completion.choices[0].message.content == HALLUCINATED
+    verdict = completion.model_extra["morphguard"]
+    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    assert rows(folder)[verdict["request_id"]]["flagged"] == 1
+
+
+def test_a_hallucinated_answer_under_a_block_profile_is_rejected(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(client(base, **{"x-tenant": "clinic"}), "hallucinated")
+    assert raised.value.status_code == 400
+    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+    [new] = [r for key, r in rows(folder).items() if key not in before]
+    assert (new["profile"], new["action"], new["flagged"], new["answer"]) == ("strict", "block", 1, HALLUCINATED)
+    # the same tenant with a grounded answer passes
+    assert ask(client(base, **{"x-tenant": "clinic"}), "faithful").parse().choices[0].message.content == FAITHFUL
+
+
+def test_a_stream_is_checked_whole_and_carries_its_verdict(gateway):
+    base, folder = gateway
+    stream = client(base).chat.completions.create(
+        model="hallucinated", messages=[{"role": "user", "content": QUESTION}], stream=True,
+        extra_body={"morphguard": {"context": [PASSAGE]}})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == HALLUCINATED
+    verdicts = [c.model_extra["morphguard"] for c in chunks if (c.model_extra or {}).get("morphguard")]
+    assert len(verdicts) == 1 and verdicts[0]["flagged"] is True and verdicts[0]["action"] == "annotate"
+    assert rows(folder)[verdicts[0]["request_id"]]["answer"] == HALLUCINATED
+
+
+def test_a_blocked_stream_is_rejected_before_any_text(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.APIError) as raised:
+        stream = client(base, **{"x-tenant": "clinic"}).chat.completions.create(
+            model="hallucinated", messages=[{"role": "user", "content": QUESTION}], stream=True,
+            extra_body={"morphguard": {"context": [PASSAGE]}})
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert HALLUCINATED not in text
+    assert HALLUCINATED not in str(raised.value)
+    [new] = [r for key, r in rows(folder).items() if key not in before]
+    assert new["action"] == "block"
+
+
+def test_a_request_without_context_passes_unchecked_and_audited(gateway):
+    base, folder = gateway
+    completion = client(base).chat.completions.create(
+        model="faithful", messages=[{"role": "user", "content": QUESTION}])
+    verdict = completion.model_extra["morphguard"]
+    assert verdict["checked"] is False and verdict["reason"] == "no_context"
+    assert rows(folder)[verdict["request_id"]]["reason"] == "no_context"
+
+
+def test_a_malformed_morphguard_field_is_a_400(gateway):
+    base, folder = gateway
+    before = len(rows(folder))
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(base).chat.completions.create(model="faithful", messages=[{"role": "user", "content": QUESTION}],
+                                             extra_body={"morphguard": {"context": [1, 2]}})
+    assert "morphguard.context" in str(raised.value)
+    assert len(rows(folder)) == before
+
+
+def test_a_failed_provider_call_is_audited(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.APIError):
+        ask(client(base), "fail-400")
+    [new] = [r for key, r in rows(folder).items() if key not in before]
+    assert new["checked"] == 0 and new["reason"] == "upstream_error"
+
+
+def test_during_call_mode_reads_tagged_context_and_checks_after(late_gateway):
+    base, folder = late_gateway
+    tagged = [{"role": "system", "content": f"Answer from the context.\n<context>{PASSAGE}</context>"},
+              {"role": "user", "content": QUESTION}]
+    for model, flagged in (("faithful", False), ("hallucinated", True)):
+        completion = client(base).chat.completions.create(model=model, messages=tagged)
+        verdict = completion.model_extra["morphguard"]
+        assert verdict["checked"] is True and verdict["flagged"] is flagged
+        row = rows(folder)[verdict["request_id"]]
+        assert row["context_source"] == "tags" and row["question"] == QUESTION
+    with pytest.raises(openai.BadRequestError):  # a malformed field is refused in this mode too
+        client(base).chat.completions.create(model="faithful", messages=tagged,
+                                             extra_body={"morphguard": {"topic": 5}})

@@ -30,8 +30,8 @@ def _points() -> dict[str, list]:
     return points
 
 
-def send(url: str, body: dict) -> int:
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+def send(url: str, body: dict, path: str = "/v1/chat/completions") -> int:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"authorization": "Bearer sk-client", "content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
@@ -132,6 +132,30 @@ def test_upstream_calls_carry_the_server_the_response_model_and_a_failures_type(
     assert any(p.attributes.get(names.SERVER_PORT) == 9 and p.count >= 1 for p in failed)
     assert all(p.attributes[names.ERROR_TYPE].isidentifier() or p.attributes[names.ERROR_TYPE].isdigit()
                for p in failed)
+
+
+def failed_calls(provider: str) -> int:
+    """Failed upstream calls to the unreachable port 9, recorded for one provider."""
+    return sum(p.count for p in upstream_calls() if names.ERROR_TYPE in p.attributes
+               and p.attributes.get(names.SERVER_PORT) == 9 and p.attributes[names.PROVIDER_NAME] == provider)
+
+
+@pytest.mark.parametrize("path, body, provider", [
+    ("/v1/responses", {"model": "rag-model", "input": "Hi"}, "openai"),
+    ("/v1/responses", {"model": "rag-model", "input": "Hi", "stream": True}, "openai"),
+    ("/v1/messages", {"model": "rag-model", "max_tokens": 50, "messages": [{"role": "user", "content": "Hi"}]},
+     "anthropic"),
+    ("/v1/messages", {"model": "rag-model", "max_tokens": 50, "stream": True,
+                      "messages": [{"role": "user", "content": "Hi"}]}, "anthropic"),
+])
+def test_each_apis_failed_upstream_call_is_timed_with_its_type(llm, tmp_path, path, body, provider):  # noqa: F811
+    down = make_config(llm, tmp_path)
+    down = down.model_copy(update={"proxy": down.proxy.model_copy(update={
+        "upstream": down.proxy.upstream.model_copy(update={"base_url": "http://127.0.0.1:9/v1", "max_attempts": 1})})})
+    before = failed_calls(provider)
+    with InProcessProxy(down) as proxy:
+        assert send(proxy.url, body, path) == 502
+    assert failed_calls(provider) == before + 1
 
 
 def test_a_judge_call_that_fails_is_timed_with_its_error_type(llm, tmp_path):  # noqa: F811

@@ -494,33 +494,26 @@ def _audit_table(rows: list[dict[str, object]]) -> str:
 
 
 def render_detection(answer: str, result: Detection, color: bool = False) -> str:
-    """The answer with flagged factoids' spans marked, then one row per factoid."""
+    """The answer with flagged claims' spans marked, then one row per claim: the factoids a combining detector's
+    parts each gave for one span are merged as the proxy's verdict merges them (`policy.actions.claims`)."""
+    from morphguard.policy.actions import claims, flagged_factoids, highlight
+
     open_mark, close_mark = ("\x1b[1;31m", "\x1b[0m") if color else ("[[", "]]")
-    merged: list[list[int]] = []  # overlapping or touching spans become one mark
-    for start, end in sorted({(f.start, f.end) for f in result.factoids
-                              if f.score >= result.threshold and f.start is not None and f.end is not None}):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        elif start < end:
-            merged.append([start, end])
-    marked, cursor = [], 0
-    for start, end in merged:
-        marked += [answer[cursor:start], open_mark, answer[start:end], close_mark]
-        cursor = end
-    marked.append(answer[cursor:])
     verdict = "FLAGGED" if result.flagged else "ok"
     lines = [
         f"{verdict}: hallucination score {result.score:.2f} "
         f"(threshold {result.threshold:g}, detector {result.detector})",
         "",
-        "".join(marked).strip(),
+        highlight(answer, flagged_factoids(result, result.threshold), open_mark, close_mark).strip(),
         "",
-        f"{'#':>2}  {'score':>5}  {'span':>9}  {'label':<12}  factoid",
+        f"{'#':>2}  {'score':>5}  {'span':>9}  {'label':<12}  claim",
     ]
-    for i, f in enumerate(result.factoids, 1):
+    for i, f in enumerate(claims(result.factoids), 1):
         span = f"{f.start}-{f.end}" if f.start is not None else "-"
         flag = "!" if f.score >= result.threshold else " "
         lines.append(f"{i:>2}{flag} {f.score:5.2f}  {span:>9}  {f.label or '-':<12}  {f.text}")
+        if f.reason:
+            lines.append(f"{'':>20}reason: {f.reason}")
         for e in f.evidence:
             lines.append(f"{'':>20}evidence [{e.passage}] {e.start}-{e.end}: {e.text}")
         for v in f.variants:

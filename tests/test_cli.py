@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 
+from morphguard import _docs
 from morphguard.cli import _parser, main
 from morphguard.detectors import SPECS
 from tests.detectors.scripted_judge import judge, stage_of
@@ -152,8 +153,10 @@ def test_every_subcommand_says_what_it_does_and_every_option_has_help():
                     yield f"{prefix} {name}", sub
                     yield from commands(sub, f"{prefix} {name}")
 
+    reference = _docs.cli_reference()
     for name, sub in commands(_parser(), "morphguard"):
         assert sub.description and len(sub.description) > 40, name
+        assert f"## `{name}`\n\n{sub.description}\n" in reference, name  # the docs site's CLI page says it too
         undocumented = [a.option_strings for a in sub._actions
                         if a.option_strings and not a.help and not isinstance(a, argparse._SubParsersAction)]
         assert undocumented == [], name

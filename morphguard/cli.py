@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     answer = check.add_mutually_exclusive_group(required=True)
     answer.add_argument("--answer", "-a", help="the answer to check")
     answer.add_argument("--answer-file", type=Path, help="a file holding the answer to check")
-    check.add_argument("--json", action="store_true", help="print the Detection as JSON")
+    check.add_argument("--json", action="store_true",
+                       help="print the Detection as JSON, as the library returns it (each part's factoids)")
     check.add_argument("--detector", default=None,
                        help=f"the check to run: {_detector_names()} (default: detector.name of the config)")
     _config_option(check)

@@ -40,9 +40,9 @@ from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.detectors.metarag import PROFILES, MetaRAG
-from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
+from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
@@ -517,7 +517,7 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
                                 exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
-            "logprob_reader": 2, "grounding": GROUNDING_VERSION, "records": RECORDS_VERSION,
+            "logprob_reader": 2, "grounding": GROUNDING_VERSION, **rules_fingerprint(),
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
             "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR],
             "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)

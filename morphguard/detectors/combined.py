@@ -39,6 +39,7 @@ from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.metarag import PROFILES, MetaRAG
 from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
@@ -170,16 +171,7 @@ class Channel(BaseModel):
                 for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True)}
 
     def probability(self, values: Mapping[str, float]) -> float:
-        return _sigmoid(self.intercept + sum(self._terms(values).values()))
-
-
-def _sigmoid(z: float) -> float:
-    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
-
-
-def log_odds(p: float) -> float:
-    p = min(max(p, 1e-9), 1.0 - 1e-9)
-    return math.log(p / (1.0 - p))
+        return sigmoid(self.intercept + sum(self._terms(values).values()))
 
 
 class Weights(BaseModel):
@@ -222,7 +214,7 @@ class Weights(BaseModel):
     def probability(self, values: Mapping[str, float], record: bool = False, short: bool = False) -> float:
         """The calibrated probability of an answer (about a record, over a short context, or neither)."""
         slope, intercept = self._calibration_for(record, short)
-        return _sigmoid(slope * log_odds(self.either(values, record)) + intercept)
+        return sigmoid(slope * log_odds(self.either(values, record)) + intercept)
 
     def _calibration_for(self, record: bool, short: bool) -> tuple[float, float]:
         if record and self.record_calibration:

@@ -185,7 +185,7 @@ SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finan
 
 class TopicRule(Section):
     """How the tagger recognises a topic in the conversation and context: whole words (`*` = any ending, a space =
-    any white space) matched on the folded text (morphguard.text.fold: look-alike letters, invisible characters,
+    any white space) matched on the folded text (morphguard.folding.fold: look-alike letters, invisible characters,
     accents and case written one way), or regexes (matched on the text as sent and folded, case-insensitively)."""
 
     keywords: list[str] = []  # whole words; `*` = any ending, a space = any white space

@@ -94,8 +94,8 @@ def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
 # A sentence at least this share of whose content words the context lacks is itself the unsupported claim. In one
 # that mostly rewords the context a stray content word is more often rewording than invention, but a number or a name
 # the context lacks is a fact of its own. Pointing so rather than from every sentence's first unsupported word to its
-# last was chosen on the RAGTruth QA and Summary fit halves (docs/evaluation-log.md, "Session 29"); the counts, and so
-# every score, are the same either way.
+# last was chosen on the RAGTruth QA and Summary fit halves (docs/evaluation-log.md, 2026-11-25, "where `grounding`
+# points"); the counts, and so every score, are the same either way.
 INVENTED_SHARE = 0.5
 
 

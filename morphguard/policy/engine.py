@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from morphguard.config import Action, PolicySettings, RouteRule
+from morphguard.folding import model_name, model_names, warm
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy.topics import TopicTagger
-from morphguard.folding import model_name, model_names, warm
 
 log = logging.getLogger(__name__)
 

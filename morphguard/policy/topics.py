@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 
 from morphguard.config import TopicRule
-from morphguard.models import RagInput
 from morphguard.folding import fold, foldings
+from morphguard.models import RagInput
 
 
 def keyword_regex(keywords: list[str]) -> str | None:

@@ -117,7 +117,7 @@ def _truth(value: object) -> tuple[bool, bool | None]:
 
 def fields(passages: list[str]) -> list[Field]:
     """The yes/no fields of every JSON record in the context."""
-    return _read(list(_records(passages)))[0]
+    return read_records(passages).fields
 
 
 def _read(records: list[object]) -> tuple[list[Field], dict[str, object], str]:

@@ -442,8 +442,8 @@ def _fingerprint(settings: MetaRAGSettings) -> dict[str, Any]:
                         ("decompose", "llm"), ("context_budget", 0)):
         if options[switch] == off:
             options.pop(switch)
-    # Soft scores are read from log-probabilities; reader version 2 finds the verdict token among the generated
-    # tokens, not in the reply text (which can lack a ```json fence the tokens have): earlier scores are stale.
+    # Soft scores are read from log-probabilities; `logprob_reader` 2 finds the verdict token among the generated
+    # tokens, not in the reply text (which can lack a ```json fence the tokens have).
     return {"options": options, **({"logprob_reader": 2} if options["soft_verdicts"] else {})}
 
 

@@ -76,7 +76,7 @@ class MetaRAGOptions:
 PROFILES: dict[str, MetaRAGOptions] = {
     # As published: N = 2 per relation, discrete verdicts, temperature 0.
     "paper": MetaRAGOptions(),
-    # The default for the 1.5B embedded judge, built for inline latency. Measured there (README, "Fast checks"),
+    # The default for the 1.5B embedded judge, built for inline latency. Measured there (evaluation log, 2026-11-22),
     # generation and then reading are the cost, and antonyms, by rule or by the judge, lowered AUROC: the judge
     # says YES to a statement and to its negation alike. So one call: the answer's own sentences are the
     # factoids, each verified as written against the context sentences that share words with the answer,

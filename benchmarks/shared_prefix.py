@@ -10,7 +10,7 @@ again. This probe asks both questions of the same answers twice, with nothing el
 
 Answers come from the RAGTruth QA fit half, one per source, so no two share passages; the two orders alternate
 from answer to answer. The first sentence of the answer stands in for the sentence the spot check would pick.
-The verdicts are not read: whether a shared prompt judges as well is for `eval` (README, "Evaluation").
+The verdicts are not read: whether a shared prompt judges as well is for `eval` (docs/evaluation.md).
 
     python benchmarks/shared_prefix.py [--answers 12]
 

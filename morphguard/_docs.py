@@ -352,10 +352,12 @@ def cli_reference() -> str:
         "",
     ]
     for name, help_text, sub in _commands(parser, "morphguard"):
+        # what `morphguard COMMAND --help` opens with; the one-line help of the command list when there is none
+        about = sub.description or help_text[:1].upper() + help_text[1:] + "."
         if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
-            out += [f"## `{name}`", "", help_text[:1].upper() + help_text[1:] + ".", ""]
+            out += [f"## `{name}`", "", about, ""]
             continue
         usage = " ".join(sub.format_usage().split())
-        out += [f"## `{name}`", "", help_text[:1].upper() + help_text[1:] + ".", "", "```", usage, "```", "",
+        out += [f"## `{name}`", "", about, "", "```", usage, "```", "",
                 "| option | required | default | help |", "|---|---|---|---|", *_option_rows(sub), ""]
     return "\n".join(out)

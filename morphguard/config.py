@@ -83,20 +83,15 @@ class LocalModelSettings(Section):
 DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
 
 
-# The policy's default thresholds suit the default detector, `combined`, whose score is a probability: chosen
-# on the fit halves (RAGTruth QA and Summary, the QA contrast set and its short form, the 512 answers of prose the
-# judge has read, and RAGTruth Data2txt's 192 answers about records; benchmarks/combined_designs.py), the sensitive
-# one as the highest with a recall of at least 0.75 on each, and the general one as the highest whose F1 over all of
+# The policy's default thresholds suit the default detector, `combined`, whose score is a probability. Both come from
+# one rule on the fit halves (RAGTruth QA and Summary, the QA contrast set and its short form, the 512 answers of prose
+# the judge has read, and RAGTruth Data2txt's 192 answers about records; benchmarks/combined_designs.py): the sensitive
+# threshold is the highest with a recall of at least 0.75 on each, the general one the highest whose F1 over all of
 # them pooled is within 0.01 of the best (the F1 curve is flat from 0.15 to 0.3, and the higher threshold flags fewer
-# faithful answers). The rule is applied as written at every change to the check: it gave 0.275 in session 13, 0.25 in
-# session 14, 0.275 again with session 15's weights, by 0.0001, with session 16's cascade 0.275 and 0.15 (below
-# 0.2 the cascade did not ask `direct`, and the short contrast pairs' recall at 0.175 fell to 0.74), and with session
-# 17's spot check of answers in the context's own words 0.275 and 0.175 (short pairs' recall 0.78 at 0.175), and
-# with session 18's contrast set (no negated sentences about the sources) and refit 0.275 and 0.2 (Summary's recall
-# 0.76 at 0.2), and with session 19's (no dropped hedge the context lacks, no name swapped for its own spelling), refit
-# and band 0.3 and 0.175 (pooled F1 0.755 against the best, 0.763; Summary's recall 0.78 at 0.175, 0.70 at 0.2).
-# MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale. The detector's own threshold (the library's
-# and `morphguard check`'s flag) is the general one.
+# faithful answers). With the shipped weights and cascade the rule gives 0.3 (pooled F1 0.755 against the best, 0.763)
+# and 0.175 (Summary's recall 0.78 at 0.175, 0.70 at 0.2): docs/evaluation-log.md, "the policy's default thresholds".
+# A change to the check is followed by the rule applied again. MetaRAG's paper used 0.5 and 0.3 on its own,
+# uncalibrated scale. The detector's own threshold (the library's and `morphguard check`'s flag) is the general one.
 GENERAL_THRESHOLD = 0.3
 SENSITIVE_THRESHOLD = 0.175
 
@@ -185,7 +180,7 @@ SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finan
 
 class TopicRule(Section):
     """How the tagger recognises a topic in the conversation and context: whole words (`*` = any ending, a space =
-    any white space) matched on the folded text (morphguard.text.fold: look-alike letters, invisible characters,
+    any white space) matched on the folded text (morphguard.folding.fold: look-alike letters, invisible characters,
     accents and case written one way), or regexes (matched on the text as sent and folded, case-insensitively)."""
 
     keywords: list[str] = []  # whole words; `*` = any ending, a space = any white space

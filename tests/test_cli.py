@@ -1,13 +1,25 @@
-"""`morphguard check` as a real subprocess, its judge a scripted server on loopback."""
+"""`morphguard` as a real subprocess (its judge a scripted server on loopback) and its servers on real sockets."""
 
+import argparse
 import json
+import re
+import socket
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
 
+import httpx
+import pytest
 import yaml
 
-from tests.detectors.scripted_judge import judge
-from tests.scripted_llm import ScriptedLLM
+from morphguard import _docs
+from morphguard.cli import _parser, main
+from morphguard.detectors import SPECS
+from tests.detectors.scripted_judge import judge, stage_of
+from tests.scripted_llm import ScriptedLLM, completion
+from tests.servers import stop
 
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 CONTEXT = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -97,3 +109,142 @@ def test_overlapping_and_touching_spans_are_marked_once():
     shown = render_detection(answer, Detection(detector="combined", score=0.6, threshold=0.3, flagged=True,
                                                factoids=factoids))
     assert "[[Yes, ibuprofen is safe throughout pregnancy.]] It helps." in shown
+
+
+def test_one_row_per_claim_where_several_parts_of_the_check_name_one_sentence(tmp_path, capsys):
+    """The combined check's grounding and spot check each name the invented sentence; the table shows it once,
+    at the higher score, with both parts' reasons, as the proxy's verdict lists it."""
+    invented = "Its towers were painted by Gustave Eiffel."
+
+    def reply(body):
+        stage = stage_of(body)
+        if stage == "probe":
+            return json.dumps({"verdict": "YES"}) if body.get("response_format") else "YES"
+        if stage == "direct":
+            return json.dumps({"verdict": "NO", "unsupported": []})
+        return completion("NO")
+
+    args = ["-q", "When did the bridge open?", "-c", "The bridge opened in 1932. Its towers are 134 metres tall.",
+            "-a", f"The bridge opened in 1932. {invented}", "--detector", "combined"]
+    with ScriptedLLM(reply) as server:
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({"judge": {"model": "openai/scripted", "api_base": server.base_url,
+                                                    "api_key": "sk-test"},
+                                          "combined": {"cascade": None}}))
+        assert main(["check", "--config", str(config), "--json", *args]) == 1
+        raw = json.loads(capsys.readouterr().out)["factoids"]
+        assert main(["check", "--config", str(config), *args]) == 1
+        table = capsys.readouterr().out
+
+    named = [f for f in raw if f["text"] == invented]
+    assert len(named) >= 2 and len({(f["start"], f["end"]) for f in named}) == 1  # several parts, one span
+    rows = [line for line in table.splitlines() if re.match(r"\s*\d+!?\s", line)]
+    assert len(rows) == 1 and rows[0].endswith(invented)
+    assert f"{max(f['score'] for f in named):5.2f}" in rows[0]
+    (reason,) = [line.strip() for line in table.splitlines() if line.strip().startswith("reason:")]
+    assert all(f["reason"] in reason for f in named)
+
+
+def test_every_subcommand_says_what_it_does_and_every_option_has_help():
+    def commands(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield f"{prefix} {name}", sub
+                    yield from commands(sub, f"{prefix} {name}")
+
+    reference = _docs.cli_reference()
+    for name, sub in commands(_parser(), "morphguard"):
+        assert sub.description and len(sub.description) > 40, name
+        assert f"## `{name}`\n\n{sub.description}\n" in reference, name  # the docs site's CLI page says it too
+        undocumented = [a.option_strings for a in sub._actions
+                        if a.option_strings and not a.help and not isinstance(a, argparse._SubParsersAction)]
+        assert undocumented == [], name
+
+
+def test_the_detector_help_names_every_registered_detector_and_its_profiles(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "auto (" in shown
+    for name, spec in SPECS.items():
+        assert re.search(rf"\b{name}\b", shown), name
+        for profile in spec.profiles:
+            assert profile in shown, (name, profile)
+
+
+@pytest.mark.parametrize("argv", [["serve", "--port", "65536"], ["review", "--port", "-1"],
+                                  ["worker", "--port", "http"], ["worker", "--concurrency", "0"],
+                                  ["serve", "--workers", "0"], ["audit", "--limit", "0"],
+                                  ["calibrate", "-d", "reviews", "--half", "test"]])
+def test_values_out_of_range_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert f"argument {argv[-2]}" in capsys.readouterr().err
+
+
+def _started(cmd: list[str], log: Path, pattern: str, timeout: float = 120) -> tuple[subprocess.Popen[bytes], str]:
+    """A morphguard process and the first match of `pattern` in what it prints."""
+    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", *cmd], stdout=log.open("wb"),
+                               stderr=subprocess.STDOUT, cwd=log.parent)
+    deadline = time.monotonic() + timeout
+    while not (found := re.search(pattern, log.read_text())):
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process)
+            raise AssertionError(f"{cmd}: no {pattern!r} in:\n{log.read_text()}")
+        time.sleep(0.1)
+    return process, found.group(1)
+
+
+def _no_judge_config(tmp_path: Path, **extra: object) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"detector": {"name": "grounding"},
+                                    "proxy": {"upstream": {"base_url": "http://127.0.0.1:9/v1"}},
+                                    "policy": {"audit": {"path": str(tmp_path / "audit.db")}}, **extra}))
+    return str(path)
+
+
+@pytest.mark.parametrize("command, pattern, probe", [
+    ("serve", r"morphguard proxy on http://127\.0\.0\.1:(\d+)/v1;", "/healthz"),
+    ("review", r"morphguard review on http://127\.0\.0\.1:(\d+)/", "/"),
+])
+def test_port_0_serves_on_a_free_port_and_names_it(command, pattern, probe, tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # the config's port is in use: 0 must not mean it
+        configured = taken.getsockname()[1]
+        config = _no_judge_config(tmp_path, review={"port": configured})
+        config_yaml = yaml.safe_load(Path(config).read_text())
+        config_yaml["proxy"]["port"] = configured
+        Path(config).write_text(yaml.safe_dump(config_yaml))
+        process, port = _started([command, "--config", config, "--host", "127.0.0.1", "--port", "0"],
+                                 tmp_path / f"{command}.log", pattern)
+        try:
+            answered = _get(f"http://127.0.0.1:{port}{probe}")
+        finally:
+            stop(process)
+    assert int(port) not in (0, configured)
+    assert answered.status_code < 400, answered.text
+
+
+def test_a_worker_on_port_0_serves_its_probes_on_a_free_port_and_names_it(redis_url, tmp_path):
+    config = _no_judge_config(tmp_path, queue={"url": redis_url, "stream": f"checks:{uuid.uuid4().hex[:8]}"})
+    process, port = _started(["worker", "--config", config, "--port", "0"], tmp_path / "worker.log",
+                             r"worker probes on http://127\.0\.0\.1:(\d+)")
+    try:
+        health = _get(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        stop(process)
+    assert int(port) != 0
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+
+
+def _get(url: str) -> httpx.Response:
+    """GET `url`, waiting for the server to take connections: its address is printed just before it binds."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return httpx.get(url, timeout=10)
+        except httpx.ConnectError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

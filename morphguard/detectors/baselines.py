@@ -130,7 +130,7 @@ register(DetectorSpec(
 register(DetectorSpec(
     name="direct", settings=DirectSettings, models=lambda settings: [settings.model],
     prompts=lambda settings: ["direct_system", "direct_user"],
-    # Scored from log-probabilities (reader version 2; see metarag._fingerprint).
+    # Scored from log-probabilities (`logprob_reader`: see metarag._fingerprint).
     fingerprint=lambda settings: {**changed_options(settings), "logprob_reader": 2},
     build=lambda settings, threshold, llm: DirectJudge(
         llm, threshold, model=settings.model, soft_verdicts=settings.soft_verdicts,

@@ -39,10 +39,11 @@ from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.metarag import PROFILES, MetaRAG
-from morphguard.detectors.records import VERSION as RECORDS_VERSION
 from morphguard.detectors.registry import Detector, DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
+from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
@@ -57,7 +58,7 @@ SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # the shipped weights' p
 JUDGE_FEATURES = ("direct", "restatement", "spotcheck", "factoid_max")  # their scores, as `features` names them
 # The shipped weights, by profile (`combined:fast`, or `combined: {profile: fast}` in the config). `fast` was
 # fitted without `direct`, whose whole-context read takes most of a check's time on the embedded judge, on the
-# same answers by the same command with `--detector restatement,spotcheck` (README, "Evaluation").
+# same answers by the same command with `--detector restatement,spotcheck` (docs/evaluation-log.md, "the fast profile").
 WEIGHT_FILES = {"": "combined.json", "fast": "combined_fast.json"}
 # Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
 # tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
@@ -68,11 +69,10 @@ INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its
 # changes it where a copy goes wrong (a negation, a number, a name, a dropped qualifier; detectors/alignment.py) is
 # raised to at least `CHANGED_COPY_FLOOR`, so that both thresholds flag it. The fitted channels cannot learn this: they
 # are fitted on whole answers, where those changes also turn up in faithful paraphrases, and gave the name and qualifier
-# kinds no weight. On the fit halves (docs/evaluation-log.md, "Session 17") such answers are 44 of the short contrast
-# set's 80 edited answers and 2 of its 80 faithful ones, and 2 of the 305 RAGTruth QA and Summary answers (faithful);
-# closeness 0.6 caught 9 more edits but cost Summary 0.029 AUROC. 0.3 was chosen as the least floor that lifts an answer
-# scored near 0 above the general threshold of then (0.275); since session 19 that threshold is 0.3 itself, and a raised
-# answer still reaches it (flagged means score >= threshold, and every fitted probability is above 0).
+# kinds no weight. On the fit halves such answers are 44 of the short contrast set's 80 edited answers and 2 of its 80
+# faithful ones, and 2 of the 305 RAGTruth QA and Summary answers (faithful); closeness 0.6 caught 9 more edits but cost
+# Summary 0.029 AUROC. The floor is the general threshold (config.GENERAL_THRESHOLD): joined by noisy-OR to a fitted
+# probability, which is above 0, it lifts a raised answer to at least that threshold (flagged means score >= threshold).
 SHORT_ANSWER = 2
 CHANGED_COPY_CLOSENESS = 0.8
 CHANGED_COPY_FLOOR = 0.3
@@ -122,8 +122,9 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 # negated copy, a copy with one number put in another's place), the judge's NO on the whole answer, which can
 # mean either kind, the judge's NO on the sentence with the most unsupported words (whether those words are
 # rewording or invention, which counting cannot tell),
-# and misread records (a yes/no field of a JSON context stated against its value: every word of such a claim is
-# the context's own, so the invented channel cannot see it, and on prose contexts the feature is always 0). Any
+# and misread facts (a claim a registered rule finds stated against a fact of the context, detectors/rules: a
+# record's yes/no field or its opening hours; every word of such a claim is the context's own, so the invented
+# channel cannot see it). Any
 # channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). One regression
 # over all of them let data of one kind switch off the other kind's signal (the contrast set, where vocabulary
 # is noise by construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a
@@ -133,7 +134,7 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 # (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
 # (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the name and qualifier kinds
 # of changed copy added noise there (those copies still count through `restatement`, which judges each one; the
-# number kind joined once a list's renumbering stopped counting as one, alignment.py), and so did
+# number kind counts, a list's own renumbering being no changed number, alignment.py), and so did
 # a last logistic over the channels' log-odds in place of the noisy-OR, which the contrast set's strong
 # contradicted channel came to dominate.
 CHANNELS = {
@@ -170,16 +171,7 @@ class Channel(BaseModel):
                 for f, m, s, c in zip(self.features, self.mean, self.scale, self.coef, strict=True)}
 
     def probability(self, values: Mapping[str, float]) -> float:
-        return _sigmoid(self.intercept + sum(self._terms(values).values()))
-
-
-def _sigmoid(z: float) -> float:
-    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
-
-
-def log_odds(p: float) -> float:
-    p = min(max(p, 1e-9), 1.0 - 1e-9)
-    return math.log(p / (1.0 - p))
+        return sigmoid(self.intercept + sum(self._terms(values).values()))
 
 
 class Weights(BaseModel):
@@ -190,7 +182,8 @@ class Weights(BaseModel):
     # the noisy-OR's log-odds (slope, intercept; fitted on the same data) makes the result a probability again.
     # It is monotone, so it changes no ranking.
     calibration: tuple[float, float] = (1.0, 0.0)
-    # Answers about a structured record (a context whose JSON holds yes/no fields, detectors/records.py). On the
+    # Answers about a structured record (a context of JSON records alone with yes/no fields: `record_fields`, counted
+    # by the records rule, detectors/rules/records.py). On the
     # fit halves the judge's verdicts on them ran against the labels (RAGTruth Data2txt, n 80: `direct` AUROC
     # 0.44, `restatement` 0.37): the small judge reads prose, not records. When this is set, such answers are
     # scored by the channels that need no judge, with a calibration of their own, and the judge is not asked.
@@ -199,7 +192,8 @@ class Weights(BaseModel):
     # Answers over a short context (`SHORT_CONTEXT`: a paragraph, not a retrieved page), where every part reads the
     # whole context and the channels' verdict means more than over a long one: on the short-context fit halves
     # (HaluEval, the brief contrast pairs) the long contexts' calibration ranked the answers well but flagged only 20
-    # of 45 swapped names at the general threshold (docs/evaluation-log.md, "Session 21"). Fitted on such answers
+    # of 45 swapped names at the general threshold (on the report halves: docs/evaluation-log.md, 2026-11-24, "a
+    # calibration of its own for answers over a short context"). Fitted on such answers
     # alone, the channels kept (`eval --fit --recalibrate`). None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
@@ -222,7 +216,7 @@ class Weights(BaseModel):
     def probability(self, values: Mapping[str, float], record: bool = False, short: bool = False) -> float:
         """The calibrated probability of an answer (about a record, over a short context, or neither)."""
         slope, intercept = self._calibration_for(record, short)
-        return _sigmoid(slope * log_odds(self.either(values, record)) + intercept)
+        return sigmoid(slope * log_odds(self.either(values, record)) + intercept)
 
     def _calibration_for(self, record: bool, short: bool) -> tuple[float, float]:
         if record and self.record_calibration:
@@ -336,13 +330,13 @@ def fused(weights: Weights, evidence: TextEvidence, values: Mapping[str, float],
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
 # without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py, docs/evaluation-log.md, "Session 16" to "Session 19").
+# always asking it (benchmarks/combined_designs.py; docs/evaluation-log.md, 2026-11-24, "the cascade").
 CASCADE = (0.225, 0.3)
 # The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
 # Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
-# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters; the weights had learnt nothing
-# from it then) the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better
-# (docs/evaluation-log.md, "Session 20").
+# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters), read by weights not fitted on
+# it, the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (docs/evaluation-log.md,
+# 2026-11-24, "`direct` asked at once over a short context").
 # No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
 # than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
 # short-context calibration reads (`Weights.short_calibration`).
@@ -517,7 +511,7 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
                                 exclude={"fitted_on"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
-            "logprob_reader": 2, "grounding": GROUNDING_VERSION, "records": RECORDS_VERSION,
+            "logprob_reader": 2, "grounding": GROUNDING_VERSION, **rules_fingerprint(),
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
             "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR],
             "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)

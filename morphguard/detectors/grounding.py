@@ -9,8 +9,9 @@ grows with how many there are, numbers and names weighing more. Its counts are a
 Matching is deliberately forgiving, so that rewording is not mistaken for invention: case is ignored,
 simple inflections are stripped (`trimesters` ≈ `trimester`, `advised` ≈ `advise`), `1,000` = `1000`,
 number words equal their digits, a hyphenated word is grounded when each of its parts is, and a
-camel-cased field name of a structured context (`OutdoorSeating`) offers its words. A structured context
-also lets it see one kind of contradiction: a yes/no field stated against its value (detectors/records.py).
+camel-cased field name of a structured context (`OutdoorSeating`) offers its words. The registered rules
+(`detectors/rules`) add what counting cannot see: claims stated against a fact the context holds, such as a JSON
+record's yes/no field or its opening hours.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from morphguard.config import Section
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
 from morphguard.detectors.injection import instructions
-from morphguard.detectors.records import VERSION as RECORDS_VERSION
-from morphguard.detectors.records import check_records, claim_around
 from morphguard.detectors.registry import DetectorSpec, register
+from morphguard.detectors.rules import fingerprint as rules_fingerprint
+from morphguard.detectors.rules import read_all
 from morphguard.detectors.text import IGNORED, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
@@ -93,8 +94,8 @@ def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
 # A sentence at least this share of whose content words the context lacks is itself the unsupported claim. In one
 # that mostly rewords the context a stray content word is more often rewording than invention, but a number or a name
 # the context lacks is a fact of its own. Pointing so rather than from every sentence's first unsupported word to its
-# last was chosen on the RAGTruth QA and Summary fit halves (docs/evaluation-log.md, "Session 29"); the counts, and so
-# every score, are the same either way.
+# last was chosen on the RAGTruth QA and Summary fit halves (docs/evaluation-log.md, 2026-11-25, "where `grounding`
+# points"); the counts, and so every score, are the same either way.
 INVENTED_SHARE = 0.5
 
 
@@ -110,9 +111,9 @@ def unsupported_claim(report: SentenceReport) -> tuple[int, int] | None:
 class GroundingSettings(Section):
     """The `grounding` config section. The answer's weight of evidence is a sum, and its score
     1 - exp(-weight / scale): unsupported words count 1 each (numbers and names more), a sentence that
-    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, so
-    does each yes/no field of a JSON record the answer states against its value (detectors/records.py), and
-    an instruction to the checker counts `instruction_weight`."""
+    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, each claim a
+    rule finds stated against a fact of the context (detectors/rules) `conflict_weight`, and an instruction to the
+    checker `instruction_weight`."""
 
     scale: float = Field(4.0, gt=0)
     number_weight: float = Field(2.0, ge=0)  # an unsupported number counts this many words
@@ -144,16 +145,16 @@ class Grounding:
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         reports = ungrounded(answer, rag.passages)
-        records = check_records(answer, rag.passages)
-        misread = records.conflicts
+        ruled = read_all(answer, rag.passages)
+        misread = ruled.conflicts
         # An answer about a record is read against its fields, not sentence by sentence: the record's
         # "sentences" are JSON, so a changed copy of one means nothing (on the Data2txt fit half, n 192, the
         # negated-copy signal ranked against the labels, 0.45). Its unsupported words still count, but are
         # not pointed at: prose about a record rewords half its field names, and pointing at them gave span
         # F1 0.09 there, the clauses that state a field against its value 0.35.
-        # Records alone, not a record beside prose: one JSON passage slipped into a context of prose must not
-        # change how the prose is read (nor, in `combined`, keep the judge from reading it).
-        about_record = records.fields > 0 and records.only_records
+        # Records alone, not a record beside prose (`rules.Reading.facts`): one JSON passage slipped into a context
+        # of prose must not change how the prose is read (nor, in `combined`, keep the judge from reading it).
+        about_record = ruled.about_facts
         changed = [] if about_record else conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
@@ -175,12 +176,9 @@ class Grounding:
                 factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="unsupported",
                                         score=self._score(self.weight(r.unsupported)),
                                         reason=missing_words(r.unsupported)))
-        for m in misread:  # the claim that states the field, not just its words
-            start, end = (m.start, m.end) if m.exact else claim_around(answer, m.start, m.end)
-            factoids.append(Factoid(text=answer[start:end], start=start, end=end, label="contradicted",
-                                    score=self._score(self.settings.conflict_weight),
-                                    evidence=[m.evidence] if m.evidence else [],
-                                    reason=f"states the record's field {m.field!r} otherwise than the record"))
+        factoids += [Factoid(text=answer[m.start:m.end], start=m.start, end=m.end, label="contradicted",
+                             score=self._score(self.settings.conflict_weight),
+                             evidence=[m.evidence] if m.evidence else [], reason=m.reason) for m in misread]
         factoids += [Factoid(text=answer[a:b], start=a, end=b, label="unsupported",
                              score=self._score(self.settings.instruction_weight),
                              reason="addresses the checker: an instruction in the answer") for a, b in planted]
@@ -193,7 +191,7 @@ class Grounding:
             "worst_sentence_share": max((len(r.unsupported) / r.content for r in reports if r.content), default=0.0),
             **{f"{kind}_conflict": strength for kind, strength in strongest(changed).items()},
             "changed_copies": float(len(_per_sentence(changed))),
-            "record_fields": float(records.fields) if about_record else 0.0,
+            "record_fields": float(ruled.facts) if about_record else 0.0,
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
             # every stating sentence is a context sentence as written: the combined check asks no judge about it
@@ -218,5 +216,5 @@ VERSION = 8  # of the word lists and matching rules above: a change makes earlie
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],
     fingerprint=lambda settings: {"options": settings.model_dump(), "version": VERSION,
-                                  "alignment": ALIGNMENT_VERSION, "records": RECORDS_VERSION},
+                                  "alignment": ALIGNMENT_VERSION, **rules_fingerprint()},
     build=lambda settings, threshold, llm: Grounding(settings, threshold)))

@@ -205,6 +205,6 @@ SPEC = register(DetectorSpec(
     models=lambda settings: [settings.model],
     prompts=lambda settings: ["hier_decompose_system", "hier_decompose_user", "hier_verify_system",
                               "hier_verify_user"],
-    # Verdicts are read from log-probabilities (reader version 2; see metarag._fingerprint). Reply reader 2: a
+    # Verdicts are read from log-probabilities (`logprob_reader`: see metarag._fingerprint). `reply_reader` 2: a
     # decomposition reply without a claims list counts as unreadable (the sentence is the claim), not as no claims.
     fingerprint=lambda settings: {"options": settings.model_dump(), "logprob_reader": 2, "reply_reader": 2}))

@@ -76,7 +76,7 @@ class MetaRAGOptions:
 PROFILES: dict[str, MetaRAGOptions] = {
     # As published: N = 2 per relation, discrete verdicts, temperature 0.
     "paper": MetaRAGOptions(),
-    # The default for the 1.5B embedded judge, built for inline latency. Measured there (README, "Fast checks"),
+    # The default for the 1.5B embedded judge, built for inline latency. Measured there (evaluation log, 2026-11-22),
     # generation and then reading are the cost, and antonyms, by rule or by the judge, lowered AUROC: the judge
     # says YES to a statement and to its negation alike. So one call: the answer's own sentences are the
     # factoids, each verified as written against the context sentences that share words with the answer,
@@ -442,8 +442,8 @@ def _fingerprint(settings: MetaRAGSettings) -> dict[str, Any]:
                         ("decompose", "llm"), ("context_budget", 0)):
         if options[switch] == off:
             options.pop(switch)
-    # Soft scores are read from log-probabilities; reader version 2 finds the verdict token among the generated
-    # tokens, not in the reply text (which can lack a ```json fence the tokens have): earlier scores are stale.
+    # Soft scores are read from log-probabilities; `logprob_reader` 2 finds the verdict token among the generated
+    # tokens, not in the reply text (which can lack a ```json fence the tokens have).
     return {"options": options, **({"logprob_reader": 2} if options["soft_verdicts"] else {})}
 
 

@@ -33,6 +33,7 @@ from morphguard.config import Section
 from morphguard.detectors.focus import focus
 from morphguard.detectors.grounding import ungrounded
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.logistic import log_odds
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list
@@ -43,6 +44,9 @@ from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 VERSION = 3
 LABELS = ("SUPPORTED", "UNSUPPORTED")
+# How near 0 or 1 a score's log-odds are read (`logistic.log_odds`): a verdict given as a word is a certain 0 or 1,
+# read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
+SCORE_CLIP = 1e-4
 Batch = list[tuple[int, int, list[str], bool]]  # sentences: start, end, words the context never uses, addresses
 
 
@@ -147,8 +151,7 @@ class Sentences:
         parts = {"worst": worst, **({"whole": whole} if whole is not None else {})}
         score = fused(parts, self.weight)
         if self.logistic is not None:
-            slope, intercept = self.logistic
-            score = 1 / (1 + math.exp(-(slope * log_odds(score) + intercept)))
+            score = calibrated(score, self.logistic)
         # No sentence scores above its answer, so a flagged sentence is always in a flagged answer.
         factoids = [f for s, e, found, phrases in scored
                     for f in _factoids(answer, s, e, min(found, score), phrases, self.threshold)]
@@ -168,9 +171,16 @@ def fused(parts: dict[str, float], weight: float) -> float:
     return weight * parts["whole"] + (1 - weight) * parts.get("worst", 0.0)
 
 
-def log_odds(p: float) -> float:
-    p = min(max(p, 1e-4), 1 - 1e-4)
-    return math.log(p / (1 - p))
+def score_log_odds(score: float) -> float:
+    """The log-odds a calibration reads a score by (`SCORE_CLIP`)."""
+    return log_odds(score, SCORE_CLIP)
+
+
+def calibrated(score: float, logistic: tuple[float, float]) -> float:
+    """The probability a calibration's logistic (slope, intercept) makes of a score. Unbounded, unlike
+    `logistic.sigmoid`: below 1e-26 the two differ, and calibrations are fitted and read with this one."""
+    slope, intercept = logistic
+    return 1 / (1 + math.exp(-(slope * score_log_odds(score) + intercept)))
 
 
 def load_calibration(path: str) -> dict[str, Any]:

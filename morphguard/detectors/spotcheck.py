@@ -11,8 +11,8 @@ judge's probability of NO, the answer's the highest. Sentences that state nothin
 
 An answer whose content words the context all uses still gets one call, on its sentence with the most content
 words: a negated claim or a name moved from elsewhere in the context is made of the context's words, and such
-an answer is usually short, so one sentence is most of it. Before this (version 1) it cost no call and scored 0,
-and the combined check's first stage read it with no judge at all.
+an answer is usually short, so one sentence is most of it. Scoring such an answer 0 without a call would leave the
+combined check's first stage, which reads the spot check and not `direct`, with no judge's word on it at all.
 """
 
 from __future__ import annotations

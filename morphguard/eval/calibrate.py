@@ -11,7 +11,6 @@ judge warns that it does not fit. The combined check's weights are fitted by `mo
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from morphguard.config import Config
 from morphguard.detectors import resolve
 from morphguard.detectors.judges import judge_identity
-from morphguard.detectors.sentences import SentencesSettings, fused, log_odds
+from morphguard.detectors.sentences import SentencesSettings, calibrated, fused, score_log_odds
 from morphguard.errors import MorphguardError
 from morphguard.eval import fit, metrics, thresholds
 from morphguard.eval.items import Item
@@ -43,11 +42,10 @@ def fitted(items: list[Item], outcomes: list[Outcome], config: Config, *,
         return metrics.auroc(labels, [fused(o.features, weight) for _, o in labelled]) or 0.0
 
     weight = max(WEIGHTS, key=lambda w: (auroc(w), -abs(w - 0.6)))
-    slope, intercept = fit.calibration([log_odds(fused(o.features, weight)) for _, o in labelled], labels)
-    probability = {o.item_id: 1 / (1 + math.exp(-(slope * log_odds(fused(o.features, weight)) + intercept)))
-                   for _, o in labelled}
-    calibrated = [o.model_copy(update={"score": probability[o.item_id]}) for _, o in labelled]
-    proposals = thresholds.propose([i for i, _ in labelled], calibrated, "sentences", config.policy, recall=recall)
+    slope, intercept = fit.calibration([score_log_odds(fused(o.features, weight)) for _, o in labelled], labels)
+    probability = {o.item_id: calibrated(fused(o.features, weight), (slope, intercept)) for _, o in labelled}
+    rescored = [o.model_copy(update={"score": probability[o.item_id]}) for _, o in labelled]
+    proposals = thresholds.propose([i for i, _ in labelled], rescored, "sentences", config.policy, recall=recall)
     return {"judge": judge_identity(config, config.section("sentences", SentencesSettings).model),
             "detector": "sentences", "whole_weight": weight, "calibration": [slope, intercept],
             "labels": {"answers": len(labels), "hallucinated": labels.count(True),

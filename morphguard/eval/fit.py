@@ -25,10 +25,10 @@ from morphguard.detectors.combined import (
     Channel,
     Weights,
     judged_values,
-    log_odds,
     read_text,
     reads,
 )
+from morphguard.detectors.logistic import log_odds
 from morphguard.errors import MorphguardError
 from morphguard.eval.items import Item
 from morphguard.eval.runner import Outcome

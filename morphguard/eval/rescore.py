@@ -85,7 +85,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
         measured = evidence.grounding
         record = evidence.about_record(weights)
         unjudged = not evidence.judged(weights)
-        # a stored outcome that asked no judge (a quote, under the rule of then) holds stand-ins, not replies
+        # a stored outcome that asked no judge (its answer read as a quote under the fingerprint it was made with)
+        # holds stand-ins, not replies
         stand_in = old.llm_calls == 0 and any(f in old.features for f in JUDGE_FEATURES)
         if not unjudged and (stand_in or any(f not in judge for f in needed) or
                              any(old.features.get(f) and f not in needed for f in JUDGE_FEATURES)):
@@ -132,9 +133,9 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
     cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
     of both profiles reads as a fresh cascade would with the same judge replies (the embedded judge answers the parts
-    one after the other either way, though in another order, which its prompt cache can move by a few hundredths:
-    docs/evaluation-log.md, "Session 16"). An answer about a structured record asks no judge part: the whole outcome's,
-    as the cascade scores it with the default's weights. So is an answer in `at_once`: item ids whose context is short
+    one after the other either way, though in another order, which its prompt cache can move by a few hundredths).
+    An answer about a structured record asks no judge part: the whole outcome's, as the cascade scores it with the
+    default's weights. So is an answer in `at_once`: item ids whose context is short
     (`detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
     context (asked nothing). None of these has a first stage, so none needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}

@@ -47,24 +47,34 @@ def withheld(completion: dict[str, Any], safe_message: str) -> dict[str, Any]:
 
 
 def claims(factoids: Sequence[Factoid]) -> list[Factoid]:
-    """One factoid per claim: detectors that combine parts can name one span once per part, so factoids of
-    the same span (or, unplaced, the same words) become one, scored as its most suspicious part scored it,
+    """One factoid per claim: detectors that combine parts can name one sentence once per part, so factoids
+    of the same span (or, unplaced, the same words) become one, scored as its most suspicious part scored it,
     carrying the first evidence any part found and every part's reason (a contradiction wins the label).
-    Order of first appearance is kept."""
-    merged: dict[tuple[object, ...], Factoid] = {}
+    Spans that differ only at their edges (one part keeps a sentence's full stop, another drops it) are the
+    same span. Order of first appearance is kept."""
+    merged: list[Factoid] = []
     for factoid in factoids:
-        key: tuple[object, ...] = ((factoid.start, factoid.end) if factoid.start is not None
-                                   and factoid.end is not None else (factoid.text,))
-        seen = merged.get(key)
-        if seen is None:
-            merged[key] = factoid
+        at = next((i for i, seen in enumerate(merged) if _same_claim(seen, factoid)), None)
+        if at is None:
+            merged.append(factoid)
             continue
+        seen = merged[at]
         best = factoid if factoid.score > seen.score else seen
         reasons = [r for r in dict.fromkeys((seen.reason, factoid.reason)) if r]
         label = "contradicted" if "contradicted" in (seen.label, factoid.label) else best.label
-        merged[key] = best.model_copy(update={"evidence": best.evidence or seen.evidence or factoid.evidence,
-                                              "reason": "; ".join(reasons), "label": label})
-    return list(merged.values())
+        merged[at] = best.model_copy(update={"evidence": best.evidence or seen.evidence or factoid.evidence,
+                                             "reason": "; ".join(reasons), "label": label})
+    return merged
+
+
+def _same_claim(a: Factoid, b: Factoid) -> bool:
+    if a.start is None or a.end is None or b.start is None or b.end is None:
+        return a.start is None and b.start is None and a.text == b.text
+    overlap = min(a.end, b.end) - max(a.start, b.start)
+    longer = max(a.end - a.start, b.end - b.start)
+    # 90 % of the longer span in common: a sentence and the same sentence without its last character, never
+    # a phrase and the sentence around it
+    return longer > 0 and overlap >= 0.9 * longer
 
 
 def flagged_factoids(detection: Detection, threshold: float) -> list[Factoid]:

@@ -5,7 +5,7 @@ strongest action), so a question about pregnancy and employment gets the care of
 no topic matches gets the topic "general": its profile's own threshold and action.
 
 Routes compare what a client can spell several ways in one form: model patterns match the model name
-normalised (`morphguard.text.model_names`: NFKC, case folded, with and without a provider prefix), so
+normalised (`morphguard.folding.model_names`: NFKC, case folded, with and without a provider prefix), so
 `GPT-4o` and `openai/gpt-4o` are the `gpt-4*` they ask for; the key comes from `Authorization` with the
 scheme in any case (the proxy's `_presented_key`).
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from morphguard.config import Action, PolicySettings, RouteRule
+from morphguard.folding import model_name, model_names, warm
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy.topics import TopicTagger
-from morphguard.text import model_name, model_names, warm
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ inferred or kept.
 
 What is read: the question, every turn of the conversation the client sent (`RagInput.turns`: a subject
 stated three messages back is still the subject) and the whole context, with no cap a keyword could be
-pushed past. Keywords are matched on the folded text (`morphguard.text.foldings`: format characters,
+pushed past. Keywords are matched on the folded text (`morphguard.folding.foldings`: format characters,
 look-alike letters, compatibility forms, accents and case written one way), so "preg\u200bnant", "prеgnаnt"
 with Cyrillic letters and fullwidth "ｐｒｅｇｎａｎｔ" are all "pregnant". The work is linear in what is read:
 one fold, then one pass per topic of a regex of literal alternatives that cannot backtrack past the word it
@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 
 from morphguard.config import TopicRule
+from morphguard.folding import fold, foldings
 from morphguard.models import RagInput
-from morphguard.text import fold, foldings
 
 
 def keyword_regex(keywords: list[str]) -> str | None:

@@ -1,4 +1,4 @@
-"""The console's screenshots for the README: an example audit store, the console over it on a loopback port, and
+"""The console's screenshots for the docs: an example audit store, the console over it on a loopback port, and
 headless Chromium (Playwright) taking the queue, a decision's claims and the insights.
 
     python -m morphguard.review.screenshots [docs/images]

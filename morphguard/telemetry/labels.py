@@ -27,7 +27,7 @@ from http import HTTPStatus
 from typing import get_args
 
 from morphguard.config import DETECTOR_SECTIONS, Action, Config, PolicySettings, ProxySettings, TelemetrySettings
-from morphguard.text import model_name, model_names
+from morphguard.folding import model_name, model_names
 
 OTHER = "other"
 GENERAL = "general"  # the topic of a request no rule matched (policy.engine.GENERAL)

@@ -167,8 +167,8 @@ def test_a_sentence_past_the_limit_is_compared_in_runs_and_a_hostile_one_does_no
 
 
 def test_a_capital_that_opens_a_sentence_a_line_or_a_clause_after_a_colon_is_no_name():
-    """Names are told from sentence openings by looking back over white space only (version 4 searched everything
-    before each capitalised word, which took 46 s on 32,000 of them: benchmarks/alignment_cost.py)."""
+    """Names are told from sentence openings by looking back over white space only: a search of everything before
+    each capitalised word grows with the square of their number (benchmarks/alignment_cost.py)."""
     read = _Words.of("Lee met Kim. Then Park came:\n  Choi left; Moon stayed\nand Song too")
     assert read.tokens[2] == "kim" and read.tokens[4] == "park" and read.tokens[11] == "song"
     assert read.names == {2, 4, 11}

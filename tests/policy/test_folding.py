@@ -1,11 +1,11 @@
-"""Folding (morphguard.text): the spellings of a word that a reader, and a model, reads as that word are
+"""Folding (morphguard.folding): the spellings of a word that a reader, and a model, reads as that word are
 written one way for matching; model names are compared case folded, with and without a provider prefix."""
 
 from __future__ import annotations
 
 import pytest
 
-from morphguard.text import fold, foldings, model_names
+from morphguard.folding import fold, foldings, model_names
 
 # Each way of writing "pregnant" that a reader still reads as "pregnant".
 SPELLINGS = {

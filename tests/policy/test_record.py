@@ -87,3 +87,19 @@ def test_a_claim_named_by_several_parts_of_a_check_is_one_entry_with_its_worst_s
                   PolicySettings())["choices"][0]["message"]["content"]
     assert cited.count(answer[:39]) == 2  # the answer itself, and one citation of it
     assert 'source [1] says "Ibuprofen is contraindicated in the third trimester."' in cited
+
+
+def test_parts_naming_one_sentence_with_and_without_its_full_stop_are_one_claim() -> None:
+    from morphguard.models import Factoid
+    from morphguard.policy.actions import claims
+
+    answer_sentence = Factoid(text="Yes, ibuprofen is safe throughout pregnancy.", start=0, end=44, score=0.9,
+                              reason="unsupported: safe, throughout")
+    without_stop = Factoid(text="Yes, ibuprofen is safe throughout pregnancy", start=0, end=43, score=0.95,
+                           reason="the judge: the context says the opposite")
+    phrase = Factoid(text="safe throughout pregnancy", start=18, end=43, score=0.8)
+    merged = claims([answer_sentence, without_stop, phrase])
+    assert len(merged) == 2
+    assert merged[0].score == 0.95
+    assert merged[0].reason == "unsupported: safe, throughout; the judge: the context says the opposite"
+    assert merged[1].text == "safe throughout pregnancy"

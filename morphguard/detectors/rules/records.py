@@ -6,7 +6,10 @@ leaves empty (`null`). Every word of such a claim is in the context, so `groundi
 name and value can. A field is mentioned where an answer sentence uses all the words of its name (camel humps,
 without a prefix several fields share, such as `Restaurants` in `RestaurantsTakeOut`), and the mention is
 negative when a negation stands near it in the same clause. A mention is a conflict when its polarity
-disagrees with the value, or when the value is null. Opening hours are read against the record's by `hours`.
+disagrees with the value, or when the value is null.
+
+The records a context holds are read once per check (`read_records`), for this rule and for `hours`, which reads
+opening hours against the record's.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from morphguard.detectors.hours import misstated, schedule
+from morphguard.detectors.rules.registry import Conflict, Context, Reading, Rule, register
 from morphguard.detectors.text import DAYS, HUMP, NEGATIONS, keys, sentences
 from morphguard.models import Evidence
 
-VERSION = 2  # of the rules here and in `hours` (2: hours read day by day; what is said to be unknown is no claim)
-# A change makes earlier eval results stale.
+# Of the reading of records and of the rules here and in `hours`, which are versioned together (the hours rule
+# reads the records as read here). A change makes earlier eval results stale.
+VERSION = 2
 
 # Bounds on what a hostile context can make this cost (it runs on every checked answer): a context larger than
 # MAX_RECORD_CHARS is not read as a record, only the first MAX_FIELDS distinct fields are kept, and at most
@@ -67,12 +71,13 @@ class Field:
 
 
 @dataclass(frozen=True)
-class RecordConflict:
-    start: int  # where the answer mentions the field, or (`exact`) the whole claim
-    end: int
-    field: str
-    evidence: Evidence | None  # the field in the context
-    exact: bool = False  # start:end is the claim itself; a field's mention is only a word of its clause
+class Records:
+    """The JSON records of a context, as the record rules read them."""
+
+    fields: list[Field]  # their yes/no fields
+    hours: dict[str, object]  # opening hours by weekday, where a single record lists any (whose, else, is unclear)
+    hours_key: str  # the key those hours sit under
+    only: bool  # every passage that says anything is a JSON record: no prose beside them
 
 
 def _records(passages: list[str]) -> Iterator[object]:
@@ -112,7 +117,7 @@ def _truth(value: object) -> tuple[bool, bool | None]:
 
 def fields(passages: list[str]) -> list[Field]:
     """The yes/no fields of every JSON record in the context."""
-    return _read(list(_records(passages)))[0]
+    return read_records(passages).fields
 
 
 def _read(records: list[object]) -> tuple[list[Field], dict[str, object], str]:
@@ -197,28 +202,33 @@ def _negated(pieces: list[str], first: int, last: int) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class RecordCheck:
-    fields: int  # the yes/no fields the context's records hold (0: none)
-    only_records: bool  # every passage that says anything is a JSON record: no prose beside them
-    conflicts: list[RecordConflict]
-
-
-def check_records(answer: str, passages: list[str]) -> RecordCheck:
-    """How many yes/no fields the context holds, whether it is records alone, and the answer's statements
-    against them."""
+def read_records(passages: list[str]) -> Records:
+    """The context's records: their yes/no fields and opening hours, and whether they are all it holds."""
     said = [p for p in passages if p and not p.isspace()]
     records = list(_records(said))
     known, listed, hours = _read(records)
-    only = bool(said) and len(records) == len(said)
-    return RecordCheck(len(known), only, _conflicts(answer, passages, known, listed, hours))
+    return Records(known, listed, hours, bool(said) and len(records) == len(said))
 
 
-def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dict[str, object], hours: str
-               ) -> list[RecordConflict]:
-    """The answer's statements against the record: at most one per field and sentence, and each claim about
-    opening hours that the record's contradict."""
-    if not known and not listed:  # a context of prose: nothing to read the answer against
+def misread(field: str) -> str:
+    """A reviewer's reason for a claim that a record's field contradicts."""
+    return f"states the record's field {field!r} otherwise than the record"
+
+
+def _stated(answer: str, context: Context) -> Reading:
+    """The records rule: the answer's statements against the records' yes/no fields, each pointed at as the claim
+    that holds it (`claim_around`)."""
+    records = context.shared(read_records)
+    found = [Conflict(*claim_around(answer, start, end), start, name, evidence, misread(name))
+             for start, end, name, evidence in misstated_fields(answer, context.passages, records.fields)]
+    return Reading(found, len(records.fields) if records.only else 0)
+
+
+def misstated_fields(answer: str, passages: list[str], known: list[Field]
+               ) -> list[tuple[int, int, str, Evidence | None]]:
+    """Where the answer states a field against the record (the words that mention it; the field, its place in the
+    context): at most one per field and sentence."""
+    if not known:  # a context of prose: nothing to read the answer against
         return []
     # A sentence looks only at the fields whose rarest word (or whole name) it uses.
     frequency = Counter(word for field in known for word in set(field.words))
@@ -231,16 +241,10 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dic
 
     def evidence(name: str) -> Evidence | None:
         if name not in cited:
-            cited[name] = _evidence(passages, name)
+            cited[name] = field_evidence(passages, name)
         return cited[name]
 
-    # "hours": null: the record has a place for its hours and leaves it empty
-    silent = not listed and any(f.name.lower() == "hours" and f.value is None for f in known)
-    hours = hours or ("hours" if silent else "")
-    found = [RecordConflict(m.start, m.end, f"{hours}.{m.day}" if m.day else hours,
-                            evidence(f"{hours}.{m.day}" if m.day else hours), exact=True)
-             for m in misstated(answer, schedule(listed), silent)]
-
+    found: list[tuple[int, int, str, Evidence | None]] = []
     for start, end in sentences(answer):
         turns = [start, *(m.end() for m in TURNS.finditer(answer, start, end)), end]
         unsaid = [(a, b) for a, b in zip(turns, turns[1:], strict=False) if UNSAID.search(answer, a, b)]
@@ -259,16 +263,15 @@ def _conflicts(answer: str, passages: list[str], known: list[Field], listed: dic
             places = sorted({i for word in {*field.words, field.whole} for i in where.get(word, ())})
             checks += len(places)
             if checks > MAX_CHECKS:
-                return sorted(found, key=lambda c: (c.start, c.field))
+                return found
             for first, last in _mentions(stems if field.capitalised else named, places, field):
                 if any(a <= matches[first].start() < b for a, b in unsaid):
                     continue
                 stated = not _negated(pieces, first, last)
                 if field.value is None or stated != field.value:
-                    found.append(RecordConflict(matches[first].start(), matches[last].end(), field.name,
-                                                evidence(field.name)))
+                    found.append((matches[first].start(), matches[last].end(), field.name, evidence(field.name)))
                     break
-    return sorted(found, key=lambda c: (c.start, c.field))
+    return found
 
 
 def claim_around(text: str, start: int, end: int, reach: int = 500) -> tuple[int, int]:
@@ -285,7 +288,7 @@ def claim_around(text: str, start: int, end: int, reach: int = 500) -> tuple[int
     return before, after
 
 
-def _evidence(passages: list[str], name: str) -> Evidence | None:
+def field_evidence(passages: list[str], name: str) -> Evidence | None:
     """Where the record gives the field's value (the first place its name appears as a key)."""
     key = name.rsplit(".", 1)[-1]
     pattern = re.compile(re.escape(f'"{key}"') + r"\s*:\s*(?:\{|[^,}\]]*)")
@@ -293,3 +296,6 @@ def _evidence(passages: list[str], name: str) -> Evidence | None:
         if (place := pattern.search(passage)) is not None:
             return Evidence(passage=number, start=place.start(), end=place.end(), text=place.group())
     return None
+
+
+register(Rule(name="records", read=_stated, version=VERSION))

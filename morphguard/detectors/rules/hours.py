@@ -17,6 +17,8 @@ their days, whichever order pairs more of the sentence. A claim is misstated whe
 - some days are said to have longer hours ("extended hours on weekends") than they have, on average, against
   the other days,
 - the record has a field for its hours and leaves it empty.
+
+The record is the one `records` reads (`read_records`); the two rules are versioned together, as `records`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 
+from morphguard.detectors.rules.records import VERSION, field_evidence, misread, read_records
+from morphguard.detectors.rules.registry import Conflict, Context, Reading, Rule, register
 from morphguard.detectors.text import DAYS, sentences
+from morphguard.models import Evidence
 
 WEEK = frozenset(range(7))
 REACH = 200  # characters either side of a day expression in which its clause is looked for
@@ -288,3 +293,23 @@ def _meridiem(a: tuple[frozenset[int], bool, str | None], b: tuple[frozenset[int
         same = [t for t in opens if (t >= 720) == (b_half == "p")]
         opens = frozenset(same) if same and same[0] < close else opens - frozenset(same)
     return opens, closes
+
+
+def _stated(answer: str, context: Context) -> Reading:
+    """The hours rule: each claim about opening hours that the record's contradict, named by the first day it gets
+    wrong (`hours.Monday`)."""
+    records = context.shared(read_records)
+    # "hours": null: the record has a place for its hours and leaves it empty
+    silent = not records.hours and any(f.name.lower() == "hours" and f.value is None for f in records.fields)
+    key = records.hours_key or ("hours" if silent else "")
+    found = []
+    cited: dict[str, Evidence | None] = {}  # each day's place in the context, looked up once
+    for m in misstated(answer, schedule(records.hours), silent):
+        fact = f"{key}.{m.day}" if m.day else key
+        if fact not in cited:
+            cited[fact] = field_evidence(context.passages, fact)
+        found.append(Conflict(m.start, m.end, m.start, fact, cited[fact], misread(fact)))
+    return Reading(found)
+
+
+register(Rule(name="hours", read=_stated, version=VERSION, versioned_as="records"))

@@ -1,6 +1,7 @@
 import json
 
-from morphguard.detectors.records import MAX_CHECKS, MAX_FIELDS, MAX_RECORD_CHARS, check_records, fields
+from morphguard.detectors.rules import read_all
+from morphguard.detectors.rules.records import MAX_CHECKS, MAX_FIELDS, MAX_RECORD_CHARS, fields, misstated_fields
 from tests.detectors.test_grounding import check_with
 
 RECORD = json.dumps({
@@ -16,7 +17,9 @@ RECORD = json.dumps({
 
 
 def stated(answer: str) -> list[tuple[str, str]]:
-    return [(c.field.rsplit(".", 1)[-1], answer[c.start:c.end]) for c in check_records(answer, [RECORD]).conflicts]
+    """Each field the answer states against the record, with the words that mention it."""
+    return [(name.rsplit(".", 1)[-1], answer[start:end])
+            for start, end, name, _ in misstated_fields(answer, [RECORD], fields([RECORD]))]
 
 
 def test_field_names_lose_the_prefix_several_share_and_keep_their_words():
@@ -27,6 +30,14 @@ def test_field_names_lose_the_prefix_several_share_and_keep_their_words():
     assert by_name["attributes.WiFi"].value is False  # the string "no" reads as no
     assert by_name["attributes.RestaurantsGoodForGroups"].value is None
     assert "name" not in {f.name for f in fields([RECORD])}  # a string that is not yes/no is no field
+
+
+def test_the_rule_points_at_the_claim_that_mentions_the_field_and_lists_it_where_the_mention_is():
+    answer = "Harbour Deli offers outdoor seating and takeout."
+    [conflict] = read_all(answer, [RECORD]).conflicts
+    assert answer[conflict.start:conflict.end] == "Harbour Deli offers outdoor seating"
+    assert answer[conflict.at:].startswith("outdoor seating") and conflict.fact == "attributes.OutdoorSeating"
+    assert conflict.reason == "states the record's field 'attributes.OutdoorSeating' otherwise than the record"
 
 
 def test_a_field_stated_against_its_value_is_a_conflict_at_the_mention():
@@ -65,25 +76,27 @@ def test_a_capitalised_word_is_a_name_not_a_lower_case_field():
 
 def test_open_every_day_where_the_record_lists_fewer_days():
     # the first day the claim gets wrong names the field, and the whole claim is the span
-    assert stated("It is open seven days a week.") == [("Wednesday", "seven days a week")]
+    answer = "It is open seven days a week."
+    assert [(c.fact, answer[c.start:c.end]) for c in read_all(answer, [RECORD]).conflicts] == [
+        ("hours.Wednesday", "seven days a week")]
     every = json.dumps({"hours": {day: "9:0-17:0" for day in
                                   ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")}})
-    assert check_records("It is open seven days a week.", [every]).conflicts == []
+    assert read_all("It is open seven days a week.", [every]).conflicts == []
 
 
 def test_prose_and_oversized_or_broken_json_are_no_record():
-    assert check_records("It offers outdoor seating.", ["The deli has outdoor seating."]).conflicts == []
-    assert check_records("It offers outdoor seating.", ['{"OutdoorSeating": false, ']).conflicts == []
+    assert read_all("It offers outdoor seating.", ["The deli has outdoor seating."]).conflicts == []
+    assert read_all("It offers outdoor seating.", ['{"OutdoorSeating": false, ']).conflicts == []
     huge = json.dumps({"OutdoorSeating": False, "pad": "x" * MAX_RECORD_CHARS})
-    assert check_records("It offers outdoor seating.", [huge]).conflicts == []
-    assert check_records("It offers outdoor seating.", ["[" * 50_000 + "]" * 50_000]).conflicts == []  # past the parser
+    assert read_all("It offers outdoor seating.", [huge]).conflicts == []
+    assert read_all("It offers outdoor seating.", ["[" * 50_000 + "]" * 50_000]).conflicts == []  # past the parser
 
 
 def test_a_hostile_record_and_answer_cost_a_bounded_number_of_looks():
     names = [f"W{i}" for i in range(60)]  # every pair of 60 words a field: each sentence mentions all 1,770
     record = json.dumps({f"{a}{b}": False for a in names for b in names if a < b})
     answer = (" ".join(name.lower() for name in names) + ". ") * 100
-    found = check_records(answer, [record]).conflicts
+    found = read_all(answer, [record]).conflicts
     assert 0 < len(found) <= MAX_CHECKS
     assert len(fields([json.dumps({f"F{i}x": True for i in range(2 * MAX_FIELDS)})])) == MAX_FIELDS
 

@@ -1,7 +1,7 @@
 import json
 
-from morphguard.detectors.hours import misstated, schedule
-from morphguard.detectors.records import check_records
+from morphguard.detectors.rules import read_all
+from morphguard.detectors.rules.hours import misstated, schedule
 from tests.detectors.test_grounding import check_with
 
 # Monday 0:0-0:0 reads as closed; Tuesday is left out, so closed as well.
@@ -55,9 +55,9 @@ def test_longer_hours_on_some_days_must_be_longer_than_the_others():
 
 def test_a_record_that_leaves_its_hours_empty_supports_no_claim_about_them():
     record = json.dumps({"name": "Harbour Deli", "hours": None, "attributes": {"WiFi": "free"}})
-    found = check_records("It has free WiFi and is open seven days a week, from 9 AM to 5 PM.", [record]).conflicts
-    assert [(c.field, c.exact) for c in found] == [("hours", True)]
-    assert check_records("It has free WiFi.", [record]).conflicts == []
+    found = read_all("It has free WiFi and is open seven days a week, from 9 AM to 5 PM.", [record]).conflicts
+    assert [(c.fact, c.at == c.start) for c in found] == [("hours", True)]
+    assert read_all("It has free WiFi.", [record]).conflicts == []
 
 
 def test_names_and_lower_case_words_that_look_like_days_are_not_days():
@@ -68,9 +68,9 @@ def test_names_and_lower_case_words_that_look_like_days_are_not_days():
 
 def test_a_misstated_time_is_a_record_conflict_grounding_points_at_exactly():
     answer = "Harbour Deli is open daily from 11:30 AM to 8 PM. It has no outdoor seating."
-    [conflict] = check_records(answer, [RECORD]).conflicts
-    assert conflict.exact and answer[conflict.start:conflict.end] == "daily from 11:30 AM to 8 PM"
-    assert conflict.field == "hours.Monday" and conflict.evidence.text == '"Monday": "0:0-0:0"'
+    [conflict] = read_all(answer, [RECORD]).conflicts
+    assert answer[conflict.start:conflict.end] == "daily from 11:30 AM to 8 PM" and conflict.at == conflict.start
+    assert conflict.fact == "hours.Monday" and conflict.evidence.text == '"Monday": "0:0-0:0"'
     result = check_with([RECORD], answer)
     assert result.features["record_conflicts"] == 1
     assert [f.text for f in result.factoids] == ["daily from 11:30 AM to 8 PM"]
@@ -78,9 +78,9 @@ def test_a_misstated_time_is_a_record_conflict_grounding_points_at_exactly():
 
 def test_hours_are_read_only_where_one_record_lists_them():
     other = json.dumps({"name": "Pier Cafe", "hours": {"Monday": "8:0-12:0"}})
-    assert check_records("It is open on Monday from 8 AM to noon.", [RECORD, other]).conflicts == []
-    assert check_records("It is open on Monday from 8 AM to noon.", [other]).conflicts == []
-    assert len(check_records("It is open on Monday from 9 AM to noon.", [other]).conflicts) == 1
+    assert read_all("It is open on Monday from 8 AM to noon.", [RECORD, other]).conflicts == []
+    assert read_all("It is open on Monday from 8 AM to noon.", [other]).conflicts == []
+    assert len(read_all("It is open on Monday from 9 AM to noon.", [other]).conflicts) == 1
 
 
 def test_a_hostile_sentence_of_80_000_day_and_time_expressions_is_read_to_its_end():

@@ -142,7 +142,9 @@ class Incremental(Generic[E]):
                     self.checked.append(checked)
                     if checked.check.blocks:
                         _cancel(read, whole, *(p.task for p in self._pending))
-                        for out in self._closed(await self.checks.close(self.text, None, checked)):
+                        # what passed before it goes out, however far the upstream has got meanwhile
+                        for out in [*self._release(), *self._closed(await self.checks.close(self.text, None,
+                                                                                            checked))]:
                             yield out
                         return
                     self._unannounced.append(checked)

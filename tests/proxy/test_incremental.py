@@ -220,6 +220,22 @@ def test_a_blocking_sentence_never_leaves_and_the_stream_ends_with_the_content_f
     asyncio.run(run())
 
 
+def test_what_passed_before_a_blocking_sentence_goes_out_even_when_the_upstream_ended_first():
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        judge.gates["Fine"] = asyncio.Event()
+        task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
+        upstream.push(*deltas("Fine start. ", "This is BLOCK. ", "More."), Ev(kind="finish"), None)
+        await settle()
+        assert upstream.closed and "whole:Fine start. This is BLOCK. More." in judge.started
+        judge.gates["Fine"].set()
+        out = await task
+        assert text_of(out) == "Fine start. "
+        assert [e.kind for e in out][-1] == "filtered"
+
+    asyncio.run(run())
+
+
 def test_the_last_sentence_and_the_whole_answer_are_checked_at_once_and_a_whole_answer_block_withholds_the_rest():
     async def run() -> None:
         judge, upstream = Judge(whole_blocks=True), Upstream()

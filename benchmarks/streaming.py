@@ -1,17 +1,18 @@
-"""What checking a stream as it flows adds to time to first token and to last token.
+"""What checking a stream as it flows adds to time to first token and to last token, on each API.
 
 A scripted upstream on loopback streams a five-sentence answer a word at a time at a model's pace (`--tps` words
-a second, 40 by default) and answers judge calls after a fixed delay. In the same run, the same request is sent,
-one at a time and in turn: to the upstream directly (the stream unchecked), and through `morphguard serve` with a
-`block` profile and the default stream settings (checked sentence by sentence as it flows). Time to first token
-is to the first content delta, time to last token to the end of the stream (`[DONE]`). A checked stream's first
+a second, 40 by default), as chat completion chunks, Responses events and Messages events, and answers judge
+calls after a fixed delay. In the same run, the same request is sent, one at a time and in turn: to the upstream
+directly (the stream unchecked), and through `morphguard serve` with a `block` profile and the default stream
+settings (checked sentence by sentence as it flows), for each API. Time to first token is to the first text
+delta, time to last token to the end of the stream. A checked stream's first
 token waits for its first sentence to be written and checked, so the added time to first token is also given
 beyond the time the upstream takes to write that sentence (the check's own share). Scenarios: the
 `grounding` detector alone (no judge), the `direct` detector over a scripted judge of `--judge-ms` per call, and
 with `--embedded` the default detector over the embedded judge (slow on shared cores: run it once). Writes
 benchmarks/results/streaming.json.
 
-    python benchmarks/streaming.py [--runs 10] [--tps 40] [--judge-ms 400] [--embedded]
+    python benchmarks/streaming.py [--runs 10] [--tps 40] [--judge-ms 400] [--embedded] [--apis chat,responses,messages]
 """
 
 from __future__ import annotations
@@ -65,23 +66,76 @@ def upstream_app(tps: float):  # the scripted upstream, run in its own process
                                               "message": {"role": "assistant", "content": content}}],
                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
-        async def chunks():
-            base = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 0, "model": model}
-            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
-            words = ANSWER.split(" ")
-            for i, word in enumerate(words):
-                await asyncio.sleep(1 / tps)
-                delta = {"content": word + (" " if i < len(words) - 1 else "")}
-                yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta}]}) + "\n\n"
-            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-            yield "\n\ndata: [DONE]\n\n"
+        return StreamingResponse(paced_events("chat", model)(), media_type="text/event-stream")
 
-        return StreamingResponse(chunks(), media_type="text/event-stream")
+    def paced_events(api: str, model: str):
+        words = ANSWER.split(" ")
+        pieces = [word + (" " if i < len(words) - 1 else "") for i, word in enumerate(words)]
+
+        def sse(name: str | None, data: dict) -> str:
+            return (f"event: {name}\n" if name else "") + "data: " + json.dumps(data) + "\n\n"
+
+        async def chat_chunks():
+            base = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 0, "model": model}
+            yield sse(None, {**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+            for piece in pieces:
+                await asyncio.sleep(1 / tps)
+                yield sse(None, {**base, "choices": [{"index": 0, "delta": {"content": piece}}]})
+            yield sse(None, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            yield "data: [DONE]\n\n"
+
+        async def response_events():
+            item = {"type": "message", "id": "msg_b", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": ANSWER, "annotations": []}]}
+            final = {"id": "resp_b", "object": "response", "created_at": 0, "status": "completed", "model": model,
+                     "output": [item], "usage": {"input_tokens": 1, "output_tokens": len(pieces),
+                                                 "total_tokens": 1 + len(pieces)}}
+            at = {"output_index": 0, "item_id": "msg_b", "content_index": 0}
+            yield sse("response.created", {"type": "response.created", "response": {**final, "output": [],
+                                                                                      "status": "in_progress"}})
+            yield sse("response.output_item.added", {"type": "response.output_item.added", "output_index": 0,
+                                                     "item": {**item, "content": [], "status": "in_progress"}})
+            yield sse("response.content_part.added", {"type": "response.content_part.added", **at,
+                                                      "part": {"type": "output_text", "text": "", "annotations": []}})
+            for piece in pieces:
+                await asyncio.sleep(1 / tps)
+                yield sse("response.output_text.delta", {"type": "response.output_text.delta", **at,
+                                                         "delta": piece})
+            yield sse("response.output_text.done", {"type": "response.output_text.done", **at, "text": ANSWER})
+            yield sse("response.output_item.done", {"type": "response.output_item.done", "output_index": 0,
+                                                    "item": item})
+            yield sse("response.completed", {"type": "response.completed", "response": final})
+
+        async def message_events():
+            message = {"id": "msg_b", "type": "message", "role": "assistant", "model": model, "content": [],
+                       "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+            yield sse("message_start", {"type": "message_start", "message": message})
+            yield sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": {"type": "text", "text": ""}})
+            for piece in pieces:
+                await asyncio.sleep(1 / tps)
+                yield sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                  "delta": {"type": "text_delta", "text": piece}})
+            yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                           "stop_sequence": None},
+                                        "usage": {"output_tokens": len(pieces)}})
+            yield sse("message_stop", {"type": "message_stop"})
+
+        return {"chat": chat_chunks, "responses": response_events, "messages": message_events}[api]
+
+    def native(api: str):
+        async def answer(request: Request) -> Response:
+            body = await request.json()
+            return StreamingResponse(paced_events(api, str(body.get("model", "")))(), media_type="text/event-stream")
+        return answer
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": []})
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/v1/responses", native("responses"), methods=["POST"]),
+                             Route("/v1/messages", native("messages"), methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"])])
 
 
@@ -119,39 +173,59 @@ def start_proxy(folder: Path, upstream: str, judge: dict, detector: str) -> tupl
     return f"http://127.0.0.1:{port}/v1", process
 
 
-async def timed_stream(client: httpx.AsyncClient, base: str,
+def chat_text(data: dict) -> str:
+    return "".join((c.get("delta") or {}).get("content") or "" for c in data.get("choices") or [])
+
+
+def response_text(data: dict) -> str:
+    return data["delta"] if data.get("type") == "response.output_text.delta" else ""
+
+
+def message_text(data: dict) -> str:
+    delta = data.get("delta") if data.get("type") == "content_block_delta" else None
+    return delta.get("text", "") if isinstance(delta, dict) else ""
+
+
+APIS = {  # path, request body, the text an event's data adds
+    "chat": ("/chat/completions", {"messages": [{"role": "user", "content": QUESTION}]}, chat_text),
+    "responses": ("/responses", {"input": QUESTION}, response_text),
+    "messages": ("/messages", {"max_tokens": 400, "messages": [{"role": "user", "content": QUESTION}]},
+                 message_text),
+}
+
+
+async def timed_stream(client: httpx.AsyncClient, base: str, api: str,
                        checked: bool) -> tuple[float, float, float, str]:
-    """(time to first content delta, to the first sentence's last token, to the stream's end; the text)."""
-    body = {"model": "paced", "stream": True, "messages": [{"role": "user", "content": QUESTION}]}
+    """(time to first text delta, to the first sentence's last token, to the stream's end; the text)."""
+    path, request, text_of = APIS[api]
+    body = {"model": "paced", "stream": True, **request}
     if checked:
         body["morphguard"] = {"context": [CONTEXT]}
     started = time.perf_counter()
     first, sentence, text = None, None, []
-    async with client.stream("POST", base + "/chat/completions", json=body,
+    async with client.stream("POST", base + path, json=body,
                              headers={"Authorization": "Bearer sk-bench"}) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
-            for choice in chunk.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    first = first or time.perf_counter()
-                    text.append(content)
-                    if sentence is None and len("".join(text).rstrip()) >= len(SENTENCES[0]):
-                        sentence = time.perf_counter()
+            content = text_of(json.loads(line[6:]))
+            if content:
+                first = first or time.perf_counter()
+                text.append(content)
+                if sentence is None and len("".join(text).rstrip()) >= len(SENTENCES[0]):
+                    sentence = time.perf_counter()
     ended = time.perf_counter()
     return (first or ended) - started, (sentence or ended) - started, ended - started, "".join(text)
 
 
-async def measure(direct: str, proxy: str, runs: int) -> dict:
+async def measure(direct: str, proxy: str, api: str, runs: int) -> dict:
     times: dict[str, list[tuple[float, float, float]]] = {"direct": [], "checked": []}
     async with httpx.AsyncClient(timeout=120) as client:
-        await timed_stream(client, proxy, True)  # warm: the first check loads what the detector needs
+        await timed_stream(client, proxy, api, True)  # warm: the first check loads what the detector needs
         for _ in range(runs):
             for name, base, checked in (("direct", direct, False), ("checked", proxy, True)):
-                ttft, first_sentence, ttlt, text = await timed_stream(client, base, checked)
-                assert text == ANSWER, f"{name}: the stream was changed: {text!r}"
+                ttft, first_sentence, ttlt, text = await timed_stream(client, base, api, checked)
+                assert text == ANSWER, f"{api} {name}: the stream was changed: {text!r}"
                 times[name].append((ttft, first_sentence, ttlt))
 
     def median_ms(name: str, i: int) -> float:
@@ -184,6 +258,7 @@ def main() -> None:
     parser.add_argument("--tps", type=float, default=40.0, help="words per second the upstream writes")
     parser.add_argument("--judge-ms", type=int, default=400)
     parser.add_argument("--embedded", action="store_true", help="also the default detector over the embedded judge")
+    parser.add_argument("--apis", default="chat,responses,messages", help="the APIs measured, comma-separated")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # run as the scripted upstream
     args = parser.parse_args()
     if args.upstream:
@@ -212,18 +287,21 @@ def main() -> None:
                 where = folder / name
                 where.mkdir()
                 proxy, process = start_proxy(where, direct, judge, detector)
+                results[name] = {}
                 try:
-                    results[name] = asyncio.run(measure(direct, proxy, args.runs))
+                    for api in args.apis.split(","):
+                        results[name][api] = measure_api = asyncio.run(measure(direct, proxy, api, args.runs))
+                        print(f"{name:>12} {api:>9}: direct TTFT {measure_api['direct']['ttft_ms']:7.1f} ms, TTLT "
+                              f"{measure_api['direct']['ttlt_ms']:7.1f} ms | checked TTFT "
+                              f"{measure_api['checked']['ttft_ms']:7.1f} ms, TTLT "
+                              f"{measure_api['checked']['ttlt_ms']:7.1f} ms | added TTFT "
+                              f"{measure_api['added']['ttft_ms']:+7.1f} ms (after the first sentence "
+                              f"{measure_api['added']['ttft_after_first_sentence_ms']:+7.1f} ms), TTLT "
+                              f"{measure_api['added']['ttlt_ms']:+7.1f} ms", flush=True)
                 finally:
                     process.terminate()
                     process.wait(30)
                 results[name]["audit"] = audited(where / "audit.db")
-                print(f"{name:>16}: direct TTFT {results[name]['direct']['ttft_ms']:7.1f} ms, TTLT "
-                      f"{results[name]['direct']['ttlt_ms']:7.1f} ms | checked TTFT "
-                      f"{results[name]['checked']['ttft_ms']:7.1f} ms, TTLT {results[name]['checked']['ttlt_ms']:7.1f}"
-                      f" ms | added TTFT {results[name]['added']['ttft_ms']:+7.1f} ms (after the first sentence "
-                      f"{results[name]['added']['ttft_after_first_sentence_ms']:+7.1f} ms), TTLT "
-                      f"{results[name]['added']['ttlt_ms']:+7.1f} ms")
         finally:
             upstream.terminate()
             upstream.wait(30)

@@ -12,7 +12,8 @@ beyond the time the upstream takes to write that sentence (the check's own share
 with `--embedded` the default detector over the embedded judge (slow on shared cores: run it once). Writes
 benchmarks/results/streaming.json.
 
-    python benchmarks/streaming.py [--runs 10] [--tps 40] [--judge-ms 400] [--embedded] [--apis chat,responses,messages]
+    python benchmarks/streaming.py [--runs 10] [--tps 40] [--judge-ms 400] [--embedded] [--only NAME]
+                                   [--apis chat,responses,messages]
 """
 
 from __future__ import annotations
@@ -258,6 +259,8 @@ def main() -> None:
     parser.add_argument("--tps", type=float, default=40.0, help="words per second the upstream writes")
     parser.add_argument("--judge-ms", type=int, default=400)
     parser.add_argument("--embedded", action="store_true", help="also the default detector over the embedded judge")
+    parser.add_argument("--only", help="run this scenario alone (grounding, judge_<N>ms, embedded); the others' "
+                                       "figures are kept")
     parser.add_argument("--apis", default="chat,responses,messages", help="the APIs measured, comma-separated")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # run as the scripted upstream
     args = parser.parse_args()
@@ -280,6 +283,8 @@ def main() -> None:
                       "direct")]
         if args.embedded:
             scenarios.append(("embedded", {"model": "local", "cache": {"enabled": False}}, "auto"))
+        if args.only:
+            scenarios = [s for s in scenarios if s[0] == args.only]
         results: dict = {}
         try:
             wait_ready(direct + "/models", upstream, log)

@@ -307,6 +307,7 @@ def main() -> None:
                     process.terminate()
                     process.wait(30)
                 results[name]["audit"] = audited(where / "audit.db")
+                results[name]["runs"] = args.runs
         finally:
             upstream.terminate()
             upstream.wait(30)
@@ -314,7 +315,7 @@ def main() -> None:
     previous = json.loads(out.read_text()) if out.exists() else {}
     previous.get("scenarios", {}).update(results)
     out.write_text(json.dumps({
-        "setup": {"runs": args.runs, "words_per_second": args.tps, "sentences": len(SENTENCES),
+        "setup": {"words_per_second": args.tps, "sentences": len(SENTENCES),
                   "words": len(ANSWER.split()), "judge_ms": args.judge_ms, "stat": "median",
                   "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)"},
         "scenarios": {**previous.get("scenarios", {}), **results}}, indent=2) + "\n")

@@ -153,15 +153,23 @@ _MARKER_ALONE = re.compile(rf"\s*{MARKER}\s*")
 _BULLET = re.compile(rf"^{LIST_MARKER.pattern}")
 
 
+def sentence_ends(text: str, start: int = 0) -> list[int]:
+    """Where each finished sentence of `text[start:]` ends (a sentence begins at `start`). An end needs the white
+    space after it, so the ends found in a text are still its ends once more text is appended: a stream can be cut
+    into sentences as it arrives."""
+    ends = []
+    for match in _SENTENCE_END.finditer(text, start):
+        if not _MARKER_ALONE.fullmatch(text, start, match.end()):
+            ends.append(match.end())
+            start = match.end()
+    return ends
+
+
 def sentences(text: str) -> list[tuple[int, int]]:
     """(start, end) of each sentence of `text`, stripped of surrounding spaces."""
-    cuts = []
-    start = 0
-    for match in _SENTENCE_END.finditer(text):
-        if not _MARKER_ALONE.fullmatch(text, start, match.end()):
-            cuts.append((start, match.end()))
-            start = match.end()
-    cuts.append((start, len(text)))
+    bounds = [0, *sentence_ends(text)]
+    cuts = list(zip(bounds, bounds[1:], strict=False))
+    cuts.append((bounds[-1], len(text)))
     out = []
     for start, end in cuts:
         raw = text[start:end]

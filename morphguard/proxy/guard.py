@@ -73,9 +73,10 @@ class Guard:
         self.journal = Journal() if shared is not None and audit is not None else None
 
     async def settle(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
-                     reask: Reask | None = None, mode: str = "inline",
-                     wait_for_store: bool = False) -> tuple[dict[str, Any], DecisionRecord]:
-        """The completion as the client gets it, and the record of the decision.
+                     reask: Reask | None = None, mode: str = "inline", wait_for_store: bool = False,
+                     outcome: CheckOutcome | None = None) -> tuple[dict[str, Any], DecisionRecord]:
+        """The completion as the client gets it, and the record of the decision (`outcome`: the check already
+        made, as a stream checked as it flows has it).
 
         Inline, the check's span is a child of the chat span and the evaluation event goes on the chat span;
         async, the check is the root of its own trace, linked to the chat span. `wait_for_store`: return only
@@ -83,7 +84,7 @@ class Guard:
         """
         link = request.chat_span.get_span_context() if mode == "async" and request.chat_span else None
         with telemetry.guardrail_span(request.request_id, mode, link_to=link) as span:
-            result = await self.checker.check(request, completion)
+            result = outcome if outcome is not None else await self.checker.check(request, completion)
             wanted, attempts = result.decision.action, 0
             if wanted == "regenerate" and can_change and reask is not None:
                 completion, result, attempts = await self._regenerate(request, completion, result, reask)

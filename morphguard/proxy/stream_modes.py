@@ -2,8 +2,12 @@
 
 - `passthrough` and `async` (`Relayed`): events go out as they come; the dialect's last event is held back
   until the verdict is known (checked now, or queued) and goes out after it, carrying it too.
-- `buffer` (`Buffered`): the whole stream is collected and checked first, the only mode that can change the
-  answer; a changed answer goes out as the stream the dialect replays of it.
+- `buffer` (`Buffered`): the whole stream is collected and checked first; a changed answer goes out as the
+  stream the dialect replays of it.
+- `incremental` (`AsItFlows`): events go out a sentence at a time, each once its text passed its check
+  (`proxy.incremental`); a sentence that blocks ends the stream as the dialect ends a refused answer.
+- `auto` (`AsItFlows` too): incremental where the request's rule can change the answer, else passthrough (async under
+  `proxy.mode: async`).
 
 A stream that breaks after its 200 ends with the dialect's error event; one a client leaves is still audited.
 """
@@ -11,16 +15,22 @@ A stream that breaks after its 200 ends with the dialect's error event; one a cl
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, aclosing
+from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 
+from morphguard.config import Action, ProxySettings
 from morphguard.policy.answers import prose
+from morphguard.policy.engine import ACTIONS
 from morphguard.proxy.backend import Relay
-from morphguard.proxy.dialects.base import Event
+from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.context import OUR_FIELD
+from morphguard.proxy.dialects.base import Assembly, Dialect, Event, event_of
 from morphguard.proxy.errors import ProxyError, upstream_malformed
 from morphguard.proxy.exchange import Exchange, Steps, StreamMode
+from morphguard.proxy.incremental import Closing, GuardChecks, Incremental
 
 log = logging.getLogger(__name__)
 
@@ -114,5 +124,109 @@ class Buffered:
         return StreamingResponse(iter(out), media_type="text/event-stream", headers=relay.kept | record.headers())
 
 
+class AsItFlows:
+    """Checked sentence by sentence as it flows (`incremental`), or, under `auto`, where the rule can change the
+    answer; the mode `stream_mode` chooses otherwise."""
+
+    async def respond(self, steps: Steps, exchange: Exchange, relay: Relay, opened: AsyncExitStack) -> Response:
+        guard, intake = steps.guard, exchange.intake
+        name = stream_mode(guard.settings, guard.engine.rule(intake.profile, intake.topic).action, intake,
+                           tool_calls_checked=guard.config.policy.tool_calls == "check")
+        if name != "incremental":
+            return await STREAM_MODES[name].respond(steps, exchange, relay, opened)
+        return StreamingResponse(self._events(steps, exchange, relay, opened), media_type="text/event-stream",
+                                 headers=relay.kept)
+
+    async def _events(self, steps: Steps, exchange: Exchange, relay: Relay,
+                      opened: AsyncExitStack) -> AsyncIterator[bytes]:
+        assert relay.events is not None
+        dialect, guard = exchange.dialect, steps.guard
+        stream = _DialectStream(dialect)
+
+        async def upstream(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+            async for event in stream.read(events):
+                yield event
+            steps.backend.record(dialect, relay, stream.assembly.response(), prose(stream.assembly.completion()))
+
+        checks = GuardChecks(guard, exchange.intake, lambda text: stream.assembly.completion())
+        engine = Incremental(stream, checks, guard.settings.stream_window)
+        unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
+        try:
+            try:
+                async with aclosing(engine.run(upstream(relay.events))) as events:
+                    async for event in events:
+                        yield event.encode()
+            finally:
+                await opened.aclose()
+        except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
+            relay.failed(exc.code or "stream_error")
+            log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, exc.message)
+            unrecorded = ""
+            await guard.account(exchange.intake, exc.code or "upstream_stream_broken", stream.assembly.text)
+            yield dialect.stream_error(exc).encode()
+        except Exception:
+            unrecorded = "internal_error"
+            raise
+        finally:
+            relay.end()
+            if unrecorded and checks.record is None:
+                guard.account_soon(exchange.intake, unrecorded, stream.assembly.text)
+
+
+class _DialectStream:
+    """A dialect's events as the engine reads them (`proxy.incremental.Stream`); the upstream's last event is
+    held here, for the ending."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.assembly: Assembly = dialect.assembly()
+        self.last: Event | None = None
+
+    async def read(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """The upstream's events less its last (kept for the ending); ProxyError where the stream breaks."""
+        async for event in events:
+            if self.assembly.add(event):
+                self.last = event
+                break
+            yield event
+        self.assembly.finish()
+
+    def delta(self, event: Event) -> str:
+        return self.dialect.delta(event)
+
+    def marked(self, event: Event, verdict: dict[str, Any]) -> Event:
+        data = event.json()  # every API's events are JSON objects; an SDK keeps a field it does not know
+        return event_of(event.name, {**data, OUR_FIELD: verdict}) if isinstance(data, dict) else event
+
+    def ending(self, sent: Sequence[Event], closing: Closing) -> list[Event]:
+        last = self.last
+        body: list[Event] = []
+        if closing.blocks:
+            *body, last = self.dialect.refused_ending(sent, closing.notice)
+        return [*body, *self.dialect.with_verdict(last, closing.verdict, self.assembly.response())]
+
+
+def stream_mode(settings: ProxySettings, action: Action, request: CheckRequest, *, tool_calls_checked: bool) -> str:
+    """How one request's stream is checked. `auto`: as it flows where the request's rule can change the answer
+    (a stronger action than `annotate`), else passed through (queued under `mode: async`). Checking as it flows
+    reads answer text only, so a request that offers tools whose calls are checked is buffered; one with no
+    context has nothing to be checked against and passes through (recorded `no_context`)."""
+    mode = settings.stream_mode
+    if mode == "auto":
+        if ACTIONS.index(action) <= ACTIONS.index("annotate"):
+            return "async" if settings.mode == "async" else "passthrough"
+        mode = "incremental"
+    if mode == "incremental":
+        if request.rag is None:
+            return "passthrough"
+        if tool_calls_checked and _offers_tools(request):
+            return "buffer"
+    return mode
+
+
+def _offers_tools(request: CheckRequest) -> bool:
+    return bool(request.body.get("tools") or request.body.get("functions"))
+
+
 STREAM_MODES: dict[str, StreamMode] = {"passthrough": Relayed(later=False), "async": Relayed(later=True),
-                                       "buffer": Buffered()}
+                                       "buffer": Buffered(), "incremental": AsItFlows(), "auto": AsItFlows()}

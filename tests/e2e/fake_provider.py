@@ -25,7 +25,8 @@ webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/do
 /_webhook/gate-NAME (503 until POST /_gate/NAME, then 200); GET /_webhooks lists what it took (200s).
 Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed delay. POST /v1/responses
 and /v1/messages answer in the OpenAI Responses and Anthropic Messages shapes (streamed as their SSE
-events), picking the answer by model as chat does; GET /_native lists what they received.
+events), picking the answer by model as chat does ("echo" repeats the last input's text); GET /_native lists
+what they received.
 Answers outside the text, by model name: "tool-answer" (the hallucinated answer as a tool call's argument,
 on all three APIs, streamed too), "refusal-answer" and "audio-answer" (chat: in `refusal`, in an audio
 transcript), "image-answer" (Responses: only an image). Chat answers carry logprobs when asked for them.
@@ -335,7 +336,8 @@ async def responses(request: Request) -> Response:
         return JSONResponse({"error": {"message": f"Previous response with id '{previous}' not found.",
                                        "type": "invalid_request_error", "param": "previous_response_id",
                                        "code": "previous_response_not_found"}}, status_code=400)
-    text = ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    text = _echoed(body.get("input")) if model == "echo" else ANSWERS["hallucinated"] if model.endswith(
+        "-answer") else ANSWERS.get(model, ANSWERS["faithful"])
     if previous is not None and "repeat" in json.dumps(body.get("input")):
         text = stored[previous]
     final = _response(model, text)
@@ -381,6 +383,15 @@ async def responses(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+def _echoed(given: object) -> str:
+    """The text of a Responses `input` or of the last of Messages' `messages` (a string or text parts)."""
+    if isinstance(given, list):
+        given = given[-1].get("content") if given and isinstance(given[-1], dict) else ""
+    if isinstance(given, list):
+        return "".join(p.get("text", "") for p in given if isinstance(p, dict))
+    return given if isinstance(given, str) else ""
+
+
 def _message(model: str, text: str) -> dict:
     if model == "tool-answer":
         return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
@@ -399,7 +410,8 @@ async def messages(request: Request) -> Response:
     leaked = _leak(model, request)
     if leaked is not None:
         return leaked
-    text = ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    text = _echoed(body.get("messages")) if model == "echo" else ANSWERS["hallucinated"] if model.endswith(
+        "-answer") else ANSWERS.get(model, ANSWERS["faithful"])
     final = _message(model, text)
     if not body.get("stream"):
         return JSONResponse(final)

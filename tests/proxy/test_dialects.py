@@ -1,6 +1,6 @@
 """Each dialect's stream and answer readings agree with each other: a response replayed as a stream assembles back
-into the same answer, its text deltas add up to that answer's text, a content-filter ending reads as a refused
-answer saying the given text, and the verdict rides on the stream's ending."""
+into the same answer, its text deltas add up to that answer's text, a refused ending (mid-answer or not) reads
+as the provider's refusal saying the given text, and the verdict rides on the stream's ending."""
 
 from __future__ import annotations
 
@@ -52,25 +52,49 @@ def test_a_replayed_response_assembles_back_into_its_answer(name):
     assert last is not None
 
 
+def cut_at_first_text(dialect: Dialect, events: list[Event], *, with_it: bool) -> list[Event]:
+    """The events of a stream up to its first text delta (with it: cut short mid-answer), as sent."""
+    first = next(i for i, e in enumerate(events) if dialect.delta(e))
+    return events[:first + 1] if with_it else events[:first]
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["mid-answer", "before-any-text"])
 @pytest.mark.parametrize("name", DIALECTS)
-def test_a_content_filter_ending_is_a_refused_answer_saying_the_text(name):
-    dialect = DIALECTS[name]
-    events = dialect.filtered_ending(RESPONSES[name], "Withheld.")
-    completion, deltas, _ = assembled(dialect, events)
-    assert checked_text(completion) == "Withheld."  # as the answer's text, or as its refusal (Responses)
-    assert deltas == ("" if name == "responses" else "Withheld.")
-    ended = dialect.assembly()
-    for event in events:
-        ended.add(event)
-    response = ended.response()
-    assert response is not None
+def test_a_refused_ending_is_the_providers_own_refusal_saying_the_text(name, cut):
+    dialect, response = DIALECTS[name], RESPONSES[name]
+    replayed = dialect.replay(response)
+    sent = cut_at_first_text(dialect, replayed, with_it=cut)
+    ending = dialect.refused_ending(sent, "Withheld.")
+    completion, deltas, last = assembled(dialect, [*sent, *ending])
+    assert last == ending[-1]  # the stream's own last event: `with_verdict` takes it
+    said = TEXT if cut else ""
+    message = message_of(completion)
+    assembly = dialect.assembly()
+    for event in [*sent, *ending]:
+        assembly.add(event)
+    ended = assembly.response()
+    assert ended is not None
     if name == "chat":
-        assert response["choices"][0]["finish_reason"] == "content_filter"
-        assert "tool_calls" not in response["choices"][0]["message"]
+        assert message["refusal"] == "Withheld."
+        assert message["content"] == (f"{said}\n\nWithheld." if cut else "Withheld.")
+        assert deltas == message["content"]
+        assert ended["choices"][0]["finish_reason"] == "stop"
     elif name == "responses":
-        assert (response["status"], response["incomplete_details"]) == ("incomplete", {"reason": "content_filter"})
+        assert (ended["status"], ended["incomplete_details"]) == ("completed", None)
+        assert [i["content"] for i in ended["output"]] == [[{"type": "refusal", "refusal": "Withheld."}]]
+        assert message["content"] == "" and message["refusal"] == "Withheld."
+        names = [e.name for e in ending]
+        assert "response.output_text.done" not in names  # a partial text must not be parsed as the format
+        assert names[-5:] == ["response.refusal.delta", "response.refusal.done", "response.content_part.done",
+                              "response.output_item.done", "response.completed"]
+        seqs = [e.json()["sequence_number"] for e in [*sent, *ending]]
+        assert seqs == sorted(set(seqs))
     else:
-        assert response["stop_reason"] == "refusal"
+        assert message["content"] == (f"{said}\n\nWithheld." if cut else "Withheld.") == deltas
+        assert ended["stop_reason"] == "refusal"
+        delta = next(e.json() for e in ending if e.name == "message_delta")["delta"]
+        assert delta["stop_details"] == {"type": "refusal", "category": None, "explanation": "Withheld."}
+    assert "Withheld." in checked_text(completion)
 
 
 @pytest.mark.parametrize("name", DIALECTS)

@@ -4,13 +4,13 @@ A dialect reads its request as a chat (`chat_view`), so that context extraction 
 every API, and its answer as a chat completion (`completion`, in the shape `policy.answers` reads), so that the
 check and the actions are too. What policy did to that completion is written back in the dialect's own shape
 (`written`). A stream is read event by event (`Assembly`); a dialect says what text an event adds (`delta`), how
-its stream ends as a refused answer (`filtered_ending`) and how an event carries a verdict (`with_verdict`).
+its stream ends as a refused answer (`refused_ending`) and how an event carries a verdict (`with_verdict`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -133,9 +133,10 @@ class Dialect(Protocol):
     def replay(self, response: dict[str, Any]) -> list[Event]:
         """A stream that says what `response` says, its last event last."""
 
-    def filtered_ending(self, response: dict[str, Any] | None, text: str) -> list[Event]:
-        """The events that end a stream as an answer the provider's content filter stopped, saying `text`;
-        `response`, where known, is the stream's response so far (its id and model)."""
+    def refused_ending(self, sent: Sequence[Event], text: str) -> list[Event]:
+        """The events that end a stream, after the events `sent`, as the provider ends an answer it refuses,
+        saying `text`: what the official SDKs read as a refusal, ending normally. Its last event is the
+        stream's last (the one `with_verdict` takes)."""
 
     def with_verdict(self, last: Event | None, verdict: dict[str, Any],
                      response: dict[str, Any] | None) -> list[Event]:

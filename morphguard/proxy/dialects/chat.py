@@ -5,6 +5,7 @@ extra chunk with no choices (clients skip it like a usage chunk) just before `[D
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +74,16 @@ class ChatCompletions:
         return [*(_chunk(c) for c in answer.replacement_chunks(message, finish)), DONE]
 
     @staticmethod
-    def filtered_ending(response: dict[str, Any] | None, text: str) -> list[Event]:
-        answer = StreamedAnswer.of(response or {})
-        return [*(_chunk(c) for c in answer.replacement_chunks(
-            {"content": text}, "content_filter")), DONE]
+    def refused_ending(sent: Sequence[Event], text: str) -> list[Event]:
+        """The refusal as the provider streams one: `text` as the `refusal` delta and as `content` (after what
+        content went out already), then `stop`."""
+        answer = StreamedAnswer()
+        for event in sent:
+            answer.add(event.json())
+        content = f"\n\n{text}" if answer.text.strip() else text
+        return [_chunk(answer.chunk([{"index": 0, "delta": {"content": content, "refusal": text},
+                                      "finish_reason": None}])),
+                _chunk(answer.chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}])), DONE]
 
     @staticmethod
     def with_verdict(last: Event | None, verdict: dict[str, Any],

@@ -9,7 +9,7 @@ verdict event has gone out, and carries the verdict too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from morphguard.policy.answers import prose
@@ -72,9 +72,43 @@ class Messages:
     def replay(cls, response: dict[str, Any]) -> list[Event]:
         return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
 
-    @classmethod
-    def filtered_ending(cls, response: dict[str, Any] | None, text: str) -> list[Event]:
-        return cls.replay(cls.rewrite(response or cls.EMPTY, text, blocked=True))
+    @staticmethod
+    def refused_ending(sent: Sequence[Event], text: str) -> list[Event]:
+        """The refusal as Anthropic streams one: `text` as text (after what text went out already, in the
+        open text block, else in a new one), then `stop_reason: refusal` with `text` as its explanation."""
+        blocks, open_block, said, tokens = 0, None, False, 0
+        for event in sent:
+            data = event.json()
+            if not isinstance(data, dict):
+                continue
+            if event.name == "content_block_start":
+                blocks += 1
+                block = data.get("content_block")
+                open_block = data.get("index", blocks - 1) if isinstance(block, dict) and block.get(
+                    "type") == "text" else None
+            elif event.name == "content_block_stop":
+                open_block = None
+            elif event.name == "content_block_delta":
+                said = said or bool(Messages.delta(event))
+            elif event.name == "message_start" and isinstance(data.get("message"), dict):
+                usage = data["message"].get("usage")
+                tokens = _int(usage.get("output_tokens")) or 0 if isinstance(usage, dict) else 0
+        out = []
+        index = open_block
+        if index is None:
+            index = blocks
+            out.append(event_of("content_block_start", {"type": "content_block_start", "index": index,
+                                                         "content_block": {"type": "text", "text": ""}}))
+        delta = {"type": "text_delta", "text": f"\n\n{text}" if said else text}
+        details = {"type": "refusal", "category": None, "explanation": text}
+        return out + [
+            event_of("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
+            event_of("content_block_stop", {"type": "content_block_stop", "index": index}),
+            event_of("message_delta", {"type": "message_delta",
+                                        "delta": {"stop_reason": "refusal", "stop_sequence": None,
+                                                  "stop_details": details},
+                                        "usage": {"output_tokens": tokens}}),
+            event_of("message_stop", {"type": "message_stop"})]
 
     @classmethod
     def with_verdict(cls, last: Event | None, verdict: dict[str, Any],

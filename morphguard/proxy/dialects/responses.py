@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from morphguard.policy.answers import prose
@@ -76,11 +76,62 @@ class Responses:
         return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
 
     @classmethod
-    def filtered_ending(cls, response: dict[str, Any] | None, text: str) -> list[Event]:
-        refused = cls.rewrite(response or cls.EMPTY, text, blocked=True)
-        stopped = [{**item, "status": "incomplete"} for item in refused["output"]]
-        return cls.replay({**refused, "output": stopped, "status": "incomplete",
-                           "incomplete_details": {"reason": "content_filter"}})
+    def refused_ending(cls, sent: Sequence[Event], text: str) -> list[Event]:
+        """The refusal as the provider streams one: the open text part closed, a `refusal` part (in the open
+        message, else in a new one), and `response.completed` whose response is that refusal alone (a partial
+        text part would not parse as the client's `text_format`)."""
+        response: dict[str, Any] = dict(cls.EMPTY)
+        seq, items, parts = 0, 0, 0
+        message: dict[str, Any] | None = None
+        open_text: dict[str, Any] | None = None
+        for ev in sent:
+            data = ev.json()
+            if not isinstance(data, dict):
+                continue
+            seq = max(seq, data["sequence_number"] if isinstance(data.get("sequence_number"), int) else 0)
+            item: dict[str, Any] = data["item"] if isinstance(data.get("item"), dict) else {}
+            part: dict[str, Any] = data["part"] if isinstance(data.get("part"), dict) else {}
+            if ev.name == "response.created" and isinstance(data.get("response"), dict):
+                response = data["response"]
+            elif ev.name == "response.output_item.added":
+                items += 1
+                message = {**item, "content": []} if item.get("type") == "message" else None
+                parts = 0
+            elif ev.name == "response.output_item.done":
+                message = None
+            elif ev.name == "response.content_part.added" and message is not None:
+                parts += 1
+                open_text = {"at": _place(data), "text": ""} if part.get("type") == "output_text" else None
+            elif ev.name == "response.output_text.delta" and open_text is not None:
+                open_text["text"] += cls.delta(ev)
+            elif ev.name == "response.content_part.done":
+                open_text = None
+
+        def event(name: str, **fields: Any) -> Event:
+            nonlocal seq
+            seq += 1
+            return event_of(name, {"type": name, "sequence_number": seq, **fields})
+
+        out = []
+        if open_text is not None:  # no `output_text.done`: the SDK would parse the partial text
+            out.append(event("response.content_part.done", **open_text["at"],
+                             part={"type": "output_text", "text": open_text["text"], "annotations": []}))
+        if message is None:
+            message = {"type": "message", "id": f"msg_blocked_{secrets.token_hex(12)}", "role": "assistant",
+                       "status": "in_progress", "content": []}
+            out.append(event("response.output_item.added", output_index=items, item=message))
+            items, parts = items + 1, 0
+        at = {"item_id": message.get("id"), "output_index": items - 1, "content_index": parts}
+        refusal = {"type": "refusal", "refusal": text}
+        item = {**message, "status": "completed", "content": [refusal]}
+        out += [event("response.content_part.added", **at, part={"type": "refusal", "refusal": ""}),
+                event("response.refusal.delta", **at, delta=text),
+                event("response.refusal.done", **at, refusal=text),
+                event("response.content_part.done", **at, part=refusal),
+                event("response.output_item.done", output_index=items - 1, item=item),
+                event("response.completed", response={**response, "status": "completed", "output": [item],
+                                                      "incomplete_details": None})]
+        return out
 
     @classmethod
     def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
@@ -238,3 +289,7 @@ class Responses:
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _place(data: dict[str, Any]) -> dict[str, Any]:
+    return {key: data.get(key) for key in ("item_id", "output_index", "content_index")}

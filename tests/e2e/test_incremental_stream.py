@@ -1,0 +1,226 @@
+"""Streams checked as they flow, end to end on all three APIs: the official `openai` (chat completions and
+Responses) and `anthropic` (Messages) clients and their stream helpers → morphguard under uvicorn with the
+DEFAULT stream settings → the scripted provider, whose `echo` model streams back the user's message a word at a
+time, so each test writes the answer it needs. The scripted judge supports a statement the context states word
+for word. Under a `block` profile a flagged sentence never leaves, and the stream ends as the provider's own
+refusal, which the SDK helpers read without raising."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import anthropic
+import openai
+import pydantic
+import pytest
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+SECOND = "Paracetamol is the usual choice for pain in pregnancy."
+INVENTED = "Ibuprofen is safe throughout pregnancy."
+AFTER = "Ask your doctor about it."
+SAFE = "Withheld: the sources do not support this answer."
+CONTEXT = {"morphguard": {"context": [f"{PASSAGE} {SECOND}"]}}
+
+
+class Advice(pydantic.BaseModel):  # a structured output asked for: the refusal is not parsed as one, no error
+    answer: str
+
+
+@pytest.fixture(scope="module")
+def block_proxy(proxy_factory) -> str:
+    return proxy_factory(policy={"safe_message": SAFE, "audit": {"store_text": "full"},
+                                 "profiles": {"general": {"action": "block", "topics": {}}}})
+
+
+@pytest.fixture(scope="module")
+def highlight_proxy(proxy_factory) -> str:
+    return proxy_factory(policy={"profiles": {"general": {"action": "highlight", "topics": {}}}})
+
+
+@pytest.fixture(scope="module")
+def annotate_proxy(proxy_factory) -> str:
+    return proxy_factory()
+
+
+def oai(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="sk-client", max_retries=0, timeout=30)
+
+
+def claude(base: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0, timeout=30)
+
+
+def chat_stream(base: str, answer: str, model: str = "echo") -> list:
+    return list(oai(base).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": answer}], stream=True, extra_body=CONTEXT))
+
+
+def text_of(chunks: list) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def audit_row(proxy_factory, base: str, request_id: str) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM decisions WHERE request_id = ?", (request_id,)).fetchone()
+        if row is not None or time.monotonic() > deadline:
+            assert row is not None, f"no audit row for {request_id}"
+            return dict(row)
+        time.sleep(0.1)
+
+
+def assert_blocked_and_audited(proxy_factory, base: str, verdict: dict) -> None:
+    assert verdict["action"] == "block" and verdict["flagged"] is True
+    assert [(s["start"], s["flagged"]) for s in verdict["sentences"]] == [(0, False), (len(PASSAGE) + 1, True)]
+    row = audit_row(proxy_factory, base, verdict["request_id"])
+    assert (row["action"], row["flagged"]) == ("block", 1)
+    assert row["answer"].startswith(f"{PASSAGE} {INVENTED}")  # the audit keeps what the model said
+
+
+# --- chat completions ----------------------------------------------------------------------------------------
+
+def test_chat_a_flagged_sentence_never_leaves_and_the_stream_ends_as_a_refusal(block_proxy, proxy_factory):
+    with oai(block_proxy).chat.completions.stream(
+            model="echo", messages=[{"role": "user", "content": f"{PASSAGE} {INVENTED} {AFTER}"}],
+            extra_body=CONTEXT) as stream:
+        chunks = [e.chunk for e in stream if e.type == "chunk"]
+        final = stream.get_final_completion()
+    text = text_of(chunks)
+    assert text == f"{PASSAGE} \n\n{SAFE}"  # the supported sentence went out; nothing of the rest
+    assert "safe throughout" not in text and "doctor" not in text
+    choice = final.choices[0]
+    assert (choice.finish_reason, choice.message.refusal) == ("stop", SAFE)
+    assert_blocked_and_audited(proxy_factory, block_proxy, chunks[-1].model_extra["morphguard"])
+
+
+def test_chat_a_supported_answer_streams_whole_with_the_whole_answer_verdict_last(block_proxy, proxy_factory):
+    answer = f"{PASSAGE} {SECOND}"  # each sentence, and the whole, stated by the context word for word
+    chunks = chat_stream(block_proxy, answer)
+    assert text_of(chunks) == answer
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == len(answer.split())
+    verdict = chunks[-1].model_extra["morphguard"]
+    assert verdict["action"] == "pass" and verdict["checked"] is True and verdict["flagged"] is False
+    assert [s["flagged"] for s in verdict["sentences"]] == [False, False]
+    assert audit_row(proxy_factory, block_proxy, verdict["request_id"])["action"] == "pass"
+
+
+def test_chat_a_flagged_last_sentence_is_withheld_too(block_proxy):
+    chunks = chat_stream(block_proxy, f"{PASSAGE} {INVENTED}")
+    assert text_of(chunks) == f"{PASSAGE} \n\n{SAFE}"
+    assert [c.choices[0].delta.refusal for c in chunks if c.choices and c.choices[0].delta.refusal] == [SAFE]
+
+
+def test_chat_an_upstream_that_breaks_mid_stream_sends_nothing_unchecked_and_the_client_raises(block_proxy):
+    seen: list = []
+    with pytest.raises(openai.APIError):
+        for chunk in oai(block_proxy).chat.completions.create(
+                model="reset-stream", messages=[{"role": "user", "content": "Can I take it?"}], stream=True,
+                extra_body={"morphguard": {"context": [PASSAGE]}}):
+            seen.append(chunk)
+    assert text_of(seen) == ""  # the reset came mid-sentence: that sentence was never checked, so never sent
+
+
+def test_chat_under_highlight_flagged_sentences_go_out_with_their_verdicts(highlight_proxy, proxy_factory):
+    chunks = chat_stream(highlight_proxy, f"{INVENTED} {PASSAGE}")
+    assert text_of(chunks) == f"{INVENTED} {PASSAGE}"  # sent as it flowed: the verdict travels beside it
+    per_sentence = [c.model_extra["morphguard"] for c in chunks[:-1] if "morphguard" in (c.model_extra or {})]
+    assert per_sentence and per_sentence[0]["sentences"][0] == {"start": 0, "end": len(INVENTED), "flagged": True,
+                                                               "score": 1.0}
+    verdict = chunks[-1].model_extra["morphguard"]
+    assert verdict["flagged"] is True and verdict["action"] == "annotate"
+    assert "already sent" in verdict["reason"]
+    assert audit_row(proxy_factory, highlight_proxy, verdict["request_id"])["action"] == "annotate"
+
+
+def test_chat_under_annotate_a_stream_passes_through_unchanged(annotate_proxy, proxy_factory):
+    chunks = chat_stream(annotate_proxy, f"{INVENTED} {AFTER}")
+    assert text_of(chunks) == f"{INVENTED} {AFTER}"
+    verdict = chunks[-1].model_extra["morphguard"]
+    assert verdict["flagged"] is True and verdict["action"] == "annotate" and "sentences" not in verdict
+    assert audit_row(proxy_factory, annotate_proxy, verdict["request_id"])["action"] == "annotate"
+
+
+# --- Responses ----------------------------------------------------------------------------------------------
+
+def test_responses_a_flagged_sentence_never_leaves_and_the_stream_ends_as_a_refusal(block_proxy, proxy_factory):
+    with oai(block_proxy).responses.stream(model="echo", input=f"{PASSAGE} {INVENTED} {AFTER}",
+                                           text_format=Advice, extra_body=CONTEXT) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    said = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert said == f"{PASSAGE} "
+    assert not any("safe throughout" in e.model_dump_json() for e in events[:-2])
+    assert [e.delta for e in events if e.type == "response.refusal.delta"] == [SAFE]
+    assert final.status == "completed" and final.output_parsed is None
+    assert [part.model_dump() for part in final.output[0].content] == [{"type": "refusal", "refusal": SAFE}]
+    kinds = [e.type for e in events]
+    assert kinds[-2:] == ["morphguard.verdict", "response.completed"]
+    verdict = events[-2].model_extra["morphguard"]
+    assert events[-1].response.model_extra["morphguard"] == verdict
+    assert_blocked_and_audited(proxy_factory, block_proxy, verdict)
+
+
+def test_responses_a_supported_answer_streams_whole_and_is_audited(block_proxy, proxy_factory):
+    answer = f"{PASSAGE} {SECOND}"
+    with oai(block_proxy).responses.stream(model="echo", input=answer, extra_body=CONTEXT) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.output_text == answer and final.status == "completed"
+    verdict = final.model_extra["morphguard"]
+    assert verdict["action"] == "pass" and [s["flagged"] for s in verdict["sentences"]] == [False, False]
+    assert [e.type for e in events][-2:] == ["morphguard.verdict", "response.completed"]
+    assert audit_row(proxy_factory, block_proxy, verdict["request_id"])["action"] == "pass"
+
+
+def test_responses_under_annotate_a_stream_passes_through_unchanged(annotate_proxy):
+    with oai(annotate_proxy).responses.stream(model="echo", input=f"{INVENTED} {AFTER}",
+                                              extra_body=CONTEXT) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == f"{INVENTED} {AFTER}"
+    assert final.model_extra["morphguard"]["action"] == "annotate"
+
+
+# --- Messages -----------------------------------------------------------------------------------------------
+
+def test_messages_a_flagged_sentence_never_leaves_and_the_stream_ends_as_a_refusal(block_proxy, proxy_factory):
+    with claude(block_proxy).messages.stream(
+            model="echo", max_tokens=100, messages=[{"role": "user", "content": f"{PASSAGE} {INVENTED} {AFTER}"}],
+            extra_body=CONTEXT) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    said = "".join(e.text for e in events if e.type == "text")
+    assert said == f"{PASSAGE} \n\n{SAFE}"
+    assert final.stop_reason == "refusal"
+    assert final.stop_details is not None and final.stop_details.explanation == SAFE
+    assert [block.text for block in final.content] == [said]
+    verdicts = [e.model_extra["morphguard"] for e in events if e.type == "morphguard.verdict"]
+    assert len(verdicts) == 1 and events[-1].type == "message_stop"
+    assert_blocked_and_audited(proxy_factory, block_proxy, verdicts[0])
+
+
+def test_messages_a_supported_answer_streams_whole_and_is_audited(block_proxy, proxy_factory):
+    answer = f"{PASSAGE} {SECOND}"
+    with claude(block_proxy).messages.stream(model="echo", max_tokens=100,
+                                             messages=[{"role": "user", "content": answer}],
+                                             extra_body=CONTEXT) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert "".join(e.text for e in events if e.type == "text") == answer and final.stop_reason == "end_turn"
+    verdicts = [e.model_extra["morphguard"] for e in events if e.type == "morphguard.verdict"]
+    assert len(verdicts) == 1 and events[-1].type == "message_stop"
+    verdict = verdicts[0]
+    assert verdict["action"] == "pass" and [s["flagged"] for s in verdict["sentences"]] == [False, False]
+    assert audit_row(proxy_factory, block_proxy, verdict["request_id"])["action"] == "pass"
+
+
+def test_messages_under_annotate_a_stream_passes_through_unchanged(annotate_proxy):
+    with claude(annotate_proxy).messages.stream(model="echo", max_tokens=100,
+                                                messages=[{"role": "user", "content": f"{INVENTED} {AFTER}"}],
+                                                extra_body=CONTEXT) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == f"{INVENTED} {AFTER}" and final.stop_reason == "end_turn"

@@ -39,7 +39,7 @@ from morphguard.detectors.judges import require_judges
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
-from morphguard.proxy.body import parse_chat
+from morphguard.proxy.body import parse_chat, str_or_none
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
@@ -91,7 +91,7 @@ class MorphguardGuardrail(CustomGuardrail):
         chat = {k: data[k] for k in ("model", "messages", "stream", OUR_FIELD) if data.get(k) is not None}
         try:
             extraction = self.extractor.extract(parse_chat(json_bytes(chat)))
-            facts = request_facts(_client_headers(data), model=_string(data.get("model")),
+            facts = request_facts(_client_headers(data), model=str_or_none(data.get("model")),
                                   policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
             request = accept(self.engine, self.config, extraction, facts)
         except ProxyError as exc:
@@ -220,6 +220,3 @@ def _client_headers(data: dict[str, Any]) -> dict[str, str]:
     headers = request.get("headers") if isinstance(request, dict) else None
     return {str(k).lower(): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
 
-
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None

@@ -185,3 +185,13 @@ def check_content(content: Any, where: str) -> None:
             raise bad_request(f"'{where}[{j}]' must be an object with a string 'type'.", f"{where}[{j}]")
         if "text" in part and not isinstance(part["text"], str):
             raise bad_request(f"'{where}[{j}].text' must be a string.", f"{where}[{j}].text")
+
+
+def str_or_none(value: Any) -> str | None:
+    """A field that should be a string, where a client or provider may have sent anything."""
+    return value if isinstance(value, str) else None
+
+
+def int_or_none(value: Any) -> int | None:
+    """A field that should be an integer (a bool is none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -23,7 +23,7 @@ from morphguard.config import Config
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.backend import Backend, Call
-from morphguard.proxy.body import OFFLOAD_BYTES
+from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
@@ -104,7 +104,7 @@ class Flow:
         body = dialect.read(raw)
         view = dialect.chat_view(body)
         extraction = self.extractor.extract(view)
-        facts = request_facts(request.headers, prefix=_prefix(request), model=_string(view.get("model")),
+        facts = request_facts(request.headers, prefix=_prefix(request), model=str_or_none(view.get("model")),
                               policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
         intake = accept(self.engine, self.config, extraction, facts)
         forwarded = {k: v for k, v in body.items() if k != OUR_FIELD}
@@ -199,8 +199,8 @@ def request_facts(headers: Mapping[str, str], *, prefix: str = "", model: str | 
     body field, else in a header)."""
     lower = {k.lower(): val for k, val in headers.items()}
     return RequestFacts(api_key=presented_key(lower), model=model, headers=lower, path_prefix=prefix,
-                        requested_profile=_string(policy) or lower.get("x-morphguard-policy"),
-                        requested_topic=_string(topic) or lower.get("x-morphguard-topic"))
+                        requested_profile=str_or_none(policy) or lower.get("x-morphguard-policy"),
+                        requested_topic=str_or_none(topic) or lower.get("x-morphguard-topic"))
 
 
 def _prefix(request: Request) -> str:
@@ -208,6 +208,3 @@ def _prefix(request: Request) -> str:
     prefix = request.path_params.get("prefix")
     return f"/{prefix}" if prefix else ""
 
-
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None

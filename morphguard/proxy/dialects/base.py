@@ -10,12 +10,12 @@ its stream ends as a refused answer (`refused_ending`) and how an event carries 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from morphguard.policy.answers import UNREADABLE
-from morphguard.proxy.body import loads
+from morphguard.policy.answers import UNREADABLE, prose
+from morphguard.proxy.body import int_or_none, loads, parse_object
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_stream_broken
 
@@ -236,3 +236,62 @@ class EventLog:
             except ProxyError:
                 pass
         return as_completion({"role": "assistant", "content": self.text})
+
+
+class EventDialect:
+    """What the Responses and Messages dialects share: a JSON object for a body, an answer read and rewritten in
+    the dialect's own shape, a stream of named events. A subclass says how to read, rewrite and replay one."""
+
+    @staticmethod
+    def answer(response: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def rewrite(response: dict[str, Any], text: str, blocked: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def synthesize(response: dict[str, Any]) -> Iterator[Event]:
+        raise NotImplementedError
+
+    @staticmethod
+    def delta(event: Event) -> str:
+        raise NotImplementedError
+
+    @staticmethod
+    def is_last(event: Event) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def collected(events: list[Event]) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def read(raw: bytes) -> dict[str, Any]:
+        return parse_object(raw)
+
+    @classmethod
+    def completion(cls, response: Any) -> dict[str, Any]:
+        return as_completion(cls.answer(response))
+
+    @staticmethod
+    def usage(response: dict[str, Any]) -> Usage:
+        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
+        model = response.get("model")
+        return Usage(model if isinstance(model, str) else None, int_or_none(usage.get("input_tokens")),
+                     int_or_none(usage.get("output_tokens")))
+
+    @classmethod
+    def written(cls, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
+        text = prose(checked)
+        if not blocked and text == cls.answer(response)["content"]:
+            return response
+        return cls.rewrite(response, text, blocked)
+
+    @classmethod
+    def assembly(cls) -> EventLog:
+        return EventLog(cls)
+
+    @classmethod
+    def replay(cls, response: dict[str, Any]) -> list[Event]:
+        return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from morphguard.policy.answers import message_of
-from morphguard.proxy.body import chat_completion, loads, parse_chat
+from morphguard.proxy.body import chat_completion, int_or_none, loads, parse_chat, str_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Event, Usage
 from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, upstream_malformed, upstream_stream_broken
@@ -44,8 +44,8 @@ class ChatCompletions:
     def usage(response: dict[str, Any]) -> Usage:
         usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
         choices: list[Any] = response["choices"] if isinstance(response.get("choices"), list) else []
-        return Usage(_string(response.get("model")) or None, _int(usage.get("prompt_tokens")),
-                     _int(usage.get("completion_tokens")),
+        return Usage(str_or_none(response.get("model")), int_or_none(usage.get("prompt_tokens")),
+                     int_or_none(usage.get("completion_tokens")),
                      tuple(str(c.get("finish_reason")) for c in choices if isinstance(c, dict)))
 
     @staticmethod
@@ -145,7 +145,7 @@ class StreamedAnswer:
     @classmethod
     def of(cls, completion: dict[str, Any]) -> StreamedAnswer:
         """The chunk header (id, model, time) of a whole completion."""
-        answer = cls(id=_string(completion.get("id")), model=_string(completion.get("model")))
+        answer = cls(id=str_or_none(completion.get("id")) or "", model=str_or_none(completion.get("model")) or "")
         if isinstance(completion.get("created"), int):
             answer.created = completion["created"]
         return answer
@@ -156,8 +156,8 @@ class StreamedAnswer:
         if not isinstance(choices, list) or not all(
                 isinstance(c, dict) and isinstance(c.get("delta") or {}, dict) for c in choices):
             return False
-        self.id = _string(chunk.get("id")) or self.id
-        self.model = _string(chunk.get("model")) or self.model
+        self.id = str_or_none(chunk.get("id")) or self.id
+        self.model = str_or_none(chunk.get("model")) or self.model
         created = chunk.get("created")
         self.created = created if isinstance(created, int) else self.created
         for choice in choices:
@@ -223,9 +223,3 @@ def _chunk(chunk: dict[str, Any]) -> Event:
     return Event(None, json_bytes(chunk).decode())
 
 
-def _string(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -12,16 +12,13 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from morphguard.policy.answers import prose
-from morphguard.proxy.body import parse_object
+from morphguard.proxy.body import int_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import (
     VERDICT_EVENT,
     Event,
-    EventLog,
-    Usage,
+    EventDialect,
     api_error_event,
-    as_completion,
     chat_message,
     chat_request,
     event_of,
@@ -33,7 +30,7 @@ from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
 _NOT_ANSWERS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"})
 
 
-class Messages:
+class Messages(EventDialect):
     """POST /v1/messages (Anthropic)."""
 
     name = "messages"
@@ -41,36 +38,6 @@ class Messages:
     can_reask = False
     via_litellm = False
     EMPTY: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
-
-    @staticmethod
-    def read(raw: bytes) -> dict[str, Any]:
-        return parse_object(raw)
-
-    @classmethod
-    def completion(cls, response: Any) -> dict[str, Any]:
-        return as_completion(cls.answer(response))
-
-    @staticmethod
-    def usage(response: dict[str, Any]) -> Usage:
-        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
-        model = response.get("model")
-        return Usage(model if isinstance(model, str) else None, _int(usage.get("input_tokens")),
-                     _int(usage.get("output_tokens")))
-
-    @classmethod
-    def written(cls, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
-        text = prose(checked)
-        if not blocked and text == cls.answer(response)["content"]:
-            return response
-        return cls.rewrite(response, text, blocked)
-
-    @classmethod
-    def assembly(cls) -> EventLog:
-        return EventLog(cls)
-
-    @classmethod
-    def replay(cls, response: dict[str, Any]) -> list[Event]:
-        return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
 
     @staticmethod
     def refused_ending(sent: Sequence[Event], text: str) -> list[Event]:
@@ -92,7 +59,7 @@ class Messages:
                 said = said or bool(Messages.delta(event))
             elif event.name == "message_start" and isinstance(data.get("message"), dict):
                 usage = data["message"].get("usage")
-                tokens = _int(usage.get("output_tokens")) or 0 if isinstance(usage, dict) else 0
+                tokens = int_or_none(usage.get("output_tokens")) or 0 if isinstance(usage, dict) else 0
         out = []
         index = open_block
         if index is None:
@@ -266,6 +233,3 @@ def _document_text(source: Any) -> str:
         return str(source["data"])
     return text_of(source.get("content"), ("text",)) if source.get("type") == "content" else ""
 
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -15,16 +15,12 @@ import secrets
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from morphguard.policy.answers import prose
-from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import (
     VERDICT_EVENT,
     Event,
-    EventLog,
-    Usage,
+    EventDialect,
     api_error_event,
-    as_completion,
     chat_message,
     chat_request,
     event_of,
@@ -36,7 +32,7 @@ from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
 _NOT_ANSWERS = frozenset({"reasoning", "file_search_call", "web_search_call"})
 
 
-class Responses:
+class Responses(EventDialect):
     """POST /v1/responses (OpenAI)."""
 
     name = "responses"
@@ -44,36 +40,6 @@ class Responses:
     can_reask = False
     via_litellm = False
     EMPTY: dict[str, Any] = {"object": "response", "output": []}
-
-    @staticmethod
-    def read(raw: bytes) -> dict[str, Any]:
-        return parse_object(raw)
-
-    @classmethod
-    def completion(cls, response: Any) -> dict[str, Any]:
-        return as_completion(cls.answer(response))
-
-    @staticmethod
-    def usage(response: dict[str, Any]) -> Usage:
-        usage: dict[str, Any] = response["usage"] if isinstance(response.get("usage"), dict) else {}
-        model = response.get("model")
-        return Usage(model if isinstance(model, str) else None, _int(usage.get("input_tokens")),
-                     _int(usage.get("output_tokens")))
-
-    @classmethod
-    def written(cls, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
-        text = prose(checked)
-        if not blocked and text == cls.answer(response)["content"]:
-            return response
-        return cls.rewrite(response, text, blocked)
-
-    @classmethod
-    def assembly(cls) -> EventLog:
-        return EventLog(cls)
-
-    @classmethod
-    def replay(cls, response: dict[str, Any]) -> list[Event]:
-        return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
 
     @classmethod
     def refused_ending(cls, sent: Sequence[Event], text: str) -> list[Event]:
@@ -286,9 +252,6 @@ class Responses:
             yield event("response.output_item.done", output_index=index, item=item)
         yield event(final, response=response)
 
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _place(data: dict[str, Any]) -> dict[str, Any]:

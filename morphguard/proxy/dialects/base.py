@@ -267,6 +267,20 @@ class EventDialect:
         raise NotImplementedError
 
     @staticmethod
+    def attach(event: Event, verdict: dict[str, Any]) -> Event:
+        raise NotImplementedError
+
+    @classmethod
+    def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
+                     response: dict[str, Any] | None) -> list[Event]:
+        ours = event_of(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: verdict})
+        return [ours] if last is None else [ours, cls.attach(last, verdict)]
+
+    @staticmethod
+    def stream_error(error: ProxyError) -> Event:
+        return api_error_event(error)
+
+    @staticmethod
     def read(raw: bytes) -> dict[str, Any]:
         return parse_object(raw)
 

@@ -15,16 +15,14 @@ from typing import Any
 from morphguard.proxy.body import int_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import (
-    VERDICT_EVENT,
     Event,
     EventDialect,
-    api_error_event,
     chat_message,
     chat_request,
     event_of,
     text_of,
 )
-from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
+from morphguard.proxy.errors import bad_request, upstream_malformed
 
 # Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
 _NOT_ANSWERS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"})
@@ -76,16 +74,6 @@ class Messages(EventDialect):
                                                   "stop_details": details},
                                         "usage": {"output_tokens": tokens}}),
             event_of("message_stop", {"type": "message_stop"})]
-
-    @classmethod
-    def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
-                     response: dict[str, Any] | None) -> list[Event]:
-        ours = event_of(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: verdict})
-        return [ours] if last is None else [ours, cls.attach(last, verdict)]
-
-    @staticmethod
-    def stream_error(error: ProxyError) -> Event:
-        return api_error_event(error)
 
     @staticmethod
     def chat_view(body: dict[str, Any]) -> dict[str, Any]:

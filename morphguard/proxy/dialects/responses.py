@@ -17,16 +17,14 @@ from typing import Any
 
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import (
-    VERDICT_EVENT,
     Event,
     EventDialect,
-    api_error_event,
     chat_message,
     chat_request,
     event_of,
     text_of,
 )
-from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
+from morphguard.proxy.errors import bad_request, upstream_malformed
 
 # Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
 _NOT_ANSWERS = frozenset({"reasoning", "file_search_call", "web_search_call"})
@@ -98,16 +96,6 @@ class Responses(EventDialect):
                 event("response.completed", response={**response, "status": "completed", "output": [item],
                                                       "incomplete_details": None})]
         return out
-
-    @classmethod
-    def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
-                     response: dict[str, Any] | None) -> list[Event]:
-        ours = event_of(VERDICT_EVENT, {"type": VERDICT_EVENT, OUR_FIELD: verdict})
-        return [ours] if last is None else [ours, cls.attach(last, verdict)]
-
-    @staticmethod
-    def stream_error(error: ProxyError) -> Event:
-        return api_error_event(error)
 
     @staticmethod
     def chat_view(body: dict[str, Any]) -> dict[str, Any]:

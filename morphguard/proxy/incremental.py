@@ -109,6 +109,11 @@ class _Pending:
     task: asyncio.Task[SentenceCheck]
 
 
+# Sentence checks one stream may have running at once. Past it the upstream is not read until one finishes, so an
+# answer of thousands of sentences cannot fill the judge's queue ahead of every other request.
+MAX_IN_FLIGHT = 8
+
+
 @dataclass
 class Incremental(Generic[E]):
     """One stream's run: `run(events)` yields what the client may see, in order. `events` are the upstream's
@@ -131,8 +136,9 @@ class Incremental(Generic[E]):
         reader = aiter(events)
         read: asyncio.Task[Any] | None = asyncio.ensure_future(_next(reader))
         whole: asyncio.Task[Any] | None = None
+        ended = False  # the upstream's events are all read; `read` None but not ended: paused for checks to finish
         try:
-            while read is not None or self._pending:
+            while not ended or self._pending:
                 head = self._pending[0].task if self._pending else None
                 waiting: set[asyncio.Future[Any]] = {t for t in (read, head) if t is not None}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -149,18 +155,22 @@ class Incremental(Generic[E]):
                         return
                     self._unannounced.append(checked)
                     self._passed = piece.cut
-                    if read is not None:  # once the upstream has ended, the rest waits for the whole answer
+                    if not ended:  # once the upstream has ended, the rest waits for the whole answer
                         for out in self._release():
                             yield out
+                    if read is None and not ended and len(self._pending) < MAX_IN_FLIGHT:
+                        read = asyncio.ensure_future(_next(reader))
                 if read is not None and read in done:
                     event = read.result()
+                    read = None
                     if event is _END:
-                        read = None
+                        ended = True
                         self._dispatch(final=True)
                         whole = asyncio.ensure_future(self.checks.whole(self.text))
                     else:
                         self._take(event)
-                        read = asyncio.ensure_future(_next(reader))
+                        if len(self._pending) < MAX_IN_FLIGHT:  # else the upstream waits: one stream, few checks
+                            read = asyncio.ensure_future(_next(reader))
                         for out in self._release():  # events with no unchecked text before them
                             yield out
             closing = await self.checks.close(self.text, await whole if whole is not None else None, None)

@@ -369,3 +369,25 @@ def test_auto_queues_the_check_of_a_stream_that_cannot_be_changed_under_async_ch
     settings = ProxySettings(stream_mode="auto", mode="async")
     assert stream_mode(settings, "annotate", _request({}), tool_calls_checked=True) == "async"
     assert stream_mode(settings, "block", _request({"tools": [{}]}), tool_calls_checked=False) == "incremental"
+
+
+def test_one_stream_runs_at_most_max_in_flight_checks_and_the_upstream_waits_meanwhile():
+    from morphguard.proxy.incremental import MAX_IN_FLIGHT
+
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        gate = asyncio.Event()
+        judge.gates["Claim"] = gate
+        upstream.push(*deltas(*(f"Claim {i} holds. " for i in range(50))), None)
+        engine = Incremental(Plain(), judge)
+        task = asyncio.ensure_future(collect(engine, upstream))
+        for _ in range(10):
+            await settle()
+        assert len(judge.started) == MAX_IN_FLIGHT  # the rest of the answer is not read while these run
+        assert len(upstream.read) == MAX_IN_FLIGHT
+        gate.set()
+        out = await task
+        assert len([s for s in judge.started if s.startswith("Claim")]) == 50
+        assert text_of(out) == "".join(f"Claim {i} holds. " for i in range(50))
+
+    asyncio.run(run())

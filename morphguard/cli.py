@@ -143,8 +143,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="comma-separated: ragtruth, contrast, contrast-short, contrast-brief (each also "
                                "-qa|-summary|-data2txt), halueval, faithbench, reviews or jsonl:PATH")
     evaluate.add_argument("--detector", default=None,
-                          help=f"comma-separated, from: {_detector_names()} (default: combined,grounding,length; "
-                               "with --fit: the combined check's parts)")
+                          help=f"comma-separated, from: {_detector_names()} (default: the check the config runs, "
+                               "detector.name with auto resolved for its judge, and the baselines grounding and "
+                               "length; with --fit: the combined check's parts)")
     evaluate.add_argument("--half", choices=["fit", "report"], default=None,
                           help="only the items of one half (split by source; tune on fit, report on report)")
     evaluate.add_argument("--limit", default=None,

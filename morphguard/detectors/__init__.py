@@ -15,6 +15,7 @@ from morphguard.detectors.registry import (
     Detector,
     DetectorSpec,
     build_detector,
+    configured,
     fingerprint,
     is_known,
     resolve,
@@ -24,5 +25,5 @@ from morphguard.detectors.registry import (
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["SPECS", "Detector", "DetectorSpec", "build_detector", "fingerprint", "is_known", "resolve",
+__all__ = ["SPECS", "Detector", "DetectorSpec", "build_detector", "configured", "fingerprint", "is_known", "resolve",
            "stage_models"]

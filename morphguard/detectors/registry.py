@@ -85,11 +85,15 @@ def choose_auto_with(chooser: Callable[[Config], str]) -> None:
     _AUTO[:] = [chooser]
 
 
+def configured(config: Config) -> str:
+    """The detector the config runs: `detector.name`, with `auto` resolved for the configured judge."""
+    name = config.detector.name
+    return _AUTO[0](config) if name == AUTO_DETECTOR else name
+
+
 def resolve(config: Config, name: str | None = None) -> tuple[DetectorSpec[Any], Any]:
     """The spec of `name` (default: the configured detector) and the settings it runs with."""
-    name = name or config.detector.name
-    if name == AUTO_DETECTOR:
-        name = _AUTO[0](config)
+    name = configured(config) if not name or name == AUTO_DETECTOR else name
     base, _, profile = name.partition(":")
     if base not in SPECS:
         raise ValueError(f"unknown detector {base!r}; choose from {', '.join(sorted(SPECS))}")

@@ -14,7 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from morphguard.config import Config
-from morphguard.detectors import build_detector, fingerprint, resolve
+from morphguard.detectors import build_detector, configured, fingerprint, resolve
 from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, read_text
 from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
@@ -22,7 +22,8 @@ from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
 from morphguard.eval.items import Item
 from morphguard.models import RagInput
 
-DEFAULT_DETECTORS = ("combined", "grounding", "length")
+# The checks that need no judge, measured beside the one under test: a check worth its judge calls beats both.
+BASELINES = ("grounding", "length")
 
 
 @dataclass
@@ -34,9 +35,22 @@ class Evaluation:
     outcomes: list[runner.Outcome]
 
 
+def default_detectors(config: Config) -> list[str]:
+    """What `eval` measures unless told: the check the proxy runs with this config (`detector.name`, `auto`
+    resolved for the configured judge) and the baselines beside it."""
+    return list(dict.fromkeys([configured(config), *BASELINES]))
+
+
 def run_eval(args: argparse.Namespace, config: Config) -> int:
-    names = [n.strip() for n in (args.detector or ",".join(SHIPPED_PARTS if args.fit else DEFAULT_DETECTORS)).split(",")
-             if n.strip()]
+    if args.detector:
+        names = [n.strip() for n in args.detector.split(",") if n.strip()]
+    elif args.fit:
+        names = list(SHIPPED_PARTS)
+    else:
+        names = default_detectors(config)
+        print(f"measuring {names[0]}, the check detector.name: {config.detector.name} runs with the judge "
+              f"{config.judge.model}, beside the baselines {' and '.join(BASELINES)} (--detector chooses)",
+              file=sys.stderr)
     if args.fit_without_judge and not args.fit:
         raise MorphguardError("--fit-without-judge adds datasets to --fit: give --fit too")
     if args.recalibrate and not args.fit:

@@ -75,3 +75,14 @@ def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     assert len(server.requests) == calls + 1 and "Berlin" in server.requests[-1]["messages"][-1]["content"]
     # r0 now states the wrong city under a faithful label: the report scores the new verdict, not the old one
     assert "| direct | 0.300 | 0.667 | 1.000 | 0.800 |" in changed.stdout
+
+
+def test_eval_measures_by_default_the_check_the_config_runs_beside_the_baselines():
+    from morphguard.config import parse_config
+    from morphguard.eval.cli import default_detectors
+
+    api_judge = parse_config("judge: {model: openai/gpt-4.1-mini}")
+    assert default_detectors(api_judge) == ["sentences", "grounding", "length"]
+    assert default_detectors(parse_config("")) == ["combined", "grounding", "length"]  # the embedded judge
+    named = parse_config("judge: {model: openai/gpt-4.1-mini}\ndetector: {name: grounding}")
+    assert default_detectors(named) == ["grounding", "length"]

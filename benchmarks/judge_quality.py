@@ -10,6 +10,20 @@ is labelled hallucinated. The noise model at rate p:
 - each verdict is flipped with probability 2·p·d (so p on average; hard items are the ones judges get wrong);
 - its stated confidence (the log-probabilities the client reads) is 1 at p = 0, else 0.55 + 0.45·(1 − d);
 - a reply is malformed (not JSON, no verdict) with probability p/5, once per reply whatever it is about.
+The uniform model says how the check follows the judge's accuracy; it holds by construction at p = 0, where the
+judge is the gold itself (AUROC 1 there says the plumbing works, not how good the check is). Real judges err in
+correlated, content-dependent ways; `--judges realistic` answers with an error model of those (rates stated in
+`Realistic`, seeded per item and question):
+- a missed error, by what the gold span is: a number, date or unit (0.35), a negation (0.35), an entity (0.2), a
+  qualifier or few words added to an otherwise supported sentence (0.5), anything else (0.15); half as often again
+  in the second half of an answer (position bias);
+- a false alarm on a supported sentence: 0.04, plus 0.15 where it holds a negation (the judge follows it wrongly)
+  and 0.10 where the context is long (over 8,000 characters: a fact in the middle is lost);
+- a whole answer is missed only where every one of its errors is, and falsely flagged as a sentence would be;
+- over-confidence: a wrong verdict is stated with confidence 0.85-0.99, as sure as a right one (0.7-0.99);
+- operational faults, per judge call: a refusal (1 %), malformed JSON (2 %), a 429 with Retry-After (2 %, once per
+  call, then answered) and a reply slower than the client's timeout (0.5 %, once per call); the client retries as
+  it does in production (`judge.max_attempts` 3, `judge.timeout_s` 5 under this model).
 Where the oracle knows more than the prompt showed: it reads the gold whatever context it was sent, so a check
 that sends a cut of the context (the spot check) is not punished for cutting away the evidence, and phrases it
 names are exactly the annotators', which a real judge's would only approach.
@@ -19,6 +33,7 @@ another noise seed. Span F1 (character overlap, as in RAGTruth) of the factoids 
 
     python benchmarks/judge_quality.py [--noise 0,0.1,0.2,0.3] [--detectors sentences,direct,spotcheck,combined]
                                        [--datasets ragtruth-qa,...] [--limit N] [--delay 0.4]
+                                       [--judges uniform,realistic]
 
 Writes benchmarks/results/judge_quality.json and judge_quality.png. `--delay` adds that many seconds to every
 judge call (a fixed-latency API judge) and reports the check's p50 time, calls and tokens.
@@ -48,6 +63,7 @@ from starlette.routing import Route
 from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.text import sentences
+from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, metrics
 from morphguard.eval.items import Item
 from morphguard.models import RagInput
@@ -63,12 +79,57 @@ def _tag(text: str, tag: str) -> str:
     return match.group(1).strip() if match else ""
 
 
-class Oracle:
-    """Answers each prompt from the gold labels of `items`, with noise at rate `p` (seeded)."""
+_NEGATION = re.compile(r"\b(?:not|no|never|none|nor|without|cannot)\b|n't\b", re.I)
+_NUMBER = re.compile(r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|hundred|thousand|million|billion|"
+                     r"january|february|march|april|may|june|july|august|september|october|november|december|"
+                     r"percent|kg|km|mg|ml|miles?|hours?|minutes?|days?|weeks?|months?|years?)\b", re.I)
+_ENTITY = re.compile(r"(?<!^)(?<![.!?]\s)\b[A-Z][a-z]+")
 
-    def __init__(self, items: list[Item], p: float, seed: int, delay: float) -> None:
-        self.items, self.p, self.seed, self.delay = items, p, seed, delay
+
+class Realistic:
+    """How a capable but fallible judge errs: by the kind of error, where it sits, and how long the context is.
+    Rates as in the module docstring; `kind` is read off the gold span's words."""
+
+    MISS = {"number": 0.35, "negation": 0.35, "entity": 0.2, "qualifier": 0.5, "other": 0.15}
+    FALSE_ALARM, NEGATED_ALARM, LONG_CONTEXT_ALARM, LONG_CONTEXT = 0.04, 0.15, 0.10, 8000
+    LATE = 1.5  # misses in the second half of an answer, relative to the first
+    REFUSAL, MALFORMED, THROTTLED, SLOW = 0.01, 0.02, 0.02, 0.005
+    TIMEOUT_S = 5.0
+
+    @staticmethod
+    def kind(phrase: str, sentence: str) -> str:
+        if _NUMBER.search(phrase):
+            return "number"
+        if _NEGATION.search(phrase):
+            return "negation"
+        if _ENTITY.search(phrase):
+            return "entity"
+        if len(phrase.split()) <= 4 and len(phrase) < 0.3 * max(len(sentence), 1):
+            return "qualifier"
+        return "other"
+
+    def miss(self, phrases: list[str], sentence: str, late: bool) -> float:
+        """The chance of calling an unsupported unit supported: it is missed only if each of its errors is."""
+        chance = 1.0
+        for phrase in phrases or [sentence]:
+            chance *= self.MISS[self.kind(phrase, sentence)]
+        return min(0.95, chance * (self.LATE if late else 1.0))
+
+    def alarm(self, sentence: str, context_chars: int) -> float:
+        """The chance of calling a supported unit unsupported."""
+        return (self.FALSE_ALARM + (self.NEGATED_ALARM if _NEGATION.search(sentence) else 0.0)
+                + (self.LONG_CONTEXT_ALARM if context_chars > self.LONG_CONTEXT else 0.0))
+
+
+class Oracle:
+    """Answers each prompt from the gold labels of `items`: with noise at rate `p` (seeded), or as `realistic` errs."""
+
+    def __init__(self, items: list[Item], p: float, seed: int, delay: float,
+                 realistic: Realistic | None = None) -> None:
+        self.items, self.p, self.seed, self.delay, self.realistic = items, p, seed, delay, realistic
         self.calls = 0
+        self.faults: dict[str, int] = {}  # operational faults served, by kind
+        self._seen: set[str] = set()  # calls already given their one 429 or slow reply
 
     # --- finding what a prompt is about ---------------------------------------------------------------------
 
@@ -92,15 +153,49 @@ class Oracle:
     def _difficulty(self, item: Item) -> float:
         return random.Random(f"{self.seed}:difficulty:{item.id}").random()
 
-    def _verdict(self, item: Item, unit: str, truth: bool) -> tuple[bool, float]:
-        """The judge's verdict on "is it unsupported?" and its confidence in that verdict."""
+    def _verdict(self, item: Item, unit: str, truth: bool, start: int | None = None,
+                 end: int | None = None) -> tuple[bool, float]:
+        """The judge's verdict on "is it unsupported?" and its confidence in that verdict; [start, end) is the
+        answer text asked about (None: the whole answer)."""
+        draw = random.Random(f"{self.seed}:flip:{item.id}:{unit}")
+        if self.realistic is not None:
+            model = self.realistic
+            s, e = (0, len(item.answer)) if start is None or end is None else (start, end)
+            text = item.answer[s:e]
+            if truth:
+                phrases = self._gold(item, s, e) if item.spans is not None else []
+                wrong = draw.random() < model.miss(phrases, text, late=s > len(item.answer) / 2)
+            else:
+                wrong = draw.random() < model.alarm(text, sum(len(p) for p in item.passages))
+            confidence = draw.uniform(0.85, 0.99) if wrong else draw.uniform(0.7, 0.99)
+            return truth != wrong, confidence
         d = self._difficulty(item)
-        flipped = random.Random(f"{self.seed}:flip:{item.id}:{unit}").random() < 2 * self.p * d
+        flipped = draw.random() < 2 * self.p * d
         confidence = 1.0 if self.p == 0 else 0.55 + 0.45 * (1 - d)
         return truth != flipped, confidence
 
     def _malformed(self, item: Item, unit: str) -> bool:
-        return random.Random(f"{self.seed}:malformed:{item.id}:{unit}").random() < self.p / 5
+        rate = self.realistic.MALFORMED if self.realistic is not None else self.p / 5
+        return random.Random(f"{self.seed}:malformed:{item.id}:{unit}").random() < rate
+
+    def fault(self, body: dict[str, Any]) -> str | None:
+        """The operational fault this call meets, if any: refused, throttled (429, once) or slow (once)."""
+        if self.realistic is None:
+            return None
+        model, key = self.realistic, json.dumps(body["messages"], sort_keys=True)
+        draw = random.Random(f"{self.seed}:fault:{key}").random()
+        first = key not in self._seen
+        self._seen.add(key)
+        kind = None
+        if draw < model.REFUSAL:
+            kind = "refusal"
+        elif first and draw < model.REFUSAL + model.THROTTLED:
+            kind = "throttled"
+        elif first and draw < model.REFUSAL + model.THROTTLED + model.SLOW:
+            kind = "slow"
+        if kind is not None:
+            self.faults[kind] = self.faults.get(kind, 0) + 1
+        return kind
 
     @staticmethod
     def _gold(item: Item, start: int, end: int) -> list[str]:
@@ -160,7 +255,7 @@ class Oracle:
             item, at = where
             whole = whole or item
             truth, phrases = self._sentence_truth(item, at, at + len(sentence))
-            said, confidence = self._verdict(item, f"s{at}", truth)
+            said, confidence = self._verdict(item, f"s{at}", truth, at, at + len(sentence))
             verdict = "UNSUPPORTED" if said else "SUPPORTED"
             entries.append({"id": number, "verdict": verdict, "phrases": phrases if said and truth else
                             ([sentence] if said else [])})
@@ -195,7 +290,7 @@ class Oracle:
             return "YES", [("YES", "NO", 0.5)]
         item, at = where
         truth, _ = self._sentence_truth(item, at, at + len(sentence))
-        said, confidence = self._verdict(item, f"s{at}", truth)
+        said, confidence = self._verdict(item, f"s{at}", truth, at, at + len(sentence))
         if self._malformed(item, f"s{at}"):
             return "Maybe.", []
         verdict = "NO" if said else "YES"
@@ -232,7 +327,7 @@ class Oracle:
         item, at = where
         unit = f"v{kind}{marked.group(2) if marked else 0}:{at}"
         truth, _ = self._sentence_truth(item, at, at + len(base))
-        said, confidence = self._verdict(item, unit, truth)
+        said, confidence = self._verdict(item, unit, truth, at, at + len(base))
         if self._malformed(item, unit):
             return "Hard to say.", []
         verdict = ("NO" if said else "YES") if kind == "S" else ("YES" if said else "NO")
@@ -253,7 +348,7 @@ class Oracle:
         claims, weighed = [], []
         for s, e in sentences(item.answer):
             truth, _ = self._sentence_truth(item, s, e)
-            said, confidence = self._verdict(item, f"s{s}", truth)
+            said, confidence = self._verdict(item, f"s{s}", truth, s, e)
             label = "unsupported" if said else "supported"
             claims.append({"text": item.answer[s:e], "label": label, "evidence": "" if said else evidence})
             weighed.append((label, "supported" if said else "unsupported", confidence))
@@ -266,7 +361,7 @@ class Oracle:
             return json.dumps({"label": "baseless", "evidence": []}), []
         item, at = where
         truth, _ = self._sentence_truth(item, at, at + len(claim))
-        said, confidence = self._verdict(item, f"s{at}", truth)
+        said, confidence = self._verdict(item, f"s{at}", truth, at, at + len(claim))
         if self._malformed(item, f"h{at}"):
             return "Unclear.", []
         label = "baseless" if said else "entailed"
@@ -298,7 +393,14 @@ def serve(oracle: Oracle) -> tuple[str, uvicorn.Server]:
         oracle.calls += 1
         if oracle.delay:
             await asyncio.sleep(oracle.delay)
-        text, weighed = oracle.answer(body)
+        fault = oracle.fault(body)
+        if fault == "throttled":
+            return JSONResponse({"error": {"message": "Rate limit reached", "type": "requests",
+                                           "code": "rate_limit_exceeded"}}, status_code=429,
+                                headers={"retry-after": "0.05"})
+        if fault == "slow":
+            await asyncio.sleep(Realistic.TIMEOUT_S + 1)
+        text, weighed = ("I'm sorry, but I can't help with that.", []) if fault == "refusal" else oracle.answer(body)
         words = len(text.split()) + 1
         return JSONResponse({
             "id": "oracle", "object": "chat.completion", "created": int(time.time()), "model": "oracle",
@@ -318,11 +420,13 @@ def serve(oracle: Oracle) -> tuple[str, uvicorn.Server]:
     return f"http://127.0.0.1:{port}/v1", server
 
 
-async def run(items: list[Item], detector: str, base: str,
-              concurrency: int) -> list[tuple[float, list, float, int, dict[str, float], int]]:
-    """Per item: score, flagged spans, seconds, judge calls, the detector's features, tokens."""
+async def run(items: list[Item], detector: str, base: str, concurrency: int,
+              realistic: bool = False) -> list[tuple[float, list, float, int, dict[str, float], int]]:
+    """Per item: score, flagged spans, seconds, judge calls, the detector's features, tokens. A check that fails
+    (the judge's faults outlasting its retries) scores as the proxy's fail-open would let it pass: 0."""
+    retries = {"max_attempts": 3, "timeout_s": Realistic.TIMEOUT_S} if realistic else {"max_attempts": 1}
     config = Config.model_validate({
-        "judge": {"model": "openai/oracle", "api_base": base, "api_key": "sk-oracle", "max_attempts": 1,
+        "judge": {"model": "openai/oracle", "api_base": base, "api_key": "sk-oracle", **retries,
                   "cache": {"enabled": False}, "probe": "off"},
         "detector": {"name": detector.partition(":")[0]}})
     check = build_detector(config, name=detector)  # "metarag:paper": a profile
@@ -331,7 +435,12 @@ async def run(items: list[Item], detector: str, base: str,
     async def one(item: Item) -> tuple[float, list, float, int, dict[str, float], int]:
         async with limit:
             started = time.perf_counter()
-            found = await check.detect(RagInput(question=item.question, passages=item.passages), item.answer)
+            try:
+                found = await check.detect(RagInput(question=item.question, passages=item.passages), item.answer)
+            except MorphguardError:
+                if not realistic:
+                    raise
+                return 0.0, [], time.perf_counter() - started, 0, {"failed": 1.0}, 0
             spans = [(f.start, f.end, f.score) for f in found.factoids if f.start is not None and f.end is not None]
             return (found.score, spans, time.perf_counter() - started, found.cost.llm_calls, found.features,
                     found.cost.input_tokens + found.cost.output_tokens)
@@ -340,13 +449,14 @@ async def run(items: list[Item], detector: str, base: str,
 
 
 def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, delay: float,
-            concurrency: int) -> dict[str, Any]:
-    oracle = Oracle(items + fit_items, p, seed=0, delay=delay)
+            concurrency: int, realistic: bool = False) -> dict[str, Any]:
+    oracle = Oracle(items + fit_items, p, seed=0, delay=delay, realistic=Realistic() if realistic else None)
     base, server = serve(oracle)
     try:
-        report = asyncio.run(run(items, detector, base, concurrency))
+        report = asyncio.run(run(items, detector, base, concurrency, realistic))
+        faults = dict(oracle.faults)
         oracle.seed = 1  # the fit half's threshold is chosen under other noise
-        fitted = asyncio.run(run(fit_items, detector, base, concurrency)) if fit_items else []
+        fitted = asyncio.run(run(fit_items, detector, base, concurrency, realistic)) if fit_items else []
     finally:
         server.should_exit = True
     labels = [i.hallucinated for i in items]
@@ -367,6 +477,7 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
             "calls_per_check": statistics.mean(r[3] for r in report),
             "p50_s": statistics.median(r[2] for r in report),
             "tokens_per_check": statistics.mean(r[5] for r in report),
+            "failed_checks": sum(1 for r in report if r[4].get("failed")), "faults": faults,
             # the parts the sentences check's score is made of (whole, worst), for choosing how to weigh them
             "parts": {"report": [[i.hallucinated, r[4]] for i, r in zip(items, report, strict=True)],
                       "fit": [[i.hallucinated, r[4]] for i, r in zip(fit_items, fitted, strict=True)]}
@@ -422,6 +533,9 @@ def weigh(path: Path) -> None:
 
 
 def main() -> None:
+    import litellm
+
+    litellm.suppress_debug_info = True  # the realistic judge's faults would print litellm's help banner each time
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weigh", type=Path, default=None,
                         help="a results file: choose the sentences check's whole-answer weight from its fit halves")
@@ -431,6 +545,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="items per half (default: all)")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds added to every judge call")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--judges", default="uniform",
+                        help="comma-separated: uniform (the --noise rates) and/or realistic (the error model above)")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "judge_quality.json")
     args = parser.parse_args()
@@ -447,15 +563,19 @@ def main() -> None:
         results[name] = {}
         for detector in args.detectors.split(","):
             rows = results[name][detector] = {}
-            for p in noise:
-                row = rows[str(p)] = measure(report, fit_items, detector, p, args.delay, args.concurrency)
+            judges = args.judges.split(",")
+            runs = [(str(p), p, False) for p in noise if "uniform" in judges]
+            runs += [("realistic", 0.0, True)] if "realistic" in judges else []
+            for key, p, realistic in runs:
+                row = rows[key] = measure(report, fit_items, detector, p, args.delay, args.concurrency, realistic)
                 cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["span_f1"], row["span_f1_at_fit"]]
-                print(f"{name:<18} {detector:<10} {p:>4} {row['n']:>4} "
+                print(f"{name:<18} {detector:<10} {key[:4]:>4} {row['n']:>4} "
                       + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:3]) + " "
                       + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[3:])
                       + f" {row['calls_per_check']:>5.1f} {row['p50_s']:>6.2f}", flush=True)
     args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")
-    plot({k: v for k, v in results.items() if k in args.datasets.split(",")}, noise, args.out.with_suffix(".png"))
+    if "uniform" in args.judges.split(","):
+        plot({k: v for k, v in results.items() if k in args.datasets.split(",")}, noise, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -47,8 +47,9 @@ choose_auto_with(chosen_detector)
 
 @cache
 def _say_once(fitted: str, judge: str) -> None:
-    log.warning("detector auto: the combined check's weights were fitted with the judge %s, not %s; checking with "
-                "`sentences`, which leaves each verdict to the judge (set detector.name to choose)", fitted, judge)
+    # The recommended set-up (an API judge) takes this path: information, not a warning.
+    log.info("detector auto: sentences, because the combined check's weights were fitted with the judge %s, not %s; "
+             "sentences leaves each verdict to the judge (set detector.name to choose)", fitted, judge)
 
 
 @dataclass(frozen=True)

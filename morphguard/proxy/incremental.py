@@ -153,8 +153,9 @@ class Incremental(Generic[E]):
     _scanned: int = 0  # where the next finished sentence begins
     _passed: int = 0  # the answer up to here has passed the check
     _passing: PrefixCheck | None = None  # the check it passed
+    _verdicts: list[dict[str, Any]] = field(default_factory=list)  # each passed sentence's, from the check it passed
     _released: int = 0  # the answer text the client has: up to here
-    _announced: int = 0  # sentences ending before here had their verdicts put on an event
+    _announced: int = 0  # how many of `_verdicts` went out on an event
 
     async def run(self, events: AsyncIterator[E]) -> AsyncGenerator[E, None]:
         reader = aiter(events)
@@ -229,12 +230,12 @@ class Incremental(Generic[E]):
             self._scanned = ends[-1]
 
     def _pass(self, upto: int, check: PrefixCheck) -> None:
-        if upto >= self._passed:
-            self._passed, self._passing = upto, check
+        self._verdicts += sentence_verdicts(self.text[:upto], check, self._passed)
+        self._passed, self._passing = upto, check
 
     def _release(self) -> list[E]:
         """The held events whose text lies in the prefix that passed (with the white space after it); the last of
-        them carries that prefix's verdict and its sentences' not yet given."""
+        them carries that prefix's verdict and those of the sentences it let out."""
         out = []
         upto = self._passed
         while upto < len(self.text) and self.text[upto].isspace():
@@ -243,30 +244,34 @@ class Incremental(Generic[E]):
             event, end = self._held.popleft()
             out.append(event)
             self._released = max(self._released, end)
-        check = self._passing
-        if out and check is not None and self._announced < self._passed:
-            verdict: dict[str, Any] = {"sentences": sentence_verdicts(self.text[:self._passed], check,
-                                                                      self._announced),
-                                       "passed": _summary(self._passed, check)}
+        let_out = len(self._verdicts)
+        while let_out > self._announced and self._verdicts[let_out - 1]["end"] > self._released:
+            let_out -= 1
+        if out and let_out > self._announced and self._passing is not None:
+            verdict = {"sentences": self._verdicts[self._announced:let_out],
+                       "passed": _summary(self._passed, self._passing)}
             out[-1] = self.stream.marked(out[-1], verdict)
-            self._announced = self._passed
+            self._announced = let_out
         self._sent += out
         return out
 
     async def _closed(self, deciding: PrefixCheck) -> list[E]:
         """The stream's last events: what is held (unless withheld), then the ending, carrying the verdict of
-        the stream with that of every sentence the deciding check read."""
+        the stream with that of every sentence the deciding check read: a sentence that passed before a block
+        with the verdict of the check it passed, the others with the deciding check's."""
+        read = self.text if deciding.whole else self.text[:self.checked[-1].end] if self.checked else ""
         if deciding.blocks:
             released = Released(chars=self._released, score=_score(self._passing),
                                 flagged=self._passing.flagged if self._passing is not None else None)
+            sentences = [*self._verdicts, *sentence_verdicts(read, deciding, self._passed)]
         else:
             released = Released(chars=len(self.text), score=_score(deciding), flagged=deciding.flagged)
+            sentences = sentence_verdicts(read, deciding)
         closing = await self.checks.close(self.text, deciding, released)
         rest = [] if closing.blocks else [event for event, _ in self._held]
         self._held.clear()
         self._sent += rest
-        read = self.text if deciding.whole else self.text[:self.checked[-1].end] if self.checked else ""
-        verdict = {**closing.verdict, "sentences": sentence_verdicts(read, deciding)}
+        verdict = {**closing.verdict, "sentences": sentences}
         return rest + self.stream.ending(self._sent, replace(closing, verdict=verdict))
 
 

@@ -30,7 +30,8 @@ CONTEXT = {"morphguard": {"context": [f"{PASSAGE} {SECOND}"]}}
 # two of them score 0.39 and the three 0.53, and block.
 VISIT = ["The museum opens at nine on weekdays, reliably.", "The entry ticket is twenty euros, cash.",
          "Parking is behind the building, free."]
-VISIT_CONTEXT = "The museum opens at nine on weekdays. The entry ticket is twenty euros. Parking is behind the building."
+VISIT_CONTEXT = ("The museum opens at nine on weekdays. The entry ticket is twenty euros. "
+                 "Parking is behind the building.")
 VISIT_QUESTION = {"morphguard": {"context": [VISIT_CONTEXT]}}
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from morphguard.config import ProxySettings
-from morphguard.models import RagInput
-from morphguard.proxy.check import CheckRequest
 from morphguard.detectors.text import sentences
+from morphguard.models import RagInput
 from morphguard.policy.record import Released
+from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.incremental import Claim, Closing, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
 

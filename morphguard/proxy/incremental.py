@@ -333,7 +333,7 @@ class GuardChecks:
     async def whole(self, text: str) -> PrefixCheck:
         completion = self.answer(text)
         cleared = self._cleared
-        if cleared is not None and cleared[0] == self.guard.checker.answer_text(completion):
+        if cleared is not None and cleared[0].strip() == self.guard.checker.answer_text(completion).strip():
             return replace(cleared[1], whole=True)  # that very answer passed: its verdict stands, once
         return replace(_of(await self.guard.checker.check(self.request, completion)), whole=True)
 

@@ -15,7 +15,7 @@ from morphguard.detectors.text import sentences
 from morphguard.models import RagInput
 from morphguard.policy.record import Released
 from morphguard.proxy.check import CheckRequest
-from morphguard.proxy.incremental import Claim, Closing, Incremental, PrefixCheck
+from morphguard.proxy.incremental import Claim, Closing, GuardChecks, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
 
 
@@ -469,5 +469,78 @@ def test_one_stream_runs_one_prefix_check_at_a_time_however_many_sentences_come(
         # the first sentence, the 49 others coalesced, and the whole answer
         assert len(judge.started) == 3
         assert text_of(out) == "".join(f"Claim {i} holds. " for i in range(50))
+
+    asyncio.run(run())
+
+
+VISIT_CONTEXT = ("The museum opens at nine on weekdays. The entry ticket is twenty euros. "
+                 "Parking is behind the building.")
+
+
+@pytest.fixture
+def guard(tmp_path):
+    from morphguard.config import Config
+    from morphguard.detectors import build_detector
+    from morphguard.policy.engine import PolicyEngine
+    from morphguard.proxy.guard import build_guard
+
+    config = Config.model_validate({
+        "detector": {"name": "grounding"},
+        "policy": {"audit": {"path": str(tmp_path / "audit.db")},
+                   "profiles": {"general": {"action": "block", "topics": {}}}}})
+    built = build_guard(config, build_detector(config), PolicyEngine(config.policy))
+    yield built
+    asyncio.run(built.close())
+
+
+def _visit(guard) -> tuple[GuardChecks, Upstream]:
+    request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
+                           source="explicit", profile="general", topic="general")
+    return GuardChecks(guard, request), Upstream()
+
+
+def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_went_out(guard):
+    # `grounding` sums its evidence: each sentence passes alone (0.22 < 0.3), the first two together do not (0.39)
+    async def run() -> list[Ev]:
+        checks, upstream = _visit(guard)
+        upstream.push(*deltas("The museum opens at nine on weekdays, reliably. ", "The entry ticket is twenty ",
+                              "euros, cash. ", "Parking is behind the building, free."), Ev(kind="finish"), None)
+        out = await collect(Incremental(Plain(), checks), upstream)
+        assert checks.record is not None
+        record = checks.record
+        assert (record.action, record.flagged) == ("block", True) and record.score is not None
+        assert record.score >= 0.3 > (record.released_score or 1.0)
+        assert (record.released_chars, record.released_flagged) == (len(text_of(out)), False)
+        assert out[-1].verdict is not None and out[-1].verdict["released_chars"] == record.released_chars
+        return out
+
+    out = asyncio.run(run())
+    assert text_of(out) == "The museum opens at nine on weekdays, reliably. "
+
+
+def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_second_check(guard):
+    calls: list[str] = []
+    check = guard.checker.check
+
+    async def counted(request: CheckRequest, completion: dict[str, Any]) -> Any:
+        calls.append(guard.checker.answer_text(completion))
+        return await check(request, completion)
+
+    guard.checker.check = counted
+
+    async def run() -> None:
+        checks, upstream = _visit(guard)
+        answer = "The museum opens at nine on weekdays. "
+        upstream.push(*deltas(answer))
+        engine = Incremental(Plain(), checks)
+        task = asyncio.ensure_future(collect(engine, upstream))
+        while not engine.checked:
+            await asyncio.sleep(0.01)
+        upstream.push(Ev(kind="finish"), None)
+        out = await task
+        assert text_of(out) == answer and out[-1].kind == "end"
+        assert calls == [answer.strip()]  # the whole answer is that prefix: its verdict stands
+        assert checks.record is not None and checks.record.action == "pass"
+        assert checks.record.released_chars == len(answer)
 
     asyncio.run(run())

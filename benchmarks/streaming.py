@@ -57,10 +57,13 @@ def upstream_app(tps: float):  # the scripted upstream, run in its own process
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    judged = [0]  # judge calls answered
+
     async def chat(request: Request) -> Response:
         body = await request.json()
         model = str(body.get("model", ""))
         if not body.get("stream"):  # a judge call: {"verdict": "YES"} after the judge's delay
+            judged[0] += 1
             if model.startswith("judge-"):
                 await asyncio.sleep(int(model.removeprefix("judge-").removesuffix("ms")) / 1000)
             content = json.dumps({"verdict": "YES", "unsupported": []})
@@ -136,10 +139,14 @@ def upstream_app(tps: float):  # the scripted upstream, run in its own process
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": []})
 
+    async def calls(request: Request) -> JSONResponse:
+        return JSONResponse({"judge_calls": judged[0]})
+
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/responses", native("responses"), methods=["POST"]),
                              Route("/v1/messages", native("messages"), methods=["POST"]),
-                             Route("/v1/models", models, methods=["GET"])])
+                             Route("/v1/models", models, methods=["GET"]),
+                             Route("/calls", calls, methods=["GET"])])
 
 
 def free_port() -> int:
@@ -224,21 +231,28 @@ async def timed_stream(client: httpx.AsyncClient, base: str, api: str,
 
 async def measure(direct: str, passthrough: str, proxy: str, api: str, runs: int) -> dict:
     times: dict[str, list[tuple[float, float, float]]] = {"direct": [], "passthrough": [], "checked": []}
+    calls: dict[str, list[int]] = {"passthrough": [], "checked": []}  # judge calls per stream
+    counter = direct.removesuffix("/v1") + "/calls"
     async with httpx.AsyncClient(timeout=120) as client:
         for warm in (passthrough, proxy):  # the first check loads what the detector needs
             await timed_stream(client, warm, api, True)
         for _ in range(runs):
             for name, base, checked in (("direct", direct, False), ("passthrough", passthrough, True),
                                         ("checked", proxy, True)):
+                before = (await client.get(counter)).json()["judge_calls"]
                 ttft, first_sentence, ttlt, text = await timed_stream(client, base, api, checked)
                 assert text == ANSWER, f"{api} {name}: the stream was changed: {text!r}"
                 times[name].append((ttft, first_sentence, ttlt))
+                if name in calls:
+                    calls[name].append((await client.get(counter)).json()["judge_calls"] - before)
 
     def median_ms(name: str, i: int) -> float:
         return round(statistics.median(t[i] for t in times[name]) * 1000, 1)
 
-    out = {name: {"ttft_ms": median_ms(name, 0), "first_sentence_ms": median_ms(name, 1), "ttlt_ms": median_ms(name, 2)}
-           for name in times}
+    out: dict = {name: {"ttft_ms": median_ms(name, 0), "first_sentence_ms": median_ms(name, 1),
+                        "ttlt_ms": median_ms(name, 2)} for name in times}
+    for name, counted in calls.items():
+        out[name]["judge_calls"] = statistics.median(counted)
     # The first token leaves once the first sentence is written and checked: beyond the writing, the check's cost.
     out["added"] = {"ttft_ms": round(out["checked"]["ttft_ms"] - out["direct"]["ttft_ms"], 1),
                     "ttft_after_first_sentence_ms": round(out["checked"]["ttft_ms"]
@@ -317,7 +331,9 @@ def main() -> None:
                               f"{measure_api['added']['ttft_ms']:+7.1f} ms (after the first sentence "
                               f"{measure_api['added']['ttft_after_first_sentence_ms']:+7.1f} ms), TTLT "
                               f"{measure_api['added']['ttlt_ms']:+7.1f} ms ("
-                              f"{measure_api['added']['ttlt_vs_passthrough_ms']:+7.1f} ms beyond passthrough)",
+                              f"{measure_api['added']['ttlt_vs_passthrough_ms']:+7.1f} ms beyond passthrough) | "
+                              f"judge calls a stream: passthrough {measure_api['passthrough']['judge_calls']}, "
+                              f"checked {measure_api['checked']['judge_calls']}",
                               flush=True)
                 finally:
                     for started in (process, relaying):

@@ -3,13 +3,15 @@
 A scripted upstream on loopback streams a five-sentence answer a word at a time at a model's pace (`--tps` words
 a second, 40 by default), as chat completion chunks, Responses events and Messages events, and answers judge
 calls after a fixed delay. In the same run, the same request is sent, one at a time and in turn: to the upstream
-directly (the stream unchecked), and through `morphguard serve` with a `block` profile and the default stream
-settings (checked sentence by sentence as it flows), for each API. Time to first token is to the first text
-delta, time to last token to the end of the stream. A checked stream's first
-token waits for its first sentence to be written and checked, so the added time to first token is also given
-beyond the time the upstream takes to write that sentence (the check's own share). Scenarios: the
-`grounding` detector alone (no judge), the `direct` detector over a scripted judge of `--judge-ms` per call, and
-with `--embedded` the default detector over the embedded judge (slow on shared cores: run it once). Writes
+directly (the stream unchecked), through `morphguard serve` with the same detector and `stream_mode: passthrough`
+(relayed as it comes, checked once at the end: the verdict's last event waits for that check), and through
+`morphguard serve` with a `block` profile and the default stream settings (checked as it flows: text goes out once
+a prefix of the answer up to it has passed the whole-answer check), for each API. Time to first token is to the
+first text delta, time to last token to the end of the stream. A checked stream's first token waits for its first
+sentence to be written and checked, so the added time to first token is also given beyond the time the upstream
+takes to write that sentence (the check's own share). Scenarios: the `grounding` detector alone (no judge), the
+`direct` detector over a scripted judge of `--judge-ms` per call, and with `--embedded` the default detector over
+the embedded judge (slow on shared cores: run it once). Writes
 benchmarks/results/streaming.json.
 
     python benchmarks/streaming.py [--runs 10] [--tps 40] [--judge-ms 400] [--embedded] [--only NAME]
@@ -55,10 +57,13 @@ def upstream_app(tps: float):  # the scripted upstream, run in its own process
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    judged = [0]  # judge calls answered
+
     async def chat(request: Request) -> Response:
         body = await request.json()
         model = str(body.get("model", ""))
         if not body.get("stream"):  # a judge call: {"verdict": "YES"} after the judge's delay
+            judged[0] += 1
             if model.startswith("judge-"):
                 await asyncio.sleep(int(model.removeprefix("judge-").removesuffix("ms")) / 1000)
             content = json.dumps({"verdict": "YES", "unsupported": []})
@@ -134,10 +139,14 @@ def upstream_app(tps: float):  # the scripted upstream, run in its own process
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": []})
 
+    async def calls(request: Request) -> JSONResponse:
+        return JSONResponse({"judge_calls": judged[0]})
+
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/responses", native("responses"), methods=["POST"]),
                              Route("/v1/messages", native("messages"), methods=["POST"]),
-                             Route("/v1/models", models, methods=["GET"])])
+                             Route("/v1/models", models, methods=["GET"]),
+                             Route("/calls", calls, methods=["GET"])])
 
 
 def free_port() -> int:
@@ -159,9 +168,10 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: f
     raise RuntimeError(f"not ready:\n{log.read_text()}")
 
 
-def start_proxy(folder: Path, upstream: str, judge: dict, detector: str) -> tuple[str, subprocess.Popen[bytes]]:
+def start_proxy(folder: Path, upstream: str, judge: dict, detector: str,
+                stream_mode: str = "auto") -> tuple[str, subprocess.Popen[bytes]]:
     config = {"judge": judge, "detector": {"name": detector},
-              "proxy": {"upstream": {"base_url": upstream}},
+              "proxy": {"upstream": {"base_url": upstream}, "stream_mode": stream_mode},
               "policy": {"profiles": {"general": {"action": "block", "topics": {}}},
                          "audit": {"path": str(folder / "audit.db")}}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
@@ -219,26 +229,36 @@ async def timed_stream(client: httpx.AsyncClient, base: str, api: str,
     return (first or ended) - started, (sentence or ended) - started, ended - started, "".join(text)
 
 
-async def measure(direct: str, proxy: str, api: str, runs: int) -> dict:
-    times: dict[str, list[tuple[float, float, float]]] = {"direct": [], "checked": []}
+async def measure(direct: str, passthrough: str, proxy: str, api: str, runs: int) -> dict:
+    times: dict[str, list[tuple[float, float, float]]] = {"direct": [], "passthrough": [], "checked": []}
+    calls: dict[str, list[int]] = {"passthrough": [], "checked": []}  # judge calls per stream
+    counter = direct.removesuffix("/v1") + "/calls"
     async with httpx.AsyncClient(timeout=120) as client:
-        await timed_stream(client, proxy, api, True)  # warm: the first check loads what the detector needs
+        for warm in (passthrough, proxy):  # the first check loads what the detector needs
+            await timed_stream(client, warm, api, True)
         for _ in range(runs):
-            for name, base, checked in (("direct", direct, False), ("checked", proxy, True)):
+            for name, base, checked in (("direct", direct, False), ("passthrough", passthrough, True),
+                                        ("checked", proxy, True)):
+                before = (await client.get(counter)).json()["judge_calls"]
                 ttft, first_sentence, ttlt, text = await timed_stream(client, base, api, checked)
                 assert text == ANSWER, f"{api} {name}: the stream was changed: {text!r}"
                 times[name].append((ttft, first_sentence, ttlt))
+                if name in calls:
+                    calls[name].append((await client.get(counter)).json()["judge_calls"] - before)
 
     def median_ms(name: str, i: int) -> float:
         return round(statistics.median(t[i] for t in times[name]) * 1000, 1)
 
-    out = {name: {"ttft_ms": median_ms(name, 0), "first_sentence_ms": median_ms(name, 1), "ttlt_ms": median_ms(name, 2)}
-           for name in times}
+    out: dict = {name: {"ttft_ms": median_ms(name, 0), "first_sentence_ms": median_ms(name, 1),
+                        "ttlt_ms": median_ms(name, 2)} for name in times}
+    for name, counted in calls.items():
+        out[name]["judge_calls"] = statistics.median(counted)
     # The first token leaves once the first sentence is written and checked: beyond the writing, the check's cost.
     out["added"] = {"ttft_ms": round(out["checked"]["ttft_ms"] - out["direct"]["ttft_ms"], 1),
                     "ttft_after_first_sentence_ms": round(out["checked"]["ttft_ms"]
                                                           - out["direct"]["first_sentence_ms"], 1),
-                    "ttlt_ms": round(out["checked"]["ttlt_ms"] - out["direct"]["ttlt_ms"], 1)}
+                    "ttlt_ms": round(out["checked"]["ttlt_ms"] - out["direct"]["ttlt_ms"], 1),
+                    "ttlt_vs_passthrough_ms": round(out["checked"]["ttlt_ms"] - out["passthrough"]["ttlt_ms"], 1)}
     return out
 
 
@@ -291,21 +311,34 @@ def main() -> None:
             for name, judge, detector in scenarios:
                 where = folder / name
                 where.mkdir()
-                proxy, process = start_proxy(where, direct, judge, detector)
+                (where / "passthrough").mkdir()
+                relayed, relaying = start_proxy(where / "passthrough", direct, judge, detector, "passthrough")
+                try:
+                    proxy, process = start_proxy(where, direct, judge, detector)
+                except BaseException:
+                    relaying.terminate()
+                    raise
                 results[name] = {}
                 try:
                     for api in args.apis.split(","):
-                        results[name][api] = measure_api = asyncio.run(measure(direct, proxy, api, args.runs))
+                        results[name][api] = measure_api = asyncio.run(measure(direct, relayed, proxy, api,
+                                                                               args.runs))
                         print(f"{name:>12} {api:>9}: direct TTFT {measure_api['direct']['ttft_ms']:7.1f} ms, TTLT "
-                              f"{measure_api['direct']['ttlt_ms']:7.1f} ms | checked TTFT "
+                              f"{measure_api['direct']['ttlt_ms']:7.1f} ms | passthrough TTLT "
+                              f"{measure_api['passthrough']['ttlt_ms']:7.1f} ms | checked TTFT "
                               f"{measure_api['checked']['ttft_ms']:7.1f} ms, TTLT "
                               f"{measure_api['checked']['ttlt_ms']:7.1f} ms | added TTFT "
                               f"{measure_api['added']['ttft_ms']:+7.1f} ms (after the first sentence "
                               f"{measure_api['added']['ttft_after_first_sentence_ms']:+7.1f} ms), TTLT "
-                              f"{measure_api['added']['ttlt_ms']:+7.1f} ms", flush=True)
+                              f"{measure_api['added']['ttlt_ms']:+7.1f} ms ("
+                              f"{measure_api['added']['ttlt_vs_passthrough_ms']:+7.1f} ms beyond passthrough) | "
+                              f"judge calls a stream: passthrough {measure_api['passthrough']['judge_calls']}, "
+                              f"checked {measure_api['checked']['judge_calls']}",
+                              flush=True)
                 finally:
-                    process.terminate()
-                    process.wait(30)
+                    for started in (process, relaying):
+                        started.terminate()
+                        started.wait(30)
                 results[name]["audit"] = audited(where / "audit.db")
                 results[name]["runs"] = args.runs
         finally:

@@ -152,13 +152,13 @@ class ProxySettings(Section):
     litellm_routes: list[LitellmRoute] = []
     max_body_bytes: int = Field(4_000_000, ge=1024)
     mode: Literal["inline", "async"] = "inline"
-    # How a streamed answer is checked. "incremental": forwarded sentence by sentence (`stream_window` at a time),
-    # each piece held back only while it is checked; a piece a `block` rule flags ends the stream as the API ends
-    # a refused answer. "buffer": the whole answer is checked before its first token. "passthrough" and "async":
+    # How a streamed answer is checked. "incremental": forwarded as it flows, each piece once the answer up to it
+    # passed the whole-answer check; a check a `block` rule fails ends the stream, over text still held, as the API
+    # ends a refused answer. "buffer": the whole answer is checked before its first token. "passthrough" and "async":
     # forwarded at once, checked after (inline or queued); the verdict cannot change it. "auto": incremental
     # where the request's rule can change the answer, passthrough (async under mode: async) elsewhere.
     stream_mode: Literal["auto", "incremental", "buffer", "passthrough", "async"] = "auto"
-    stream_window: int = Field(1, ge=1, le=20)  # sentences per check when checking as the answer flows
+    stream_window: int = Field(1, ge=1, le=20)  # new sentences a check waits for when checking as the answer flows
     queue_size: int = Field(256, ge=1)
     workers: int = Field(2, ge=0)  # async checks run at once here; 0: enqueue only, `morphguard worker` runs them
     # inline checks: run here ("process"), or by the `morphguard worker` pool, awaited within the latency

@@ -7,6 +7,7 @@ apart. ("Verdict" is kept for what the judge says of one statement: YES, NO, NOT
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -50,6 +51,19 @@ class FactoidRecord(BaseModel):
                    evidence=[EvidenceRecord(passage=e.passage, start=e.start, end=e.end) for e in factoid.evidence])
 
 
+@dataclass(frozen=True)
+class Released:
+    """What of a streamed answer reached the client before its verdict: `chars` characters of its text, which
+    passed a check scoring `score` (`flagged` or not); None where no checked text went out."""
+
+    chars: int
+    score: float | None = None
+    flagged: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"released_chars": self.chars, "released_score": self.score, "released_flagged": self.flagged}
+
+
 class DecisionRecord(BaseModel):
     # Field order is the audit table's column order (and CSV export's): keep old columns first.
     time: str = Field(default_factory=now)
@@ -76,6 +90,11 @@ class DecisionRecord(BaseModel):
     latency_ms: int | None = None
     regenerations: int = 0
     text_kept_until: str | None = None  # full text kept for review until then (policy.audit.keep_text)
+    # A stream checked as it flows: how much of the answer text the client received before the verdict, and the
+    # check that text passed. The verdict above is then the rest's: `block` withheld that rest, never what went.
+    released_chars: int | None = None
+    released_score: float | None = None
+    released_flagged: bool | None = None
 
     # kept in the audit trail, never sent to the client
     AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",

@@ -31,7 +31,7 @@ from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, Written
 from morphguard.policy.audit_writer import AuditWriter
 from morphguard.policy.engine import PolicyEngine
-from morphguard.policy.record import DecisionRecord
+from morphguard.policy.record import DecisionRecord, Released
 from morphguard.proxy.check import CheckOutcome, CheckRequest
 from morphguard.proxy.checker import Checker
 from morphguard.proxy.escalation import Escalator
@@ -74,9 +74,10 @@ class Guard:
 
     async def settle(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
                      reask: Reask | None = None, mode: str = "inline", wait_for_store: bool = False,
-                     outcome: CheckOutcome | None = None) -> tuple[dict[str, Any], DecisionRecord]:
+                     outcome: CheckOutcome | None = None,
+                     released: Released | None = None) -> tuple[dict[str, Any], DecisionRecord]:
         """The completion as the client gets it, and the record of the decision (`outcome`: the check already
-        made, as a stream checked as it flows has it).
+        made, as a stream checked as it flows has it, with what of it the client has: `released`).
 
         Inline, the check's span is a child of the chat span and the evaluation event goes on the chat span;
         async, the check is the root of its own trace, linked to the chat span. `wait_for_store`: return only
@@ -105,6 +106,8 @@ class Guard:
                                    context=request.rag.passages if request.rag else None, answer=checked_answer)
             record = result.record(request, answer=checked_answer, regenerations=attempts,
                                    trace_id=telemetry.trace_id(span))
+            if released is not None:
+                record = record.model_copy(update=released.fields())
         await self._record(record, wait_for_store)
         return completion, record
 

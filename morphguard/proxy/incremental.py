@@ -1,10 +1,23 @@
 """A streamed answer checked as it flows, whatever the API.
 
-The upstream's events go out in order, each once every sentence of answer text up to its end has passed its
-check; only the text still being checked is held back. Each finished sentence (`window` at a time) is checked
-as soon as it is complete, while the model writes the next. At the upstream's end the last sentence and the
-whole answer are checked at once. A check that ends the stream (a `block`) stops reading the upstream: the held
-text never leaves, and the stream ends as the API ends a refused answer.
+The invariant: under an action that ends a stream (`block`, `regenerate`), every piece of text the client
+receives lies in a prefix of the answer (up to the white space after it) that passed the same check that decides
+the stream's verdict, that check run on the prefix; text that has not is held. So the decision that ends a
+stream is always taken over text still held, and what the client has is never what a verdict blocks.
+
+How: the answer text is cut into sentences as it arrives. The release gate is the whole-answer check run on the
+answer up to its last finished sentence (a prefix check). At most one prefix check runs at a time: when it
+passes, the events whose text ends within its prefix go out, in the upstream's order, and the next prefix check
+takes every sentence finished meanwhile (`window`: at least that many new ones), so the number of checks grows
+with the stream's duration over the check's latency, not with its sentences. When the upstream ends, the whole
+answer (as the API reads it) is checked at once, beside the prefix check under way; if it passes, all goes out;
+if it blocks, what the prefix check under way passes still goes out, the rest is withheld and the stream ends as
+the API ends a refused answer. A prefix check that blocks mid-stream stops reading the upstream and ends the
+stream there. A check's score can exceed the scores of its sentences one by one (evidence adds up over an
+answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence.
+
+The stream's record says what was released apart from what was withheld (`Closing`, `Checks.close`): how many
+characters of answer text the client received and the verdict of the prefix they passed.
 
 What an API's stream looks like is the `Stream`'s business (`proxy.stream_modes` adapts any dialect to it);
 what a check is and what policy makes of it is the `Checks`' (`GuardChecks` over the proxy's guard). This
@@ -23,24 +36,38 @@ from typing import Any, Generic, Protocol, TypeVar
 from opentelemetry import trace
 
 from morphguard.config import Action
-from morphguard.detectors.text import sentence_ends
-from morphguard.policy.record import DecisionRecord
+from morphguard.detectors.text import sentence_ends, sentences
+from morphguard.policy.actions import claims
+from morphguard.policy.record import DecisionRecord, Released
 from morphguard.proxy.check import CheckOutcome, CheckRequest
 from morphguard.proxy.dialects.base import as_completion
 from morphguard.proxy.guard import Guard
 
 E = TypeVar("E")
-# Actions that end a stream at the sentence they flag: `regenerate` cannot ask again mid-stream, so it withholds.
+# Actions that end a stream at the prefix they flag: `regenerate` cannot ask again mid-stream, so it withholds.
 ENDS_STREAM: frozenset[Action] = frozenset({"block", "regenerate"})
 
 
 @dataclass(frozen=True)
-class SentenceCheck:
-    """What came of checking one piece of the answer; `blocks`: the stream must end before it."""
+class Claim:
+    """A claim a check placed in the text it read: its offsets, its score and whether it is flagged."""
+
+    start: int
+    end: int
+    score: float
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class PrefixCheck:
+    """What came of checking the answer up to some point; `blocks`: the stream must end before that text.
+    `whole`: the whole answer was checked (the upstream had ended)."""
 
     flagged: bool
     blocks: bool
     score: float | None = None
+    claims: tuple[Claim, ...] = ()
+    whole: bool = False
     outcome: Any = None  # the checker's own record of it, handed back to `Checks.close`
 
 
@@ -62,7 +89,7 @@ class Stream(Protocol[E]):
         ...
 
     def marked(self, event: E, verdict: dict[str, Any]) -> E:
-        """The event carrying the verdicts of sentences that passed (it is the last let out after them)."""
+        """The event carrying the verdict of the text that passed (it is the last let out after it)."""
         ...
 
     def ending(self, sent: Sequence[E], closing: Closing) -> list[E]:
@@ -73,45 +100,41 @@ class Stream(Protocol[E]):
 
 @dataclass(frozen=True)
 class Checked:
-    """A checked piece of the answer: its place in the answer text and its check."""
+    """A prefix check: the answer up to `end` and what came of it."""
 
-    start: int
     end: int
-    check: SentenceCheck
-
-    def payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"start": self.start, "end": self.end, "flagged": self.check.flagged}
-        if self.check.score is not None:
-            out["score"] = round(self.check.score, 4)
-        return out
+    check: PrefixCheck
 
 
 class Checks(Protocol):
-    async def sentence(self, text: str) -> SentenceCheck:
-        """Check one piece of the answer (one sentence, or `window` of them)."""
+    async def prefix(self, text: str) -> PrefixCheck:
+        """Check the answer up to a finished sentence (`text`) with the check that decides the verdict."""
         ...
 
-    async def whole(self, text: str) -> Any:
-        """Check the whole answer; no side effects (it may be cancelled when a sentence blocks first)."""
+    async def whole(self, text: str) -> PrefixCheck:
+        """Check the whole answer (`text`: all of its text the engine read); no side effects."""
         ...
 
-    async def close(self, text: str, whole: Any, blocked: Checked | None) -> Closing:
-        """Decide and record the stream's verdict: from the whole answer's check, or from the piece that
-        blocked it (then `whole` is None). `text` is all the model said that was read."""
+    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
+        """Decide and record the stream's verdict from the check `deciding` (the whole answer's, or the prefix
+        check that blocked); `released`: the answer text the client received and the check it passed. `text` is
+        all the model said that was read."""
         ...
 
 
-@dataclass
-class _Pending:
-    start: int  # where the piece's words begin and end in the answer text
-    end: int
-    cut: int  # where the piece ends with the white space after it: its events go once they end by here
-    task: asyncio.Task[SentenceCheck]
-
-
-# Sentence checks one stream may have running at once. Past it the upstream is not read until one finishes, so an
-# answer of thousands of sentences cannot fill the judge's queue ahead of every other request.
-MAX_IN_FLIGHT = 8
+def sentence_verdicts(text: str, check: PrefixCheck, start: int = 0) -> list[dict[str, Any]]:
+    """The sentences of `text` from `start` on, each with the verdict of the claims `check` placed in it:
+    flagged where one is, scored as its most suspicious one (no score where the check placed none there)."""
+    out = []
+    for first, last in sentences(text):
+        if first < start:
+            continue
+        inside = [c for c in check.claims if c.start < last and c.end > first]
+        entry: dict[str, Any] = {"start": first, "end": last, "flagged": any(c.flagged for c in inside)}
+        if inside:
+            entry["score"] = round(max(c.score for c in inside), 4)
+        out.append(entry)
+    return out
 
 
 @dataclass
@@ -121,63 +144,76 @@ class Incremental(Generic[E]):
 
     stream: Stream[E]
     checks: Checks
-    window: int = 1
+    window: int = 1  # a prefix check waits for at least this many sentences finished since the last
     text: str = ""  # the answer read so far
-    checked: list[Checked] = field(default_factory=list)
+    checked: list[Checked] = field(default_factory=list)  # every prefix check that finished, in order
     _held: deque[tuple[E, int]] = field(default_factory=deque)  # (event, where its text ends)
     _sent: list[E] = field(default_factory=list)
-    _pending: deque[_Pending] = field(default_factory=deque)
-    _cut: int = 0  # where the text not yet given to a check begins
     _ends: list[int] = field(default_factory=list)  # ends of finished sentences not yet given to a check
-    _unannounced: list[Checked] = field(default_factory=list)  # passed; its verdict not yet on an event
-    _passed: int = 0  # the text up to here has passed its checks
+    _scanned: int = 0  # where the next finished sentence begins
+    _passed: int = 0  # the answer up to here has passed the check
+    _passing: PrefixCheck | None = None  # the check it passed
+    _verdicts: list[dict[str, Any]] = field(default_factory=list)  # each passed sentence's, from the check it passed
+    _released: int = 0  # the answer text the client has: up to here
+    _announced: int = 0  # how many of `_verdicts` went out on an event
 
     async def run(self, events: AsyncIterator[E]) -> AsyncGenerator[E, None]:
         reader = aiter(events)
         read: asyncio.Task[Any] | None = asyncio.ensure_future(_next(reader))
-        whole: asyncio.Task[Any] | None = None
-        ended = False  # the upstream's events are all read; `read` None but not ended: paused for checks to finish
+        prefix: asyncio.Task[PrefixCheck] | None = None  # the prefix check under way (at most one)
+        upto = 0  # the end of its prefix
+        whole: asyncio.Task[PrefixCheck] | None = None  # the whole answer's check, once the upstream has ended
+        decided: PrefixCheck | None = None  # the whole answer's verdict, when it blocks while a prefix is checked
         try:
-            while not ended or self._pending:
-                head = self._pending[0].task if self._pending else None
-                waiting: set[asyncio.Future[Any]] = {t for t in (read, head) if t is not None}
+            while True:
+                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole) if t is not None}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if head is not None and head in done:
-                    piece = self._pending.popleft()
-                    checked = Checked(piece.start, piece.end, head.result())
-                    self.checked.append(checked)
-                    if checked.check.blocks:
-                        _cancel(read, whole, *(p.task for p in self._pending))
-                        # what passed before it goes out, however far the upstream has got meanwhile
-                        for out in [*self._release(), *self._closed(await self.checks.close(self.text, None,
-                                                                                            checked))]:
-                            yield out
-                        return
-                    self._unannounced.append(checked)
-                    self._passed = piece.cut
-                    if not ended:  # once the upstream has ended, the rest waits for the whole answer
+                if prefix is not None and prefix in done:
+                    check = prefix.result()
+                    prefix = None
+                    self.checked.append(Checked(upto, check))
+                    if not check.blocks:
+                        self._pass(upto, check)
                         for out in self._release():
                             yield out
-                    if read is None and not ended and len(self._pending) < MAX_IN_FLIGHT:
-                        read = asyncio.ensure_future(_next(reader))
+                    if decided is not None:  # the whole answer blocked: what this check passed went out
+                        for out in await self._closed(decided):
+                            yield out
+                        return
+                    if check.blocks:  # ends here: the upstream is not read further
+                        _cancel(read, whole)
+                        for out in await self._closed(check):
+                            yield out
+                        return
+                if whole is not None and whole in done:
+                    check = whole.result()
+                    whole = None
+                    if not check.blocks:
+                        _cancel(prefix)
+                        for out in await self._closed(check):
+                            yield out
+                        return
+                    if prefix is None:
+                        for out in await self._closed(check):
+                            yield out
+                        return
+                    decided = check  # the prefix check under way says how much of the answer still goes out
                 if read is not None and read in done:
                     event = read.result()
                     read = None
                     if event is _END:
-                        ended = True
-                        self._dispatch(final=True)
                         whole = asyncio.ensure_future(self.checks.whole(self.text))
                     else:
                         self._take(event)
-                        if len(self._pending) < MAX_IN_FLIGHT:  # else the upstream waits: one stream, few checks
-                            read = asyncio.ensure_future(_next(reader))
+                        read = asyncio.ensure_future(_next(reader))
                         for out in self._release():  # events with no unchecked text before them
                             yield out
-            closing = await self.checks.close(self.text, await whole if whole is not None else None, None)
-            for out in self._closed(closing):
-                yield out
+                if prefix is None and whole is None and decided is None and len(self._ends) >= self.window:
+                    upto = self._ends[-1]
+                    self._ends = []
+                    prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
         finally:
-            tasks = (read, whole, *(p.task for p in self._pending))
+            tasks = (read, prefix, whole)
             _cancel(*tasks)
             await _settle(*tasks)
             close = getattr(reader, "aclose", None)
@@ -188,48 +224,66 @@ class Incremental(Generic[E]):
     def _take(self, event: E) -> None:
         self.text += self.stream.delta(event)
         self._held.append((event, len(self.text)))
-        self._dispatch(final=False)
+        ends = sentence_ends(self.text, self._scanned)
+        if ends:
+            self._ends += ends
+            self._scanned = ends[-1]
 
-    def _dispatch(self, final: bool) -> None:
-        """Start a check of each `window` of finished sentences (at the end: of whatever is left)."""
-        self._ends += sentence_ends(self.text, self._ends[-1] if self._ends else self._cut)
-        while len(self._ends) >= self.window or (final and self._cut < len(self.text)):
-            end = self._ends[self.window - 1] if len(self._ends) >= self.window else len(self.text)
-            self._ends = [e for e in self._ends if e > end]
-            raw = self.text[self._cut:end]
-            piece = raw.strip()
-            if not piece:  # white space alone (a blank line): it goes with the next piece
-                if end == len(self.text):
-                    self._cut = end
-                continue
-            start = self._cut + len(raw) - len(raw.lstrip())
-            task = asyncio.ensure_future(self.checks.sentence(piece))
-            self._pending.append(_Pending(start, start + len(piece), end, task))
-            self._cut = end
+    def _pass(self, upto: int, check: PrefixCheck) -> None:
+        self._verdicts += sentence_verdicts(self.text[:upto], check, self._passed)
+        self._passed, self._passing = upto, check
 
     def _release(self) -> list[E]:
-        """The held events whose text has all passed; the last of them carries the sentence verdicts not yet
-        given."""
+        """The held events whose text lies in the prefix that passed (with the white space after it); the last of
+        them carries that prefix's verdict and those of the sentences it let out."""
         out = []
-        upto = self._passed  # with the white space after it
+        upto = self._passed
         while upto < len(self.text) and self.text[upto].isspace():
             upto += 1
         while self._held and self._held[0][1] <= upto:
-            out.append(self._held.popleft()[0])
-        if out and self._unannounced:
-            out[-1] = self.stream.marked(out[-1], {"sentences": [c.payload() for c in self._unannounced]})
-            self._unannounced = []
+            event, end = self._held.popleft()
+            out.append(event)
+            self._released = max(self._released, end)
+        let_out = len(self._verdicts)
+        while let_out > self._announced and self._verdicts[let_out - 1]["end"] > self._released:
+            let_out -= 1
+        if out and let_out > self._announced and self._passing is not None:
+            verdict = {"sentences": self._verdicts[self._announced:let_out],
+                       "passed": _summary(self._passed, self._passing)}
+            out[-1] = self.stream.marked(out[-1], verdict)
+            self._announced = let_out
         self._sent += out
         return out
 
-    def _closed(self, closing: Closing) -> list[E]:
+    async def _closed(self, deciding: PrefixCheck) -> list[E]:
         """The stream's last events: what is held (unless withheld), then the ending, carrying the verdict of
-        the stream with that of every sentence."""
+        the stream with that of every sentence the deciding check read: a sentence that passed before a block
+        with the verdict of the check it passed, the others with the deciding check's."""
+        read = self.text if deciding.whole else self.text[:self.checked[-1].end] if self.checked else ""
+        if deciding.blocks:
+            released = Released(chars=self._released, score=_score(self._passing),
+                                flagged=self._passing.flagged if self._passing is not None else None)
+            sentences = [*self._verdicts, *sentence_verdicts(read, deciding, self._passed)]
+        else:
+            released = Released(chars=len(self.text), score=_score(deciding), flagged=deciding.flagged)
+            sentences = sentence_verdicts(read, deciding)
+        closing = await self.checks.close(self.text, deciding, released)
         rest = [] if closing.blocks else [event for event, _ in self._held]
         self._held.clear()
         self._sent += rest
-        verdict = {**closing.verdict, "sentences": [c.payload() for c in self.checked]}
+        verdict = {**closing.verdict, "sentences": sentences}
         return rest + self.stream.ending(self._sent, replace(closing, verdict=verdict))
+
+
+def _score(check: PrefixCheck | None) -> float | None:
+    return round(check.score, 4) if check is not None and check.score is not None else None
+
+
+def _summary(end: int, check: PrefixCheck) -> dict[str, Any]:
+    out: dict[str, Any] = {"end": end, "flagged": check.flagged}
+    if check.score is not None:
+        out["score"] = round(check.score, 4)
+    return out
 
 
 _END: Any = object()
@@ -255,10 +309,11 @@ async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
 
 
 class GuardChecks:
-    """`Checks` by the proxy's guard: the configured detector on each piece with the request's question and
+    """`Checks` by the proxy's guard: the configured detector on each prefix with the request's question and
     context, the rule of the request's profile and topic deciding; the stream's verdict settled (decided,
     audited, escalated) as the guard settles any answer. `answer` is the whole answer once the upstream has
-    ended, as its dialect reads it (tool calls and all), given the text the engine read."""
+    ended, as its dialect reads it (tool calls and all), given the text the engine read; a prefix is read as
+    an answer of that text."""
 
     def __init__(self, guard: Guard, request: CheckRequest,
                  answer: Callable[[str], dict[str, Any]] | None = None) -> None:
@@ -266,38 +321,44 @@ class GuardChecks:
         self.request = request
         self.answer = answer or _completion
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
+        self._cleared: tuple[str, PrefixCheck] | None = None  # the last prefix that passed, as the check read it
 
-    async def sentence(self, text: str) -> SentenceCheck:
-        outcome = await self.guard.checker.check(self.request, _completion(text))
-        detection = outcome.detection
-        return SentenceCheck(flagged=outcome.decision.flagged, blocks=outcome.decision.action in ENDS_STREAM,
-                             score=detection.score if detection is not None else None, outcome=outcome)
+    async def prefix(self, text: str) -> PrefixCheck:
+        completion = _completion(text)
+        check = _of(await self.guard.checker.check(self.request, completion))
+        if not check.blocks:
+            self._cleared = (self.guard.checker.answer_text(completion), check)
+        return check
 
-    async def whole(self, text: str) -> CheckOutcome:
-        return await self.guard.checker.check(self.request, self.answer(text))
+    async def whole(self, text: str) -> PrefixCheck:
+        completion = self.answer(text)
+        cleared = self._cleared
+        if cleared is not None and cleared[0].strip() == self.guard.checker.answer_text(completion).strip():
+            return replace(cleared[1], whole=True)  # that very answer passed: its verdict stands, once
+        return replace(_of(await self.guard.checker.check(self.request, completion)), whole=True)
 
-    async def close(self, text: str, whole: Any, blocked: Checked | None) -> Closing:
-        outcome: CheckOutcome = _placed(blocked.check.outcome, blocked.start) if blocked is not None else whole
-        blocks = outcome.decision.action in ENDS_STREAM
+    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
+        outcome: CheckOutcome = deciding.outcome
+        blocks = deciding.blocks
         # What was sent cannot be highlighted or cited any more; only what is still held can be withheld.
         span = self.request.chat_span
         with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
             _, self.record = await self.guard.settle(
-                self.request, _completion(text) if blocked is not None else self.answer(text), outcome=outcome,
-                can_change=blocks)
+                self.request, self.answer(text) if deciding.whole else _completion(text), outcome=outcome,
+                can_change=blocks, released=released)
         return Closing(self.record.payload(), blocks, outcome.decision.safe_message)
+
+
+def _of(outcome: CheckOutcome) -> PrefixCheck:
+    detection = outcome.detection
+    placed: tuple[Claim, ...] = ()
+    if detection is not None:
+        threshold = outcome.decision.threshold
+        placed = tuple(Claim(f.start, f.end, f.score, f.score >= threshold) for f in claims(detection.factoids)
+                       if f.start is not None and f.end is not None)
+    return PrefixCheck(flagged=outcome.decision.flagged, blocks=outcome.decision.action in ENDS_STREAM,
+                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome)
 
 
 def _completion(text: str) -> dict[str, Any]:
     return as_completion({"role": "assistant", "content": text})
-
-
-def _placed(outcome: CheckOutcome, start: int) -> CheckOutcome:
-    """A piece's outcome with its claims' offsets moved from the piece into the whole answer."""
-    detection = outcome.detection
-    if detection is None or not start:
-        return outcome
-    factoids = [f.model_copy(update={"start": f.start + start if f.start is not None else None,
-                                     "end": f.end + start if f.end is not None else None})
-                for f in detection.factoids]
-    return CheckOutcome(outcome.decision, detection.model_copy(update={"factoids": factoids}), outcome.latency_ms)

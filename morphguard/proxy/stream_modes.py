@@ -4,8 +4,9 @@
   until the verdict is known (checked now, or queued) and goes out after it, carrying it too.
 - `buffer` (`Buffered`): the whole stream is collected and checked first; a changed answer goes out as the
   stream the dialect replays of it.
-- `incremental` (`AsItFlows`): events go out a sentence at a time, each once its text passed its check
-  (`proxy.incremental`); a sentence that blocks ends the stream as the dialect ends a refused answer.
+- `incremental` (`AsItFlows`): events go out once the answer up to their text passed the whole-answer check
+  (`proxy.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
+  answer.
 - `auto` (`AsItFlows` too): incremental where the request's rule can change the answer, else passthrough (async under
   `proxy.mode: async`).
 
@@ -125,8 +126,8 @@ class Buffered:
 
 
 class AsItFlows:
-    """Checked sentence by sentence as it flows (`incremental`), or, under `auto`, where the rule can change the
-    answer; the mode `stream_mode` chooses otherwise."""
+    """Checked as it flows (`incremental`), or, under `auto`, where the rule can change the answer; the mode
+    `stream_mode` chooses otherwise."""
 
     async def respond(self, steps: Steps, exchange: Exchange, relay: Relay, opened: AsyncExitStack) -> Response:
         guard, intake = steps.guard, exchange.intake

@@ -15,12 +15,24 @@ import openai
 import pydantic
 import pytest
 
+from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.models import RagInput
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 SECOND = "Paracetamol is the usual choice for pain in pregnancy."
 INVENTED = "Ibuprofen is safe throughout pregnancy."
 AFTER = "Ask your doctor about it."
 SAFE = "Withheld: the sources do not support this answer."
 CONTEXT = {"morphguard": {"context": [f"{PASSAGE} {SECOND}"]}}
+
+
+# Evidence that adds up: each sentence has one word the context lacks and passes `grounding` alone (0.22 < 0.3);
+# two of them score 0.39 and the three 0.53, and block.
+VISIT = ["The museum opens at nine on weekdays, reliably.", "The entry ticket is twenty euros, cash.",
+         "Parking is behind the building, free."]
+VISIT_CONTEXT = ("The museum opens at nine on weekdays. The entry ticket is twenty euros. "
+                 "Parking is behind the building.")
+VISIT_QUESTION = {"morphguard": {"context": [VISIT_CONTEXT]}}
 
 
 class Advice(pydantic.BaseModel):  # a structured output asked for: the refusal is not parsed as one, no error
@@ -31,6 +43,12 @@ class Advice(pydantic.BaseModel):  # a structured output asked for: the refusal 
 def block_proxy(proxy_factory) -> str:
     return proxy_factory(policy={"safe_message": SAFE, "audit": {"store_text": "full"},
                                  "profiles": {"general": {"action": "block", "topics": {}}}})
+
+
+@pytest.fixture(scope="module")
+def grounding_proxy(proxy_factory) -> str:
+    return proxy_factory(detector="grounding", policy={"safe_message": SAFE, "audit": {"store_text": "full"},
+                                                       "profiles": {"general": {"action": "block", "topics": {}}}})
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +98,25 @@ def assert_blocked_and_audited(proxy_factory, base: str, verdict: dict) -> None:
     assert row["answer"].startswith(f"{PASSAGE} {INVENTED}")  # the audit keeps what the model said
 
 
+def grounding_score(text: str) -> float:
+    return Grounding(GroundingSettings(), 0.3).measure(RagInput(question="", passages=[VISIT_CONTEXT]), text).score
+
+
+def assert_only_a_passing_prefix_went_out(proxy_factory, base: str, said: str, verdict: dict) -> None:
+    """What the client received of the answer is a prefix of it that passed the check that blocked the answer;
+    the verdict and the audit row say `block` of the rest only, and that what went passed."""
+    answer = " ".join(VISIT)
+    assert said == f"{VISIT[0]} "  # the second sentence tips the sum: it and the rest never leave
+    assert grounding_score(said) < 0.3 <= grounding_score(answer[:len(VISIT[0]) + 1 + len(VISIT[1])])
+    assert verdict["action"] == "block" and verdict["flagged"] is True
+    assert (verdict["released_chars"], verdict["released_flagged"]) == (len(said), False)
+    assert verdict["released_score"] == round(grounding_score(said), 4)
+    assert [s["flagged"] for s in verdict["sentences"]][:1] == [False]
+    row = audit_row(proxy_factory, base, verdict["request_id"])
+    assert (row["action"], row["released_chars"], row["released_flagged"]) == ("block", len(said), 0)
+    assert row["released_score"] < row["threshold"] <= row["score"]
+
+
 # --- chat completions ----------------------------------------------------------------------------------------
 
 def test_chat_a_flagged_sentence_never_leaves_and_the_stream_ends_as_a_refusal(block_proxy, proxy_factory):
@@ -122,6 +159,15 @@ def test_chat_an_upstream_that_breaks_mid_stream_sends_nothing_unchecked_and_the
                 extra_body={"morphguard": {"context": [PASSAGE]}}):
             seen.append(chunk)
     assert text_of(seen) == ""  # the reset came mid-sentence: that sentence was never checked, so never sent
+
+
+def test_chat_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy, proxy_factory):
+    chunks = list(oai(grounding_proxy).chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": " ".join(VISIT)}], stream=True,
+        extra_body=VISIT_QUESTION))
+    said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and not c.choices[0].delta.refusal)
+    assert [c.choices[0].delta.refusal for c in chunks if c.choices and c.choices[0].delta.refusal] == [SAFE]
+    assert_only_a_passing_prefix_went_out(proxy_factory, grounding_proxy, said, chunks[-1].model_extra["morphguard"])
 
 
 def test_chat_under_highlight_flagged_sentences_go_out_with_their_verdicts(highlight_proxy, proxy_factory):
@@ -176,6 +222,17 @@ def test_responses_a_supported_answer_streams_whole_and_is_audited(block_proxy, 
     assert audit_row(proxy_factory, block_proxy, verdict["request_id"])["action"] == "pass"
 
 
+def test_responses_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy,
+                                                                                      proxy_factory):
+    with oai(grounding_proxy).responses.stream(model="echo", input=" ".join(VISIT),
+                                               extra_body=VISIT_QUESTION) as stream:
+        events = list(stream)
+    said = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert [e.delta for e in events if e.type == "response.refusal.delta"] == [SAFE]
+    verdict = events[-2].model_extra["morphguard"]
+    assert_only_a_passing_prefix_went_out(proxy_factory, grounding_proxy, said, verdict)
+
+
 def test_responses_under_annotate_a_stream_passes_through_unchanged(annotate_proxy):
     with oai(annotate_proxy).responses.stream(model="echo", input=f"{INVENTED} {AFTER}",
                                               extra_body=CONTEXT) as stream:
@@ -215,6 +272,21 @@ def test_messages_a_supported_answer_streams_whole_and_is_audited(block_proxy, p
     verdict = verdicts[0]
     assert verdict["action"] == "pass" and [s["flagged"] for s in verdict["sentences"]] == [False, False]
     assert audit_row(proxy_factory, block_proxy, verdict["request_id"])["action"] == "pass"
+
+
+def test_messages_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy,
+                                                                                     proxy_factory):
+    with claude(grounding_proxy).messages.stream(
+            model="echo", max_tokens=100, messages=[{"role": "user", "content": " ".join(VISIT)}],
+            extra_body=VISIT_QUESTION) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    said = "".join(e.text for e in events if e.type == "text")
+    assert final.stop_reason == "refusal" and said.endswith(f"\n\n{SAFE}")
+    verdicts = [e.model_extra["morphguard"] for e in events if e.type == "morphguard.verdict"]
+    assert len(verdicts) == 1
+    assert_only_a_passing_prefix_went_out(proxy_factory, grounding_proxy, said.removesuffix(f"\n\n{SAFE}"),
+                                          verdicts[0])
 
 
 def test_messages_under_annotate_a_stream_passes_through_unchanged(annotate_proxy):

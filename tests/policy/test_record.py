@@ -7,7 +7,7 @@ import sqlite3
 from morphguard.config import AuditSettings
 from morphguard.models import Decision, Detection, Factoid
 from morphguard.policy.audit import COLUMNS, AuditStore
-from morphguard.policy.record import DecisionRecord
+from morphguard.policy.record import DecisionRecord, Released
 
 DECISION = Decision(profile="general", topic="pregnancy", threshold=0.3, flagged=True, action="annotate",
                     escalate=True)
@@ -103,3 +103,13 @@ def test_parts_naming_one_sentence_with_and_without_its_full_stop_are_one_claim(
     assert merged[0].score == 0.95
     assert merged[0].reason == "unsupported: safe, throughout; the judge: the context says the opposite"
     assert merged[1].text == "safe throughout pregnancy"
+
+
+def test_a_stream_checked_as_it_flows_records_what_it_released_apart_from_the_verdict_on_the_rest():
+    blocked = DECISION.model_copy(update={"action": "block"})
+    record = DecisionRecord.of_check(request_id="r3", decision=blocked, detection=DETECTION, latency_ms=3,
+                                     **Released(chars=48, score=0.2212, flagged=False).fields())
+    payload = record.payload()
+    assert (payload["action"], payload["released_chars"], payload["released_score"],
+            payload["released_flagged"]) == ("block", 48, 0.2212, False)
+    assert not {"released_chars", "released_score", "released_flagged"} & checked().payload().keys()

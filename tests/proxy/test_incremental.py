@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from morphguard.config import ProxySettings
+from morphguard.detectors.text import sentences
 from morphguard.models import RagInput
+from morphguard.policy.record import Released
 from morphguard.proxy.check import CheckRequest
-from morphguard.proxy.incremental import Checked, Closing, Incremental, SentenceCheck
+from morphguard.proxy.incremental import Claim, Closing, GuardChecks, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
 
 
@@ -45,8 +47,11 @@ class Plain:
 
 
 class Judge:
-    """Flags every piece containing "FALSE"; a piece with "BLOCK" ends the stream. `gates` hold a piece's check
-    until the test opens it (by the start of its text); what started, finished and was cancelled is kept."""
+    """Reads each text whole, as a check of the answer does: "FALSE" and "BLOCK" are flagged claims (a claim is
+    the sentence holding the word), "BLOCK" ends the stream; each "weak" adds 0.2 to the score and three of them
+    are flagged and end the stream, so evidence spread over sentences adds up over the answer. `gates` hold a check
+    until the test opens it (by the start of what it reads: "prefix:..." or "whole:..."); what started, finished
+    and was cancelled is kept, and the most checks that ran at once."""
 
     def __init__(self, whole_blocks: bool = False) -> None:
         self.started: list[str] = []
@@ -54,33 +59,47 @@ class Judge:
         self.cancelled: list[str] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.whole_blocks = whole_blocks
-        self.closed: tuple[str, Any, Checked | None] | None = None
+        self.running = 0
+        self.most_at_once = 0
+        self.closed: tuple[str, PrefixCheck, Released] | None = None
 
-    async def _wait(self, text: str) -> None:
-        self.started.append(text)
+    async def _wait(self, name: str) -> None:
+        self.started.append(name)
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
         try:
-            gate = next((g for key, g in self.gates.items() if text.startswith(key)), None)
+            gate = next((g for key, g in self.gates.items() if name.startswith(key)), None)
             if gate is not None:
                 await gate.wait()
             await asyncio.sleep(0)
         except asyncio.CancelledError:
-            self.cancelled.append(text)
+            self.cancelled.append(name)
             raise
-        self.finished.append(text)
+        finally:
+            self.running -= 1
+        self.finished.append(name)
 
-    async def sentence(self, text: str) -> SentenceCheck:
-        await self._wait(text)
-        flagged = "FALSE" in text or "BLOCK" in text
-        return SentenceCheck(flagged=flagged, blocks="BLOCK" in text, score=0.9 if flagged else 0.1)
+    def _check(self, text: str, whole: bool = False) -> PrefixCheck:
+        weak = text.count("weak")
+        found = tuple(Claim(a, b, 0.9, True) for a, b in sentences(text)
+                      if "FALSE" in text[a:b] or "BLOCK" in text[a:b])
+        blocks = "BLOCK" in text or weak >= 3 or (whole and self.whole_blocks)
+        flagged = bool(found) or blocks
+        score = 0.9 if found else round(0.1 + 0.2 * weak, 4)
+        return PrefixCheck(flagged=flagged, blocks=blocks, score=score, claims=found, whole=whole)
 
-    async def whole(self, text: str) -> str:
+    async def prefix(self, text: str) -> PrefixCheck:
+        await self._wait("prefix:" + text)
+        return self._check(text)
+
+    async def whole(self, text: str) -> PrefixCheck:
         await self._wait("whole:" + text)
-        return "whole-verdict"
+        return self._check(text, whole=True)
 
-    async def close(self, text: str, whole: Any, blocked: Checked | None) -> Closing:
-        self.closed = (text, whole, blocked)
-        blocks = blocked is not None or self.whole_blocks
-        return Closing({"action": "block" if blocks else "annotate"}, blocks, "Withheld.")
+    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
+        self.closed = (text, deciding, released)
+        action = "block" if deciding.blocks else "annotate" if deciding.flagged else "pass"
+        return Closing({"action": action}, deciding.blocks, "Withheld.")
 
 
 class Upstream:
@@ -134,20 +153,44 @@ def test_sentences_are_cut_across_deltas_and_every_event_goes_out_in_order():
         upstream.push(*events, None)
         out = await collect(Incremental(Plain(), judge), upstream)
         assert [replace(e, verdict=None) for e in out] == [*events, Ev(kind="end")]
-        assert judge.started[:3] == ["Paris is the capital.", "It has 2.1 million people.", "Its river is the Seine"]
-        assert judge.started[3] == "whole:" + text_of(events)
+        # each check reads the answer from its start, up to a finished sentence; the last reads it whole
+        assert judge.started[0] == "prefix:Paris is the capital."
+        assert all(s.startswith("prefix:Paris is the capital.") for s in judge.started[:-1])
+        assert judge.started[-1] == "whole:" + text_of(events)
         last = out[-1].verdict
-        assert last is not None and last["action"] == "annotate"
+        assert last is not None and last["action"] == "pass"
         assert [s["start"] for s in last["sentences"]] == [0, 22, 49]  # offsets into the whole answer
-        assert judge.closed is not None and judge.closed[1] == "whole-verdict"
+        assert judge.closed is not None and judge.closed[1].whole
+        assert judge.closed[2] == Released(chars=len(text_of(events)), score=0.1, flagged=False)
 
     asyncio.run(run())
 
 
-def test_a_sentence_is_held_back_until_its_check_passes_and_the_next_is_read_meanwhile():
+def test_evidence_that_adds_up_over_sentences_ends_the_stream_before_the_sentence_that_tips_it():
+    # each sentence alone scores 0.3 and passes; two score 0.5, three 0.7 and end the stream: the third sentence
+    # never leaves, and what left is a prefix that passed the very check that blocked
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["One"] = asyncio.Event()
+        first, second = "Opens at nine, weak. ", "Costs ten, weak. "
+        upstream.push(Ev(kind="role"), *deltas(first, second, "Parks free, weak. ", "More."), Ev(kind="finish"),
+                      None)
+        out = await collect(Incremental(Plain(), judge), upstream)
+        assert text_of(out) == first + second
+        assert "Parks" not in "".join(e.text for e in out)
+        assert out[-1].kind == "filtered" and out[-1].verdict is not None and out[-1].verdict["action"] == "block"
+        assert judge.closed is not None
+        _, deciding, released = judge.closed
+        assert deciding.blocks and deciding.score == 0.7
+        assert released == Released(chars=len(first + second), score=0.5, flagged=False)  # what went passed
+        assert upstream.closed and not any(s.startswith("whole:") for s in judge.started)
+
+    asyncio.run(run())
+
+
+def test_a_prefix_is_held_until_its_check_passes_and_the_upstream_is_read_meanwhile():
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        judge.gates["prefix:One is true."] = asyncio.Event()
         engine = Incremental(Plain(), judge)
         out: list[Ev] = []
 
@@ -160,17 +203,19 @@ def test_a_sentence_is_held_back_until_its_check_passes_and_the_next_is_read_mea
         await settle()
         # the role event has no text before it and went at once; nothing of sentence one left while it is checked
         assert [e.kind for e in out] == ["role"]
-        # ...but the upstream kept being read, and sentence two's check started while one's still runs
-        assert text_of(upstream.read) == "One is true. Two is true. Three"
-        assert judge.started == ["One is true.", "Two is true."] and judge.finished == ["Two is true."]
-        judge.gates["One"].set()
+        assert text_of(upstream.read) == "One is true. Two is true. Three"  # the upstream kept being read
+        assert judge.started == ["prefix:One is true."]  # one check at a time
+        judge.gates["prefix:One is true."].set()
         await settle()
-        # one passed, then two (checked already): the events up to two's end go, not the one that starts
-        # sentence three; each sentence's verdict rides on the last event let out after its check
+        # one passed: its first event went, not the one that starts sentence two; then the prefix up to two was
+        # checked and went, not the event that starts sentence three. The event that lets the last of a sentence
+        # out carries its verdict, and that of the prefix it passed with
+        assert judge.started == ["prefix:One is true.", "prefix:One is true. Two is true."]
         assert text_of(out) == "One is true. Two"
         assert [e.verdict for e in out[1:]] == [
-            {"sentences": [{"start": 0, "end": 12, "flagged": False, "score": 0.1}]},
-            {"sentences": [{"start": 13, "end": 25, "flagged": False, "score": 0.1}]}]
+            None,
+            {"sentences": [{"start": 0, "end": 12, "flagged": False}],  # two is not out whole yet
+             "passed": {"end": 25, "flagged": False, "score": 0.1}}]
         upstream.push(Ev(kind="finish"), None)
         await task
         assert text_of(out) == "One is true. Two is true. Three"
@@ -179,87 +224,105 @@ def test_a_sentence_is_held_back_until_its_check_passes_and_the_next_is_read_mea
     asyncio.run(run())
 
 
-def test_checks_of_later_sentences_run_while_an_earlier_one_is_checked():
+def test_sentences_finished_while_a_prefix_is_checked_are_checked_together_by_one_next_check():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["One"] = asyncio.Event()
+        judge.gates["prefix:One."] = asyncio.Event()
         task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
-        upstream.push(*deltas("One. ", "Two. ", "Three. "))
+        upstream.push(*deltas("One. ", "Two. ", "Three. ", "Four. ", "Five. ", "Six"))
         await settle()
-        assert judge.started == ["One.", "Two.", "Three."]
-        assert judge.finished == ["Two.", "Three."]  # done, but held: one goes first
-        judge.gates["One"].set()
+        assert judge.started == ["prefix:One."]
+        judge.gates["prefix:One."].set()
+        await settle()
+        assert judge.started == ["prefix:One.", "prefix:One. Two. Three. Four. Five."]  # coalesced: one check
         upstream.push(None)
         out = await task
-        assert text_of(out) == "One. Two. Three. "
+        assert text_of(out) == "One. Two. Three. Four. Five. Six"
+        assert judge.most_at_once == 1 and len(judge.started) == 3
 
     asyncio.run(run())
 
 
-def test_a_blocking_sentence_never_leaves_and_the_stream_ends_with_the_content_filter_ending():
+def test_a_blocking_prefix_never_leaves_and_the_stream_ends_with_the_content_filter_ending():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["This is BLOCK"] = asyncio.Event()
-        judge.gates["More"] = asyncio.Event()  # still being checked when the block comes
+        judge.gates["prefix:Fine start. This is BLOCK"] = asyncio.Event()
         task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
         upstream.push(Ev(kind="role"), *deltas("Fine start. ", "This is BL", "OCK material. More", " text. And"))
         await settle()
-        assert "More text." in judge.started
-        judge.gates["This is BLOCK"].set()
+        assert judge.started == ["prefix:Fine start.", "prefix:Fine start. This is BLOCK material."]
+        judge.gates["prefix:Fine start. This is BLOCK"].set()
         out = await task
         assert text_of(out) == "Fine start. "
         assert "BLOCK" not in "".join(e.text for e in out)
         assert [e.kind for e in out][-1] == "filtered" and out[-1].text == "Withheld."
         verdict = out[-1].verdict
         assert verdict is not None and verdict["action"] == "block"
-        assert verdict["sentences"][-1] == {"start": 12, "end": 35, "flagged": True, "score": 0.9}
-        assert judge.closed is not None and judge.closed[2] is not None and judge.closed[1] is None
-        assert "More text." in judge.cancelled  # the checks under way are cancelled...
-        assert upstream.closed  # ...and the upstream is no longer read
+        assert verdict["sentences"] == [{"start": 0, "end": 11, "flagged": False},
+                                        {"start": 12, "end": 35, "flagged": True, "score": 0.9}]
+        assert judge.closed is not None and not judge.closed[1].whole
+        assert judge.closed[2] == Released(chars=12, score=0.1, flagged=False)
+        assert upstream.closed  # the upstream is no longer read
 
     asyncio.run(run())
 
 
-def test_what_passed_before_a_blocking_sentence_goes_out_even_when_the_upstream_ended_first():
-    async def run() -> None:
-        judge, upstream = Judge(), Upstream()
-        judge.gates["Fine"] = asyncio.Event()
-        task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
-        upstream.push(*deltas("Fine start. ", "This is BLOCK. ", "More."), Ev(kind="finish"), None)
-        await settle()
-        assert upstream.closed and "whole:Fine start. This is BLOCK. More." in judge.started
-        judge.gates["Fine"].set()
-        out = await task
-        assert text_of(out) == "Fine start. "
-        assert [e.kind for e in out][-1] == "filtered"
-
-    asyncio.run(run())
-
-
-def test_the_last_sentence_and_the_whole_answer_are_checked_at_once_and_a_whole_answer_block_withholds_the_rest():
+def test_when_the_whole_answer_blocks_what_the_prefix_check_under_way_passes_still_goes_out():
     async def run() -> None:
         judge, upstream = Judge(whole_blocks=True), Upstream()
-        judge.gates["Last"] = asyncio.Event()
+        judge.gates["prefix:"] = asyncio.Event()
         task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
         upstream.push(*deltas("First one. ", "Last one"), Ev(kind="finish"), None)
         await settle()
-        assert "Last one" in judge.started and "whole:First one. Last one" in judge.started
-        assert "Last one" not in judge.finished and "whole:First one. Last one" in judge.finished
-        judge.gates["Last"].set()
+        # the upstream ended: the whole answer is checked beside the prefix check under way, and blocks first
+        assert judge.started == ["prefix:First one.", "whole:First one. Last one"]
+        assert judge.finished == ["whole:First one. Last one"]
+        judge.gates["prefix:"].set()
         out = await task
-        assert text_of(out) == "First one. "  # the last sentence was held for the whole answer's verdict
+        assert text_of(out) == "First one. "  # the prefix passed: it goes; the last sentence is withheld
         assert out[-1].kind == "filtered" and out[-1].verdict is not None and out[-1].verdict["action"] == "block"
         assert [e.kind for e in out].count("finish") == 0
+        assert judge.closed is not None and judge.closed[1].whole
+        assert judge.closed[2] == Released(chars=len("First one. "), score=0.1, flagged=False)
 
     asyncio.run(run())
 
 
-def test_a_window_checks_several_sentences_together():
+def test_when_the_whole_answer_passes_everything_goes_out_without_waiting_for_the_prefix_check():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        upstream.push(*deltas("A one. ", "B two. ", "C three. ", "D four"), None)
-        out = await collect(Incremental(Plain(), judge, window=2), upstream)
-        assert judge.started[:2] == ["A one. B two.", "C three. D four"]
+        judge.gates["prefix:"] = asyncio.Event()  # never opened
+        upstream.push(*deltas("First one. ", "Last one"), Ev(kind="finish"), None)
+        out = await collect(Incremental(Plain(), judge), upstream)
+        assert text_of(out) == "First one. Last one" and [e.kind for e in out][-2:] == ["finish", "end"]
+        assert judge.cancelled == ["prefix:First one."]
+
+    asyncio.run(run())
+
+
+def test_a_whole_answer_block_withholds_every_sentence_not_yet_passed():
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        upstream.push(*deltas("One weak. ", "Two weak. ", "Three weak"), Ev(kind="finish"), None)
+        out = await collect(Incremental(Plain(), judge), upstream)
+        assert text_of(out) == "One weak. Two weak. "  # the last sentence tips it, and is not yet finished mid-way
+        assert out[-1].kind == "filtered"
+        assert judge.closed is not None and judge.closed[1].whole and judge.closed[1].score == 0.7
+        assert judge.closed[2] == Released(chars=len("One weak. Two weak. "), score=0.5, flagged=False)
+
+    asyncio.run(run())
+
+
+def test_a_window_waits_for_that_many_new_sentences_before_a_prefix_check():
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        task = asyncio.create_task(collect(Incremental(Plain(), judge, window=2), upstream))
+        upstream.push(*deltas("A one. "))
+        await settle()
+        assert judge.started == []
+        upstream.push(*deltas("B two. ", "C three. ", "D four"), None)
+        out = await task
+        assert judge.started[0] == "prefix:A one. B two."
         assert text_of(out) == "A one. B two. C three. D four"
 
     asyncio.run(run())
@@ -268,11 +331,17 @@ def test_a_window_checks_several_sentences_together():
 def test_flagged_sentences_under_a_non_blocking_rule_go_out_with_their_verdicts():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        upstream.push(*deltas("This is FALSE. ", "This is fine. ", "End"), Ev(kind="finish"), None)
-        out = await collect(Incremental(Plain(), judge), upstream)
+        judge.gates["prefix:"] = asyncio.Event()
+        task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
+        upstream.push(*deltas("This is FALSE. ", "This is fine. ", "End"))
+        await settle()
+        judge.gates["prefix:"].set()
+        upstream.push(Ev(kind="finish"), None)
+        out = await task
         assert text_of(out) == "This is FALSE. This is fine. End"
         marked = [e.verdict for e in out if e.verdict is not None]
-        assert marked[0] == {"sentences": [{"start": 0, "end": 14, "flagged": True, "score": 0.9}]}
+        assert marked[0] == {"sentences": [{"start": 0, "end": 14, "flagged": True, "score": 0.9}],
+                             "passed": {"end": 14, "flagged": True, "score": 0.9}}
         assert marked[-1] is not None and [s["flagged"] for s in marked[-1]["sentences"]] == [True, False, False]
 
     asyncio.run(run())
@@ -281,19 +350,19 @@ def test_flagged_sentences_under_a_non_blocking_rule_go_out_with_their_verdicts(
 def test_a_client_that_leaves_cancels_the_checks_and_stops_reading_the_upstream():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["Two"] = asyncio.Event()
+        judge.gates["prefix:One."] = asyncio.Event()
         stream = Incremental(Plain(), judge).run(upstream.events())
         upstream.push(Ev(kind="role"), *deltas("One. Two. ", "Three"))
         first = await anext(stream)
         assert first.kind == "role"
-        pulling = asyncio.ensure_future(anext(stream))  # the server asks for more; "One. Two. " waits for "Two."
+        pulling = asyncio.ensure_future(anext(stream))  # the server asks for more; the text waits for its check
         await settle()
-        assert judge.started == ["One.", "Two."] and not pulling.done()
+        assert judge.started == ["prefix:One. Two."] and not pulling.done()
         pulling.cancel()  # what Starlette does when the client goes
         with pytest.raises(asyncio.CancelledError):
             await pulling
         await stream.aclose()
-        assert "Two." in judge.cancelled
+        assert "prefix:One. Two." in judge.cancelled
         assert upstream.closed
 
     asyncio.run(run())
@@ -302,14 +371,14 @@ def test_a_client_that_leaves_cancels_the_checks_and_stops_reading_the_upstream(
 def test_a_cancelled_response_task_cancels_the_checks():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["One"] = asyncio.Event()
+        judge.gates["prefix:One."] = asyncio.Event()
         task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
         upstream.push(*deltas("One. ", "Two"))
         await settle()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert "One." in judge.cancelled and upstream.closed
+        assert "prefix:One." in judge.cancelled and upstream.closed
 
     asyncio.run(run())
 
@@ -317,21 +386,30 @@ def test_a_cancelled_response_task_cancels_the_checks():
 def test_an_upstream_error_mid_stream_is_raised_and_no_unchecked_text_leaves():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
-        judge.gates["Two"] = asyncio.Event()
+        judge.gates["prefix:One. Two."] = asyncio.Event()
         out: list[Ev] = []
-        upstream.push(*deltas("One. ", "Two. ", "Three"), ConnectionResetError("dropped"))
-        with pytest.raises(ConnectionResetError):
-            async for event in Incremental(Plain(), judge).run(upstream.events()):
+        upstream.push(*deltas("One. ", "Two. ", "Three"))
+        engine = Incremental(Plain(), judge)
+
+        async def consume() -> None:
+            async for event in engine.run(upstream.events()):
                 out.append(event)
+
+        task = asyncio.create_task(consume())
+        await settle()
+        assert judge.started == ["prefix:One.", "prefix:One. Two."]
+        upstream.push(ConnectionResetError("dropped"))
+        with pytest.raises(ConnectionResetError):
+            await task
         assert text_of(out) == "One. "
-        assert "Two." in judge.cancelled and judge.closed is None
+        assert "prefix:One. Two." in judge.cancelled and judge.closed is None
 
     asyncio.run(run())
 
 
 def test_a_check_that_fails_unexpectedly_ends_the_stream_with_its_error():
     class Broken(Judge):
-        async def sentence(self, text: str) -> SentenceCheck:
+        async def prefix(self, text: str) -> PrefixCheck:
             raise RuntimeError("detector bug")
 
     async def run() -> None:
@@ -371,23 +449,98 @@ def test_auto_queues_the_check_of_a_stream_that_cannot_be_changed_under_async_ch
     assert stream_mode(settings, "block", _request({"tools": [{}]}), tool_calls_checked=False) == "incremental"
 
 
-def test_one_stream_runs_at_most_max_in_flight_checks_and_the_upstream_waits_meanwhile():
-    from morphguard.proxy.incremental import MAX_IN_FLIGHT
-
+def test_one_stream_runs_one_prefix_check_at_a_time_however_many_sentences_come():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
         gate = asyncio.Event()
-        judge.gates["Claim"] = gate
-        upstream.push(*deltas(*(f"Claim {i} holds. " for i in range(50))), None)
+        judge.gates["prefix:Claim 0 holds."] = gate
+        upstream.push(*deltas(*(f"Claim {i} holds. " for i in range(50))))
         engine = Incremental(Plain(), judge)
         task = asyncio.ensure_future(collect(engine, upstream))
         for _ in range(10):
             await settle()
-        assert len(judge.started) == MAX_IN_FLIGHT  # the rest of the answer is not read while these run
-        assert len(upstream.read) == MAX_IN_FLIGHT
+        assert judge.started == ["prefix:Claim 0 holds."]  # one check under way...
+        assert len(upstream.read) == 50  # ...and the upstream is read meanwhile
         gate.set()
+        await settle()
+        upstream.push(None)
         out = await task
-        assert len([s for s in judge.started if s.startswith("Claim")]) == 50
+        assert judge.most_at_once == 1
+        # the first sentence, the 49 others coalesced, and the whole answer
+        assert len(judge.started) == 3
         assert text_of(out) == "".join(f"Claim {i} holds. " for i in range(50))
+
+    asyncio.run(run())
+
+
+VISIT_CONTEXT = ("The museum opens at nine on weekdays. The entry ticket is twenty euros. "
+                 "Parking is behind the building.")
+
+
+@pytest.fixture
+def guard(tmp_path):
+    from morphguard.config import Config
+    from morphguard.detectors import build_detector
+    from morphguard.policy.engine import PolicyEngine
+    from morphguard.proxy.guard import build_guard
+
+    config = Config.model_validate({
+        "detector": {"name": "grounding"},
+        "policy": {"audit": {"path": str(tmp_path / "audit.db")},
+                   "profiles": {"general": {"action": "block", "topics": {}}}}})
+    built = build_guard(config, build_detector(config), PolicyEngine(config.policy))
+    yield built
+    asyncio.run(built.close())
+
+
+def _visit(guard) -> tuple[GuardChecks, Upstream]:
+    request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
+                           source="explicit", profile="general", topic="general")
+    return GuardChecks(guard, request), Upstream()
+
+
+def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_went_out(guard):
+    # `grounding` sums its evidence: each sentence passes alone (0.22 < 0.3), the first two together do not (0.39)
+    async def run() -> list[Ev]:
+        checks, upstream = _visit(guard)
+        upstream.push(*deltas("The museum opens at nine on weekdays, reliably. ", "The entry ticket is twenty ",
+                              "euros, cash. ", "Parking is behind the building, free."), Ev(kind="finish"), None)
+        out = await collect(Incremental(Plain(), checks), upstream)
+        assert checks.record is not None
+        record = checks.record
+        assert (record.action, record.flagged) == ("block", True) and record.score is not None
+        assert record.score >= 0.3 > (record.released_score or 1.0)
+        assert (record.released_chars, record.released_flagged) == (len(text_of(out)), False)
+        assert out[-1].verdict is not None and out[-1].verdict["released_chars"] == record.released_chars
+        return out
+
+    out = asyncio.run(run())
+    assert text_of(out) == "The museum opens at nine on weekdays, reliably. "
+
+
+def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_second_check(guard):
+    calls: list[str] = []
+    check = guard.checker.check
+
+    async def counted(request: CheckRequest, completion: dict[str, Any]) -> Any:
+        calls.append(guard.checker.answer_text(completion))
+        return await check(request, completion)
+
+    guard.checker.check = counted
+
+    async def run() -> None:
+        checks, upstream = _visit(guard)
+        answer = "The museum opens at nine on weekdays. "
+        upstream.push(*deltas(answer))
+        engine = Incremental(Plain(), checks)
+        task = asyncio.ensure_future(collect(engine, upstream))
+        while not engine.checked:
+            await asyncio.sleep(0.01)
+        upstream.push(Ev(kind="finish"), None)
+        out = await task
+        assert text_of(out) == answer and out[-1].kind == "end"
+        assert calls == [answer.strip()]  # the whole answer is that prefix: its verdict stands
+        assert checks.record is not None and checks.record.action == "pass"
+        assert checks.record.released_chars == len(answer)
 
     asyncio.run(run())

@@ -75,3 +75,14 @@ def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     assert len(server.requests) == calls + 1 and "Berlin" in server.requests[-1]["messages"][-1]["content"]
     # r0 now states the wrong city under a faithful label: the report scores the new verdict, not the old one
     assert "| direct | 0.300 | 0.667 | 1.000 | 0.800 |" in changed.stdout
+
+
+def test_a_line_nested_too_deeply_is_an_error_naming_the_file_and_line(tmp_path):
+    data = tmp_path / "deep.jsonl"
+    nested = "[" * 100_000 + "]" * 100_000  # Python's JSON decoder recurses once per level
+    data.write_text(json.dumps(RECORDS[0]) + "\n" + f'{{"question": "q", "answer": "a", "context": {nested}}}\n')
+    done = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
+                           "--detector", "length", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{data}:2: the JSON is nested too deeply to read" in done.stderr

@@ -12,7 +12,8 @@ Both spend judge calls and write audit rows, and no provider authenticates them:
 `proxy.keys` (without any, both answer 401). They take requests in through the request path's own intake
 (`flow.accept`: the same route rules, topics and hints), and every check they run leaves one audit row, like a chat
 request's. One difference: the model a check names is only the caller's word for who wrote the answer, so it is
-recorded but selects no route (`RequestFacts.model_named`); a caller's profile follows from its key.
+recorded but selects no route (`RequestFacts.model_named`); a check's profile follows from the caller's key and
+headers, never from a label it chose.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ relative path (see `gate.canonical_path`), each segment is percent-encoded here,
 checked to still sit under the base before anything is sent, so a client path can never name a host.
 Redirects are never followed and no cookies are kept: a provider's answer cannot send the key
 elsewhere, and one client's cookies never reach another client's request. A client's own cookies and the
-forwarding headers of a reverse proxy in front are not sent either: they concern the proxy alone.
+forwarding headers of a reverse proxy in front are not sent either: they concern the proxy alone; nor do the
+provider's cookies reach the client, on whose view they would belong to the proxy's origin.
 
 Retries never resend a request the provider may have processed (a billed generation sent twice):
 only connection failures and the explicit "come back later" answers 429 and 503 are retried, with
@@ -62,6 +63,9 @@ _CLIENT_ONLY = frozenset({"cookie", "forwarded", "x-forwarded-for", "x-forwarded
                           "x-forwarded-port", "x-real-ip"})
 # Headers our own server writes on every response: the provider's would make two of each.
 _WRITTEN_BY_US = frozenset({"date", "server"})
+# A provider's cookies belong to its own domain: passed on, they would be set on the proxy's origin, where `serve` may
+# mount the review console and its session cookie.
+_PROVIDERS_OWN = frozenset({"set-cookie", "set-cookie2"})
 # What else a response loses, by what becomes of its body on the way to our client.
 _DROPPED_WITH_BODY = {"as_sent": frozenset(), "decoded": frozenset({"content-encoding"}),
                       "ours": frozenset({"content-encoding", "content-type"})}
@@ -77,9 +81,9 @@ _ACCEPT_ENCODING = "gzip, deflate"
 
 
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
-    """The provider's response headers worth keeping (rate limits, request ids, Retry-After) for a body
-    passed on as sent, decoded (no longer compressed), or written by us (re-serialised JSON, our own SSE)."""
-    drop = HOP_HEADERS | _WRITTEN_BY_US | _DROPPED_WITH_BODY[body]
+    """The provider's response headers worth keeping (rate limits, request ids, Retry-After; never its cookies) for a
+    body passed on as sent, decoded (no longer compressed), or written by us (re-serialised JSON, our own SSE)."""
+    drop = HOP_HEADERS | _WRITTEN_BY_US | _PROVIDERS_OWN | _DROPPED_WITH_BODY[body]
     kept: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()

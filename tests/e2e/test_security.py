@@ -100,7 +100,8 @@ def test_the_pass_through_reaches_only_the_upstream_under_its_base(guarded, prov
     assert not any("admin" in o["path"] or "steal" in o["path"] for o in others)
 
 
-def test_an_upstream_redirect_is_not_followed_and_its_cookies_are_neither_kept_nor_passed_on(guarded, proxy_factory, provider):
+def test_an_upstream_redirect_is_not_followed_and_its_cookies_neither_kept_nor_passed_on(guarded, proxy_factory,
+                                                                                          provider):
     status, _, data = raw(guarded, "POST", "/v1/chat/completions", chat_body(model="redirect"))
     assert status == 502 and is_openai_error(data)  # not a chat completion: never a silent pass
     assert audit_rows(proxy_factory, guarded)[-1]["reason"] == "upstream_malformed"

@@ -33,7 +33,7 @@ _NOT_SECRET = (int, float, bool, type(None))
 
 
 def add_secrets(values: Iterable[str | SecretStr | None]) -> None:
-    """Make these secrets masked wherever the proxy answers or logs (see `config_secrets`)."""
+    """Make these secrets masked wherever this process answers, prints or logs (see `config_secrets`)."""
     for value in values:
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
         if text is not None and len(text.strip()) >= MIN_SECRET_LENGTH:
@@ -73,7 +73,7 @@ def mask_presented(keys: Iterable[str]) -> None:
 
 
 def mask_secrets(text: str, *also: str) -> str:
-    """`text` with every secret the proxy knows (configured ones, the current request's key, `also`) replaced by
+    """`text` with every secret the process knows (configured ones, the current request's key, `also`) replaced by
     "[masked]", whether it appears whole or partly echoed ("sk-upst*****cret")."""
     keys = [*_secrets, *_presented.get(), *(k for k in also if len(k) >= MIN_SECRET_LENGTH)]
     if not keys:
@@ -136,7 +136,8 @@ _masking = SecretMaskingFilter()
 
 def mask_config_secrets(config: BaseModel) -> None:
     """Mask every secret of `config` in this process: in error messages, upstream error bodies and log records.
-    Each serving process calls it (`server`); any other process that logs with the config's secrets should too."""
+    Every process calls it once it has its config: `serve`, `worker`, the LiteLLM guardrail, and each command as it
+    loads the config (`cli._load`), which also masks what it prints."""
     add_secrets(config_secrets(config))
     install_log_masking()
 

@@ -3,7 +3,10 @@ answers, `eval` detectors, `calibrate` the sentences check for a judge, `doctor`
 `audit` trail, run the offline `demo`, `model pull` the embedded judge.
 
 The parser is also the CLI reference of the docs site (`morphguard/_docs.py` renders it), so each subcommand's
-description and each option's help are written for that page as much as for `--help`."""
+description and each option's help are written for that page as much as for `--help`.
+
+Every secret of the loaded config is masked in what a command prints and logs (`masking`): a provider's error can
+repeat the judge's key."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from morphguard.config import AUTO_DETECTOR, Config, load_config
 from morphguard.detectors import SPECS
 from morphguard.errors import MorphguardError
+from morphguard.masking import mask_config_secrets, mask_secrets
 from morphguard.models import Detection
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
@@ -30,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except MorphguardError as exc:
-        print(f"morphguard: {exc}", file=sys.stderr)
+        print(f"morphguard: {mask_secrets(str(exc))}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR
@@ -260,7 +264,10 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    return load_config(_config_path(args))
+    """The config, its secrets masked from here on in what the process prints and logs."""
+    config = load_config(_config_path(args))
+    mask_config_secrets(config)
+    return config
 
 
 def _config_path(args: argparse.Namespace) -> Path | None:
@@ -313,9 +320,9 @@ def _check(args: argparse.Namespace) -> int:
     _require_judges(config)
     result = detect(args.question, passages, answer, config=config)
     if args.json:
-        print(result.model_dump_json(indent=2))
+        print(mask_secrets(result.model_dump_json(indent=2)))
     else:
-        print(render_detection(answer, result, color=sys.stdout.isatty()))
+        print(mask_secrets(render_detection(answer, result, color=sys.stdout.isatty())))
     return EXIT_FLAGGED if result.flagged else EXIT_OK
 
 
@@ -374,7 +381,7 @@ def _doctor(args: argparse.Namespace) -> int:
               f"log-probabilities {yes[found.logprobs]}; reasoning {yes[found.reasoning]}; "
               f"probe {status.seconds:.1f} s)")
         if status.error is not None:
-            print(f"     {status.error}")
+            print(f"     {mask_secrets(status.error)}")
         if not found.logprobs:
             votes = config.judge.votes
             print("     no log-probabilities: yes/no verdicts are " + (

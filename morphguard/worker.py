@@ -23,9 +23,9 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
+from morphguard.masking import mask_config_secrets
 from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy.consumer import Consumer
-from morphguard.proxy.errors import mask_config_secrets
 from morphguard.proxy.guard import Guard, build_guard
 from morphguard.proxy.probes import probe_app
 from morphguard.proxy.server import HttpProtocol

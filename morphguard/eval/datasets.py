@@ -102,6 +102,8 @@ def _lines(path: Path) -> Iterator[tuple[int, dict]]:
                 record = json.loads(line)
             except ValueError as exc:
                 raise DatasetError(f"{path}:{number}: not valid JSON ({exc})") from None
+            except RecursionError:  # the decoder recurses once per level of nesting
+                raise DatasetError(f"{path}:{number}: the JSON is nested too deeply to read") from None
             if not isinstance(record, dict):
                 raise DatasetError(f"{path}:{number}: expected a JSON object")
             yield number, record

@@ -36,6 +36,7 @@ from litellm.types.guardrails import GuardrailEventHooks
 from morphguard.config import Config, load_config
 from morphguard.detectors import build_detector
 from morphguard.detectors.judges import require_judges
+from morphguard.masking import mask_config_secrets
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
@@ -43,7 +44,7 @@ from morphguard.proxy.body import parse_chat, str_or_none
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
-from morphguard.proxy.errors import ProxyError, json_bytes, mask_config_secrets
+from morphguard.proxy.errors import ProxyError, json_bytes
 from morphguard.proxy.flow import accept, request_facts
 from morphguard.proxy.guard import Guard, build_guard
 from morphguard.telemetry import setup as telemetry_setup

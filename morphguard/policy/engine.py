@@ -6,8 +6,12 @@ no topic matches gets the topic "general": its profile's own threshold and actio
 
 Routes compare what a client can spell several ways in one form: model patterns match the model name
 normalised (`morphguard.folding.model_names`: NFKC, case folded, with and without a provider prefix), so
-`GPT-4o` and `openai/gpt-4o` are the `gpt-4*` they ask for; the key comes from `Authorization` with the
-scheme in any case (the proxy's `_presented_key`).
+`GPT-4o` and `openai/gpt-4o` are the `gpt-4*` they ask for; the key is the one the provider authenticates the
+request by, `Authorization` read with the scheme in any case (the proxy's `credentials.presented_key`).
+
+A route's models match the model a provider is asked for, never a model a caller merely names: a check of an answer
+the caller already has (`/v1/check`) carries a free-form label, and a label must not choose a looser profile, so a
+route with `models` does not match such a check (`RequestFacts.model_named`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class RequestFacts:
 
     api_key: str | None = None
     model: str | None = None
+    model_named: bool = False  # `model` is only the caller's word for who wrote an answer: routes' models ignore it
     headers: dict[str, str] = field(default_factory=dict)
     path_prefix: str = ""
     requested_profile: str | None = None
@@ -82,8 +87,8 @@ class PolicyEngine:
         if route.api_keys and not (facts.api_key and any(
                 hmac.compare_digest(facts.api_key.encode(), k.get_secret_value().encode()) for k in route.api_keys)):
             return False
-        if models and not (facts.model and any(fnmatchcase(name, pattern) for name in model_names(facts.model)
-                                               for pattern in models)):
+        if models and (facts.model_named or not facts.model or not any(
+                fnmatchcase(name, pattern) for name in model_names(facts.model) for pattern in models)):
             return False
         if any(facts.headers.get(name.lower()) != value for name, value in route.headers.items()):
             return False

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from morphguard.config import LitellmRoute
-from morphguard.proxy.errors import ProxyError, bad_request, mask_secrets, upstream_timeout, upstream_unavailable
+from morphguard.masking import mask_secrets
+from morphguard.proxy.errors import ProxyError, bad_request, upstream_timeout, upstream_unavailable
 
 # The chat parameters a client may send through a litellm route. litellm also takes where to connect and with
 # which credentials from the same arguments (api_base, base_url, api_key, fallbacks, extra_headers, ...): those

@@ -11,13 +11,16 @@ true`).
 Both spend judge calls and write audit rows, and no provider authenticates them: a caller must present one of
 `proxy.keys` (without any, both answer 401). They take requests in through the request path's own intake
 (`flow.accept`: the same route rules, topics and hints), and every check they run leaves one audit row, like a chat
-request's.
+request's. One difference: the model a check names is only the caller's word for who wrote the answer, so it is
+recorded but selects no route (`RequestFacts.model_named`); a check's profile follows from the caller's key and
+headers, never from a label it chose.
 """
 
 from __future__ import annotations
 
 import hmac
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -29,8 +32,8 @@ from morphguard.models import RagInput
 from morphguard.policy.answers import prose
 from morphguard.proxy.body import check_content, parse_chat, parse_object
 from morphguard.proxy.context import Extraction
-from morphguard.proxy.credentials import presented_key
-from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes, present_keys, unauthorized
+from morphguard.proxy.credentials import present_keys, presented_key
+from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes, unauthorized
 from morphguard.proxy.flow import Flow, accept, request_facts
 
 PORTKEY_EVENTS = ("beforeRequestHook", "afterRequestHook")
@@ -70,7 +73,8 @@ class CheckApi:
         model = _text(body, "model")
         rag = RagInput(question=question, passages=passages, turns=[question])
         chat = {"model": model, "messages": [{"role": "user", "content": question}]}
-        facts = request_facts(request.headers, model=model, policy=_text(body, "policy"), topic=_text(body, "topic"))
+        facts = replace(request_facts(request.headers, model=model, policy=_text(body, "policy"),
+                                      topic=_text(body, "topic")), model_named=True)
         intake = accept(flow.engine, flow.config, Extraction(chat, rag, "explicit"), facts)
         completion, record = await flow.settle(intake, completion_of(answer, model))
         return JSON({"object": "morphguard.check", **record.payload(), "answer": prose(completion)},
@@ -101,9 +105,10 @@ class CheckApi:
         if not isinstance(metadata, dict):
             metadata = {}
         options = extraction.options
-        facts = request_facts(request.headers, model=_string(chat.get("model")),
-                              policy=_string(options.get("policy")) or metadata.get("morphguard_policy"),
-                              topic=_string(options.get("topic")) or metadata.get("morphguard_topic"))
+        facts = replace(request_facts(request.headers, model=_string(chat.get("model")),
+                                      policy=_string(options.get("policy")) or metadata.get("morphguard_policy"),
+                                      topic=_string(options.get("topic")) or metadata.get("morphguard_topic")),
+                        model_named=True)
         reviewed, record = await flow.settle(accept(flow.engine, flow.config, extraction, facts), completion)
         out: dict[str, Any] = {"verdict": record.action != "block", "data": record.payload()}
         if reviewed != completion:

@@ -7,7 +7,9 @@ no trailing slash) and anything that cannot be made canonical without guessing (
 characters, backslashes) is refused, so every later decision sees the path the upstream would see.
 
 Headers that decide who the client is or which policy applies must appear once: with two
-`Authorization` headers, one part of a stack may authenticate the first and another route on the last.
+`Authorization` headers, one part of a stack may authenticate the first and another route on the last. For the same
+reason a request may present one key: `Authorization`, `x-api-key` and `api-key` naming two different keys are
+refused, since policy would route by one while the provider authenticates by the other.
 
 `GET /metrics` needs the bearer token `telemetry.metrics_token` when one is configured (401 otherwise), checked
 here, on the canonical path, before any route runs. `credentials.bearer_token` is the one reading of `Authorization`.
@@ -20,7 +22,7 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from morphguard.proxy.credentials import bearer_token
+from morphguard.proxy.credentials import KEY_HEADERS, bearer_token, two_keys
 from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, metrics_unauthorized
 from morphguard.telemetry import setup as telemetry_setup
 
@@ -76,6 +78,9 @@ class Gate:
             duplicate = self._duplicate(scope.get("headers", []))
             if duplicate:
                 raise bad_request(f"The header '{duplicate}' was sent more than once.")
+            if two_keys(_keys(scope.get("headers", []))):
+                raise bad_request("The request presents two different keys (in Authorization, x-api-key or "
+                                  "api-key): send one.")
             if path == METRICS_PATH and not may_scrape(scope.get("headers", [])):
                 raise metrics_unauthorized()
         except ProxyError as exc:
@@ -93,6 +98,12 @@ class Gate:
                 return name
             seen.add(name)
         return None
+
+
+def _keys(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers that can carry a key, by lower-case name (each appears once by now)."""
+    wanted = {name.encode() for name in KEY_HEADERS}
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers if k.lower() in wanted}
 
 
 async def refuse(send: Send, error: ProxyError) -> None:

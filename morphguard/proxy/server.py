@@ -13,7 +13,7 @@ not complete `proxy.header_timeout_s` after the connection opened or, on a kept-
 the head's first byte (a 408 first when a request was begun).
 
 Every secret of the config, and the key each request presents, is masked in every log record of every
-process (`errors.mask_config_secrets`).
+process (`masking.mask_config_secrets`).
 
 With `processes` > 1 (`morphguard serve --workers N`) uvicorn binds the port once and N processes accept
 on it, each a whole proxy with its own event loop, so throughput scales with cores. What they share is
@@ -39,7 +39,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from morphguard.config import Config, load_config
 from morphguard.errors import ConfigError
-from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, mask_config_secrets
+from morphguard.masking import mask_config_secrets
+from morphguard.proxy.errors import ProxyError, bad_request, json_bytes
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ Only the configured upstream is ever reached, under its base path: the caller gi
 relative path (see `gate.canonical_path`), each segment is percent-encoded here, and the final URL is
 checked to still sit under the base before anything is sent, so a client path can never name a host.
 Redirects are never followed and no cookies are kept: a provider's answer cannot send the key
-elsewhere, and one client's cookies never reach another client's request.
+elsewhere, and one client's cookies never reach another client's request. A client's own cookies and the
+forwarding headers of a reverse proxy in front are not sent either: they concern the proxy alone; nor do the
+provider's cookies reach the client, on whose view they would belong to the proxy's origin.
 
 Retries never resend a request the provider may have processed (a billed generation sent twice):
 only connection failures and the explicit "come back later" answers 429 and 503 are retried, with
@@ -38,13 +40,10 @@ from yarl import URL
 
 from morphguard import telemetry
 from morphguard.config import ProxySettings
+from morphguard.masking import add_secrets, config_secrets, mask_secrets_in
+from morphguard.proxy.credentials import credentials_in, present_keys, presented_key
 from morphguard.proxy.errors import (
     ProxyError,
-    add_secrets,
-    config_secrets,
-    credentials_in,
-    mask_secrets_in,
-    present_keys,
     unauthorized,
     upstream_malformed,
     upstream_stream_broken,
@@ -57,8 +56,16 @@ log = logging.getLogger(__name__)
 # Headers that describe one hop, or that the client sets itself, are not copied across.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                          "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding"})
+# Request headers that concern the client and the proxy alone, never the provider: the client's cookies (the review
+# console's session among them, where `serve` mounts the console) and what a reverse proxy in front of us says about
+# the client's own connection (its address, the host and scheme it asked for).
+_CLIENT_ONLY = frozenset({"cookie", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto",
+                          "x-forwarded-port", "x-real-ip"})
 # Headers our own server writes on every response: the provider's would make two of each.
 _WRITTEN_BY_US = frozenset({"date", "server"})
+# A provider's cookies belong to its own domain: passed on, they would be set on the proxy's origin, where `serve` may
+# mount the review console and its session cookie.
+_PROVIDERS_OWN = frozenset({"set-cookie", "set-cookie2"})
 # What else a response loses, by what becomes of its body on the way to our client.
 _DROPPED_WITH_BODY = {"as_sent": frozenset(), "decoded": frozenset({"content-encoding"}),
                       "ours": frozenset({"content-encoding", "content-type"})}
@@ -74,9 +81,9 @@ _ACCEPT_ENCODING = "gzip, deflate"
 
 
 def response_headers(headers: Mapping[str, str], *, body: Literal["as_sent", "decoded", "ours"]) -> dict[str, str]:
-    """The provider's response headers worth keeping (rate limits, request ids, Retry-After) for a body
-    passed on as sent, decoded (no longer compressed), or written by us (re-serialised JSON, our own SSE)."""
-    drop = HOP_HEADERS | _WRITTEN_BY_US | _DROPPED_WITH_BODY[body]
+    """The provider's response headers worth keeping (rate limits, request ids, Retry-After; never its cookies) for a
+    body passed on as sent, decoded (no longer compressed), or written by us (re-serialised JSON, our own SSE)."""
+    drop = HOP_HEADERS | _WRITTEN_BY_US | _PROVIDERS_OWN | _DROPPED_WITH_BODY[body]
     kept: dict[str, str] = {}
     for name, value in headers.items():
         key = name.lower()
@@ -114,7 +121,7 @@ def _reading(broken: Callable[[str], ProxyError], detail: str) -> Iterator[None]
 class UpstreamResponse:
     """The provider's answer with its body unread: read it whole, as text lines, or as the bytes sent.
 
-    An error's body (status 400 and up) is read with every secret masked (`errors.mask_secrets`): the keys
+    An error's body (status 400 and up) is read with every secret masked (`masking.mask_secrets`): the keys
     configured and `sent`, the credentials this request carried upstream, which a provider may echo."""
 
     def __init__(self, response: aiohttp.ClientResponse, max_line_bytes: int, sent: tuple[str, ...] = (),
@@ -242,16 +249,15 @@ class Upstream:
         return url
 
     def headers_for(self, incoming: Mapping[str, str]) -> dict[str, str]:
-        """The headers to send upstream; checks the client's proxy key when we inject our own upstream key. The key
-        the client presented is masked from here on, like a configured secret."""
+        """The headers to send upstream (never cookies, hop-by-hop headers or our own); checks the client's proxy key
+        when we inject our own upstream key. The key the client presented is masked from here on, like a configured
+        secret."""
         present_keys(incoming)
-        headers = {k: v for k, v in incoming.items()
-                   if k.lower() not in HOP_HEADERS and not k.lower().startswith("x-morphguard-")}
+        headers = {k: v for k, v in incoming.items() if k.lower() not in HOP_HEADERS
+                   and k.lower() not in _CLIENT_ONLY and not k.lower().startswith("x-morphguard-")}
         if self.settings.api_key is None:
             return headers  # the client's own Authorization goes through
-        # Anthropic's clients present their key as x-api-key, OpenAI's as a bearer token.
-        presented = (incoming.get("authorization", "").removeprefix("Bearer ").strip()
-                     or incoming.get("x-api-key", "").strip()).encode("latin-1")
+        presented = (presented_key({k.lower(): v for k, v in incoming.items()}) or "").encode("latin-1")
         if not any(hmac.compare_digest(presented, key) for key in self._proxy_keys):
             raise unauthorized()
         headers = {k: v for k, v in headers.items() if k.lower() not in ("authorization", "api-key", "x-api-key")}

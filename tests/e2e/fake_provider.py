@@ -19,7 +19,7 @@ the answer as usual; streamed Responses too). "leak-key" answers 401 with OpenAI
 ("Incorrect API key provided: sk-upst*****cret") and "leak-key-full" with the whole key, on chat, the Responses
 and Messages APIs and embeddings ("leak-key-gzip": the same 401 body gzip-encoded).
 Every chat request body is kept and served back at GET /_requests; a request to any other path is
-recorded (method, path, authorization) at GET /_others, so tests can tell what reached the provider.
+recorded (method, path, authorization, cookie) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
 webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503),
 /_webhook/gate-NAME (503 until POST /_gate/NAME, then 200); GET /_webhooks lists what it took (200s).
@@ -467,7 +467,7 @@ async def webhooks_seen(request: Request) -> Response:
 
 async def anything(request: Request) -> Response:
     others.append({"method": request.method, "path": request.url.path,
-                   "authorization": request.headers.get("authorization")})
+                   "authorization": request.headers.get("authorization"), "cookie": request.headers.get("cookie")})
     return JSONResponse({"reached": request.url.path})
 
 

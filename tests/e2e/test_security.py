@@ -100,17 +100,44 @@ def test_the_pass_through_reaches_only_the_upstream_under_its_base(guarded, prov
     assert not any("admin" in o["path"] or "steal" in o["path"] for o in others)
 
 
-def test_an_upstream_redirect_is_not_followed_and_its_cookies_are_not_kept(guarded, proxy_factory, provider):
+def test_an_upstream_redirect_is_not_followed_and_its_cookies_neither_kept_nor_passed_on(guarded, proxy_factory,
+                                                                                          provider):
     status, _, data = raw(guarded, "POST", "/v1/chat/completions", chat_body(model="redirect"))
     assert status == 502 and is_openai_error(data)  # not a chat completion: never a silent pass
     assert audit_rows(proxy_factory, guarded)[-1]["reason"] == "upstream_malformed"
     others = httpx.get(provider.removesuffix("/v1") + "/_others").json()
     assert not any(o["path"].startswith("/stolen") for o in others)  # the key went nowhere else
-    assert raw(guarded, "POST", "/v1/chat/completions", chat_body(model="set-cookie"))[0] == 200
+    status, headers, _ = raw(guarded, "POST", "/v1/chat/completions", chat_body(model="set-cookie"))
+    assert status == 200 and "set-cookie" not in headers  # nor set on the proxy's origin, the console's
     assert raw(guarded, "POST", "/v1/chat/completions", chat_body(model="faithful"))[0] == 200
     seen = httpx.get(provider.removesuffix("/v1") + "/_requests").json()
     last = [r for r in seen if r["body"].get("model") == "faithful"][-1]
     assert last["cookie"] is None  # a cookie the provider set for one client never rides on another's request
+
+
+CLIENT_ONLY = [("cookie", "morphguard_review=a-reviewers-session; theme=dark"), ("x-forwarded-for", "203.0.113.7"),
+               ("forwarded", "for=203.0.113.7;proto=https"), ("x-real-ip", "203.0.113.7")]
+
+
+def test_the_clients_cookies_and_forwarding_headers_never_reach_the_provider(guarded, provider):
+    """A browser that holds the review console's session (served on the same origin by `serve`) sends that cookie
+    on every request to the proxy; neither it nor what a reverse proxy says about the client goes upstream."""
+    sent = [("authorization", f"Bearer {KEY}"), ("content-type", "application/json"), *CLIENT_ONLY]
+    root = provider.removesuffix("/v1")
+    assert raw(guarded, "POST", "/v1/chat/completions", chat_body(model="faithful"), headers=sent)[0] == 200
+    assert httpx.get(root + "/_requests").json()[-1]["cookie"] is None
+    native = {"model": "faithful", "input": QUESTION, "morphguard": {"context": PASSAGE}}
+    assert raw(guarded, "POST", "/v1/responses", native, headers=sent)[0] == 200
+    native = {"model": "faithful", "max_tokens": 50, "messages": [{"role": "user", "content": QUESTION}],
+              "morphguard": {"context": PASSAGE}}
+    assert raw(guarded, "POST", "/v1/messages", native, headers=sent)[0] == 200
+    for seen in httpx.get(root + "/_native").json()[-2:]:
+        assert not {name for name, _ in CLIENT_ONLY} & set(seen["headers"]), seen["path"]
+        key = seen["headers"].get("x-api-key") or seen["headers"]["authorization"].removeprefix("Bearer ")
+        assert key == UPSTREAM_KEY  # what the provider needs still goes
+    assert raw(guarded, "GET", "/v1/files", headers=sent)[0] == 200  # the pass-through
+    assert httpx.get(root + "/_others").json()[-1] == {"method": "GET", "path": "/v1/files",
+                                                      "authorization": f"Bearer {UPSTREAM_KEY}", "cookie": None}
 
 
 def test_allow_listed_paths_pass_through_with_the_upstream_key(guarded, provider):

@@ -1,6 +1,6 @@
-"""Two findings of the security review, replayed against `morphguard serve` under uvicorn with the scripted
-provider: /metrics could be flooded with series named by clients, and a pregnancy question (or a request
-bound to a strict route) could be moved to a looser rule by how it was written."""
+"""Policy and metrics against `morphguard serve` under uvicorn with the scripted provider: /metrics cannot be
+flooded with series named by clients, and a pregnancy question (or a request bound to a strict route) cannot be
+moved to a looser rule by how it was written or by the headers its key came in."""
 
 from __future__ import annotations
 
@@ -93,6 +93,49 @@ def test_a_model_route_matches_however_the_model_is_spelled(policy_proxy, model)
 @pytest.mark.parametrize("authorization", ["bearer KB", "BEARER KB", "Bearer\tKB", "bEaReR   KB"])
 def test_a_key_route_matches_whatever_the_case_and_spacing_of_the_scheme(policy_proxy, authorization):
     verdict = chat(policy_proxy, user(QUESTION), model="faithful", headers={"authorization": authorization})
+    assert (verdict["profile"], verdict["threshold"]) == ("keyed", 0.175)
+
+
+def send(base: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    """A request for the hallucinated answer on chat completions or Messages, with the neutral context."""
+    body = {"model": "hallucinated", "messages": user(QUESTION), "morphguard": {"context": [NEUTRAL]}}
+    if path == "/v1/messages":
+        body["max_tokens"] = 50
+    return httpx.post(base + path, json=body, headers=headers, timeout=60)
+
+
+TWO_KEYS = {"x-api-key, bearer": {"x-api-key": "KB", "authorization": "Bearer other-key"},
+            "bearer, x-api-key": {"authorization": "Bearer KB", "x-api-key": "other-key"},
+            "bearer, api-key": {"authorization": "Bearer KB", "api-key": "other-key"},
+            "x-api-key, another scheme": {"x-api-key": "KB", "authorization": "Basic b3RoZXI="}}
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
+@pytest.mark.parametrize("case", TWO_KEYS, ids=TWO_KEYS.keys())
+def test_a_request_that_presents_two_different_keys_is_refused(policy_proxy, provider, path, case):
+    """Anthropic authenticates by x-api-key, OpenAI by the bearer token: routed by one key and billed to the other, a
+    request bound to a strict route's key could take another route's profile."""
+    root = provider.removesuffix("/v1")
+    before = (len(httpx.get(root + "/_requests").json()), len(httpx.get(root + "/_native").json()))
+    response = send(policy_proxy, path, TWO_KEYS[case])
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_request" and "two different keys" in response.text
+    assert "KB" not in response.text and "other-key" not in response.text
+    after = (len(httpx.get(root + "/_requests").json()), len(httpx.get(root + "/_native").json()))
+    assert after == before  # refused before anything reached the provider
+
+
+ONE_KEY = {"messages, x-api-key": ("/v1/messages", {"x-api-key": "KB"}),
+           "messages, the same key twice": ("/v1/messages", {"x-api-key": "KB", "authorization": "Bearer KB"}),
+           "chat, api-key": ("/v1/chat/completions", {"api-key": "KB"})}
+
+
+@pytest.mark.parametrize("case", ONE_KEY, ids=ONE_KEY.keys())
+def test_a_request_is_routed_by_the_key_it_presents_in_whichever_header(policy_proxy, case):
+    path, headers = ONE_KEY[case]
+    response = send(policy_proxy, path, headers)
+    assert response.status_code == 200, response.text
+    verdict = response.json()["morphguard"]
     assert (verdict["profile"], verdict["threshold"]) == ("keyed", 0.175)
 
 

@@ -86,3 +86,14 @@ def test_eval_measures_by_default_the_check_the_config_runs_beside_the_baselines
     assert default_detectors(parse_config("")) == ["combined", "grounding", "length"]  # the embedded judge
     named = parse_config("judge: {model: openai/gpt-4.1-mini}\ndetector: {name: grounding}")
     assert default_detectors(named) == ["grounding", "length"]
+
+
+def test_a_line_nested_too_deeply_is_an_error_naming_the_file_and_line(tmp_path):
+    data = tmp_path / "deep.jsonl"
+    nested = "[" * 100_000 + "]" * 100_000  # Python's JSON decoder recurses once per level
+    data.write_text(json.dumps(RECORDS[0]) + "\n" + f'{{"question": "q", "answer": "a", "context": {nested}}}\n')
+    done = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
+                           "--detector", "length", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{data}:2: the JSON is nested too deeply to read" in done.stderr

@@ -12,6 +12,7 @@ from tests.e2e.conftest import provider, serve  # noqa: F401  (provider: the ses
 from tests.servers import stop
 
 KEY = "sk-proxy-check-0123"
+CLINIC_KEY = "sk-clinic-check-0456"  # a proxy key of its own: its checks get the strict profile
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 FAITHFUL = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -21,18 +22,22 @@ SAFE = "Please ask your midwife or doctor about medicines in pregnancy."
 
 @pytest.fixture(scope="module")
 def checker(provider, tmp_path_factory):  # noqa: F811
-    """`morphguard serve` whose profile is chosen by `x-tenant`: `clinic` blocks, `marked` highlights."""
+    """`morphguard serve` whose profile is chosen by `x-tenant`: `clinic` blocks, `marked` highlights; CLINIC_KEY's
+    checks block too, and requests for an `internal-*` model pass unchecked by policy (action `pass`)."""
     folder = tmp_path_factory.mktemp("check")
     config = {
         "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
         "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
-        "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY]},
+        "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY, CLINIC_KEY]},
         "policy": {
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
                          "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
-                         "marked": {"threshold": 0.5, "action": "highlight", "topics": {}}},
-            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
+                         "marked": {"threshold": 0.5, "action": "highlight", "topics": {}},
+                         "open": {"threshold": 0.5, "action": "pass", "topics": {}}},
+            "routes": [{"profile": "open", "models": ["internal-*"]},
+                       {"profile": "strict", "api_keys": [CLINIC_KEY]},
+                       {"profile": "strict", "headers": {"x-tenant": "clinic"}},
                        {"profile": "marked", "headers": {"x-tenant": "marked"}}],
             "highlight": {"open": "[!", "close": "!]"},
             "audit": {"path": str(folder / "audit.db"), "store_text": "full"},

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.integrations.conftest import CLINIC_KEY, FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
 
 DATA = Path(__file__).parent / "data"
 
@@ -61,6 +61,20 @@ def test_the_profile_decides_the_action_block_and_highlight(checker):
     marked = post(base, "/v1/check", check_body(HALLUCINATED), **{"x-tenant": "marked"}).json()
     assert marked["action"] == "highlight" and marked["answer"] == "[!Ibuprofen is safe throughout pregnancy!]."
     assert rows(folder)[blocked["request_id"]]["action"] == "block"
+
+
+def test_the_model_a_check_names_cannot_choose_a_looser_profile(checker):
+    """A route on models matches what a provider is asked for; a check's model is only the caller's word."""
+    base, folder = checker
+    verdict = post(base, "/v1/check", check_body(HALLUCINATED, model="internal-x"), key=CLINIC_KEY).json()
+    assert (verdict["profile"], verdict["action"], verdict["answer"]) == ("strict", "block", SAFE)
+    assert rows(folder)[verdict["request_id"]]["model"] == "internal-x"  # recorded as given
+    hook = rag_hook(HALLUCINATED)
+    hook["request"]["json"]["model"] = "internal-x"
+    body = post(base, "/v1/check/portkey", hook, key=CLINIC_KEY).json()
+    assert body["verdict"] is False and (body["data"]["profile"], body["data"]["action"]) == ("strict", "block")
+    unrouted = post(base, "/v1/check", check_body(HALLUCINATED, model="internal-x")).json()
+    assert (unrouted["profile"], unrouted["action"]) == ("general", "annotate")  # not `open`, which passes
 
 
 @pytest.mark.parametrize("key", [None, "sk-not-a-proxy-key", "sk-proxy-check-01"])

@@ -17,6 +17,8 @@
   thinking budget, if lower) before the answer: too few, and the candidate has no text, cut off by MAX_TOKENS.
 - /vllm/v1/chat/completions, an OpenAI-compatible server (vLLM, llama.cpp): log-probabilities when asked, a
   JSON schema followed loosely.
+- A key starting `sk-revoked` is refused on the OpenAI route with a 401 that repeats the key whole, as providers'
+  "Incorrect API key provided: ..." errors do (OpenAI shows its start and end).
 
 Every judge finds fault (NO, or a label such as "contradicted"), as a JSON object fitting the schema asked
 for, or as the word. What arrives is listed at GET /_seen. What such fakes cannot show: the providers' real
@@ -142,6 +144,10 @@ def is_reasoning(model: str) -> bool:
 async def openai_chat(request: Request) -> Response:
     body = await request.json()
     seen.append({"provider": "openai", "body": body})
+    key = request.headers.get("authorization", "").removeprefix("Bearer ")
+    if key.startswith("sk-revoked"):
+        return error(401, f"Incorrect API key provided: {key}. You can find your API key at "
+                          "https://platform.openai.com/account/api-keys.", "invalid_request_error")
     unknown = set(body) - OPENAI_CHAT_FIELDS
     if unknown:
         return error(400, f"Unrecognized request argument supplied: {sorted(unknown)[0]}")

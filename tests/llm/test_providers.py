@@ -114,6 +114,22 @@ def morphguard(*args: str, config: dict, folder: Path) -> subprocess.CompletedPr
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
+REVOKED = "sk-revoked-judge-key-0042"  # the fake refuses it, repeating it whole
+
+
+@pytest.mark.parametrize("command, probe", [("doctor", "required"), ("check", "required"), ("check", "warn"),
+                                            ("check", "off")])
+def test_a_judge_key_the_provider_echoes_is_masked_in_what_doctor_and_check_print(fakes, tmp_path, command, probe):
+    config = {"judge": {"model": "openai/gpt-4.1-mini", "api_base": f"{fakes}/openai/v1", "api_key": REVOKED,
+                        "max_attempts": 1, "probe": probe}, "detector": {"name": "spotcheck"}}
+    args = ["-q", QUESTION, "-c", PASSAGE, "-a", ANSWER] if command == "check" else []
+    done = morphguard(command, *args, config=config, folder=tmp_path)
+    printed = done.stdout + done.stderr
+    assert "Incorrect API key provided: [masked]" in printed, printed  # the provider's error, still there
+    assert REVOKED not in printed and "sk-revoked" not in printed
+    assert done.returncode == 2 and "Traceback" not in printed
+
+
 def test_doctor_and_serve_say_when_a_judge_cannot_be_called(fakes, tmp_path):
     good = {"judge": {"model": "openai/o3-mini", "api_base": f"{fakes}/openai/v1", "api_key": "sk-judge"},
             "detector": {"name": "spotcheck"}}

@@ -6,7 +6,7 @@ import pytest
 
 from morphguard.config import PolicySettings
 from morphguard.policy.engine import PolicyEngine, RequestFacts
-from morphguard.proxy.credentials import bearer_token
+from morphguard.proxy.credentials import bearer_token, two_keys
 from morphguard.proxy.credentials import presented_key as _presented_key
 
 
@@ -43,5 +43,26 @@ def test_other_credentials_are_read_as_before():
     assert _presented_key({"x-api-key": "KA"}) == "KA"
     assert _presented_key({"authorization": "KB"}) == "KB"  # a bare key, as some clients send it
     assert _presented_key({"authorization": "Basic dXNlcg=="}) == "Basic dXNlcg=="  # never equal to a key
+    assert _presented_key({"api-key": "KC"}) == "KC"  # Azure's header
     assert _presented_key({}) is None
     assert bearer_token("Bearer") is None and bearer_token("Bearerx KB") is None and bearer_token("") is None
+
+
+@pytest.mark.parametrize("headers, two", [
+    ({"authorization": "Bearer KB", "x-api-key": "KB"}, False),  # the same key twice is one key
+    ({"authorization": "bearer  KB", "api-key": "KB", "x-api-key": "KB"}, False),
+    ({"authorization": "Bearer KB", "x-api-key": "KA"}, True),
+    ({"x-api-key": "KB", "api-key": "KA"}, True),
+    ({"authorization": "Basic dXNlcg==", "x-api-key": "KB"}, True),
+    ({"authorization": "Bearer KB", "x-api-key": " "}, False),  # an empty header names no key
+])
+def test_two_different_keys_are_told_from_one_key_in_two_headers(headers, two):
+    assert two_keys(headers) is two
+
+
+def test_a_model_the_caller_only_names_matches_no_model_route():
+    e = engine(profiles={"general": {}, "open": {}, "keyed": {}},
+               routes=[{"profile": "open", "models": ["internal-*"]}, {"profile": "keyed", "api_keys": ["KB"]}])
+    assert e.profile_for(RequestFacts(model="internal-x")) == "open"  # the model the provider is asked for
+    assert e.profile_for(RequestFacts(model="internal-x", model_named=True)) == "general"
+    assert e.profile_for(RequestFacts(api_key="KB", model="internal-x", model_named=True)) == "keyed"

@@ -1,4 +1,4 @@
-"""Secrets are masked wherever the proxy answers or logs: whole, partly echoed as providers echo them, in log
+"""Secrets are masked wherever morphguard answers, prints or logs: whole, partly echoed as providers echo them, in log
 messages, arguments and tracebacks, and the key of the request being handled as well as configured ones."""
 
 from __future__ import annotations
@@ -9,27 +9,26 @@ import logging
 
 import pytest
 
+from morphguard import masking
 from morphguard.config import Config
-from morphguard.proxy import errors
-from morphguard.proxy.errors import (
+from morphguard.masking import (
     MASK,
-    ProxyError,
     add_secrets,
     config_secrets,
-    credentials_in,
     install_log_masking,
     mask_config_secrets,
     mask_secrets,
     mask_secrets_in,
-    present_keys,
 )
+from morphguard.proxy.credentials import credentials_in, present_keys
+from morphguard.proxy.errors import ProxyError
 
 SECRET = "sk-upstream-secret-0123456789"
 
 
 @pytest.fixture(autouse=True)
 def known_secret(monkeypatch):
-    monkeypatch.setattr(errors, "_secrets", set())
+    monkeypatch.setattr(masking, "_secrets", set())
     add_secrets([SECRET, "short", None])
 
 

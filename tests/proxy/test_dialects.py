@@ -35,10 +35,10 @@ def assembled(dialect: Dialect, events: list[Event]) -> tuple[dict, str, Event |
     last = None
     deltas = []
     for event in events:
-        deltas.append(dialect.delta(event))
         if assembly.add(event):
             last = event
             break
+        deltas.append(assembly.added)
     assembly.finish()
     return assembly.completion(), "".join(deltas), last
 
@@ -54,7 +54,8 @@ def test_a_replayed_response_assembles_back_into_its_answer(name):
 
 def cut_at_first_text(dialect: Dialect, events: list[Event], *, with_it: bool) -> list[Event]:
     """The events of a stream up to its first text delta (with it: cut short mid-answer), as sent."""
-    first = next(i for i, e in enumerate(events) if dialect.delta(e))
+    assembly = dialect.assembly()
+    first = next(i for i, e in enumerate(events) if not assembly.add(e) and assembly.added)
     return events[:first + 1] if with_it else events[:first]
 
 
@@ -77,7 +78,7 @@ def test_a_refused_ending_is_the_providers_own_refusal_saying_the_text(name, cut
     if name == "chat":
         assert message["refusal"] == "Withheld."
         assert message["content"] == (f"{said}\n\nWithheld." if cut else "Withheld.")
-        assert deltas == message["content"]
+        assert deltas == message["content"] + message["refusal"]  # every field's words, in the order they came
         assert ended["choices"][0]["finish_reason"] == "stop"
     elif name == "responses":
         assert (ended["status"], ended["incomplete_details"]) == ("completed", None)

@@ -29,11 +29,11 @@ events), picking the answer by model as chat does ("echo" repeats the last input
 what they received.
 Answers in every field that carries a model's words, by model name "<field>-answer" (the hallucinated answer) or
 "<field>-echo" (the last user message, as "echo"): "tool" (a tool call's argument, on all three APIs, streamed as
-argument deltas), "refusal" (chat's `refusal`, a Responses refusal part), "audio" (chat: an audio transcript,
-streamed as transcript deltas), "parts" (chat: content as a list of text parts, streamed so too), "done-only"
-(a Responses stream whose text comes only in `response.output_text.done`), "item-only" (only in
-`response.output_item.done`), "start-only" (a Messages stream whose text block starts holding the text); "image"
-(Responses: only an image). Chat answers carry logprobs when asked for them.
+argument deltas), "function" (chat: the legacy `function_call`), "refusal" (chat's `refusal`, a Responses refusal
+part), "audio" (chat: an audio transcript, streamed as transcript deltas), "parts" (chat: content as a list of text
+parts, streamed so too), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
+"item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
+the text); "image" (Responses: only an image). Chat answers carry logprobs when asked for them.
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
 input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
 of Responses and Messages stop before their last event.
@@ -110,6 +110,9 @@ def _completion(model: str, text: str, logprobs: bool = False) -> dict:
     if shape == "tool":
         message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(text)]}
         finish = "tool_calls"
+    elif shape == "function":  # the legacy single call, to a request that offers `functions`
+        message = {"role": "assistant", "content": None, "function_call": _tool_call(text)["function"]}
+        finish = "function_call"
     elif shape == "refusal":
         message = {"role": "assistant", "content": None, "refusal": text}
     elif shape == "parts":
@@ -201,6 +204,13 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
                       {"index": 0, "function": {"arguments": arguments[10:]}}):
             yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}) + "\n\n"
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        yield "\n\ndata: [DONE]\n\n"
+        return
+    if _field(model) == "function":  # the legacy call: its name first, then its arguments in two pieces
+        arguments = _tool_call(text)["function"]["arguments"]
+        for call in ({"name": "answer", "arguments": ""}, {"arguments": arguments[:10]}, {"arguments": arguments[10:]}):
+            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"function_call": call}}]}) + "\n\n"
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "function_call"}]})
         yield "\n\ndata: [DONE]\n\n"
         return
     for i, word in enumerate(re.findall(r"\S+\s*", text)):

@@ -40,7 +40,8 @@ class Row(NamedTuple):
 
 
 ROWS = [
-    *(Row("chat", field, stream) for field in ("", "parts", "refusal", "audio", "tool") for stream in (False, True)),
+    *(Row("chat", field, stream) for field in ("", "parts", "refusal", "audio", "tool", "function")
+      for stream in (False, True)),
     Row("responses", "", False), Row("responses", "", True), Row("responses", "done-only", True),
     Row("responses", "item-only", True), Row("responses", "refusal", False), Row("responses", "refusal", True),
     Row("responses", "tool", False), Row("responses", "tool", True),
@@ -71,6 +72,8 @@ def ask(base: str, row: Row, model: str, user: str) -> httpx.Response:
         body |= {"max_tokens": 100, "messages": [{"role": "user", "content": user}]}
     if row.field == "tool":
         body["tools"] = TOOLS[row.api]
+    elif row.field == "function":
+        body["functions"] = [TOOLS["chat"][0]["function"]]
     response = httpx.post(base + path, json=body, headers={"authorization": "Bearer sk-client"}, timeout=60)
     assert response.status_code == 200, response.text
     return response

@@ -196,6 +196,13 @@ def test_the_words_each_event_adds_are_the_whole_answers_once_each(name):
     assert added == TEXT == checked_text(completion)
 
 
+def test_a_responses_stream_whose_last_event_holds_no_output_is_read_from_the_items_it_finished():
+    _, events = STREAMS["responses-deltas-then-whole"]
+    bare = responses_event("response.completed", response={**RESPONSES["responses"], "output": []})
+    completion, added, _ = assembled(Responses(), [*events[:-1], bare])
+    assert checked_text(completion) == TEXT == added
+
+
 def test_a_whole_text_that_contradicts_its_deltas_is_read_again_rather_than_not_at_all():
     events = [responses_event("response.output_text.delta", **AT, delta="Open at 8."),
               responses_event("response.output_text.done", **AT, text=TEXT), COMPLETED]
@@ -214,3 +221,16 @@ def test_a_chat_answer_whose_content_is_a_list_of_parts_is_read_as_text():
         with pytest.raises(ProxyError) as caught:
             ChatCompletions().completion({**response, "choices": [{"index": 0, "message": {"content": content}}]})
         assert caught.value.status == 502
+
+
+def test_streamed_calls_are_read_as_a_whole_answers_are_a_custom_tools_input_and_the_legacy_function_call():
+    custom = [{"index": 0, "id": "c1", "type": "custom", "custom": {"name": "note", "input": ""}},
+              *({"index": 0, "custom": {"input": p}} for p in PIECES)]
+    events = [*(chat_chunk({"tool_calls": [call]}) for call in custom),
+              chat_chunk({"function_call": {"name": "answer", "arguments": ""}}),
+              *(chat_chunk({"function_call": {"arguments": p}}) for p in PIECES), chat_chunk({}, "stop"), DONE]
+    completion, added, _ = assembled(ChatCompletions(), events)
+    assert added == ""  # calls are no words of the answer: a request that offers tools is buffered
+    assert checked_text(completion) == f"{TEXT}\n\n{TEXT}"
+    assert message_of(completion)["tool_calls"] == [{"type": "custom", "id": "c1",
+                                                     "custom": {"name": "note", "input": TEXT}}]

@@ -128,16 +128,19 @@ class ChatAssembly:
 @dataclass
 class StreamedAnswer:
     """The answer as it is assembled from the chunks of the first choice: every field a whole answer's message
-    has that `policy.answers` reads (content as text or text parts, refusal, audio transcript, tool calls), each
-    a delta at a time; `words` are the words in the order they came (what a stream checked as it flows reads)."""
+    has that `policy.answers` reads (content as text or text parts, refusal, audio transcript, tool calls and the
+    legacy function call), each a delta at a time; `words` are the words in the order they came, tool calls aside
+    (what a stream checked as it flows reads)."""
 
     id: str = ""
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     parts: list[str] = field(default_factory=list)
     refusal: list[str] = field(default_factory=list)
-    audio: dict[str, Any] | None = None  # the audio's id and transcript so far (its data is not kept)
+    audio: dict[str, Any] | None = None  # the audio's id (its data is not kept)
+    transcript: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
+    function_call: dict[str, str] | None = None  # the legacy single call (`functions` offered)
     finish_reason: str | None = None
     words: list[str] = field(default_factory=list)
     added: str = ""  # the words of the last chunk taken
@@ -171,6 +174,7 @@ class StreamedAnswer:
                                  if isinstance(r, str) and r]
                 self._add_audio(delta.get("audio"))
                 self._add_calls(delta.get("tool_calls"))
+                self._add_function_call(delta.get("function_call"))
                 self.added = said(delta)
                 self.words.append(self.added)
                 if choice.get("finish_reason"):
@@ -181,27 +185,36 @@ class StreamedAnswer:
         """A spoken answer arrives as pieces of its transcript (and of its data, which the check cannot read)."""
         if not isinstance(audio, dict):
             return
-        whole = self.audio = self.audio or {"transcript": ""}
+        self.audio = self.audio or {}
         if isinstance(audio.get("id"), str):
-            whole["id"] = audio["id"]
+            self.audio["id"] = audio["id"]
         if isinstance(audio.get("transcript"), str):
-            whole["transcript"] += audio["transcript"]
+            self.transcript.append(audio["transcript"])
+
+    def _add_function_call(self, call: Any) -> None:
+        if isinstance(call, dict):
+            whole = self.function_call = self.function_call or {"name": "", "arguments": ""}
+            for key in ("name", "arguments"):
+                if isinstance(call.get(key), str):
+                    whole[key] += call[key]
 
     def _add_calls(self, calls: Any) -> None:
-        """Tool calls arrive in pieces: an id, type and name first, then the arguments a fragment at a time."""
+        """Tool calls arrive in pieces: an id, type and name first, then the arguments (a custom tool's input) a
+        fragment at a time."""
         for call in calls if isinstance(calls, list) else []:
             if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
                 continue
-            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function",
-                                                                       "function": {"name": "", "arguments": ""}})
+            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function"})
             for key in ("id", "type"):
                 if isinstance(call.get(key), str):
                     whole[key] = call[key]
-            function = call.get("function")
-            if isinstance(function, dict):
-                for key in ("name", "arguments"):
-                    if isinstance(function.get(key), str):
-                        whole["function"][key] += function[key]
+            for kind, words in (("function", "arguments"), ("custom", "input")):
+                given = call.get(kind)
+                if isinstance(given, dict):
+                    piece = whole.setdefault(kind, {"name": "", words: ""})
+                    for key in ("name", words):
+                        if isinstance(given.get(key), str):
+                            piece[key] += given[key]
 
     @property
     def text(self) -> str:
@@ -217,11 +230,20 @@ class StreamedAnswer:
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
         if self.audio is not None:
-            message["audio"] = dict(self.audio)
+            message["audio"] = {**self.audio, "transcript": "".join(self.transcript)}
         if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            message["tool_calls"] = [self._call(self.tool_calls[i]) for i in sorted(self.tool_calls)]
+        if self.function_call is not None:
+            message["function_call"] = dict(self.function_call)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
+
+    @staticmethod
+    def _call(call: dict[str, Any]) -> dict[str, Any]:
+        """A whole tool call: a function's (its name and arguments empty where none came) or a custom tool's."""
+        if "custom" in call or "function" in call:
+            return dict(call)
+        return {**call, "function": {"name": "", "arguments": ""}}
 
     def replacement_chunks(self, message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
         """The chunks of a rewritten answer: its text and refusal (a blocked answer's), then its tool calls (none
@@ -234,6 +256,8 @@ class StreamedAnswer:
         calls = message.get("tool_calls")
         if isinstance(calls, list) and calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        if isinstance(message.get("function_call"), dict):
+            delta["function_call"] = message["function_call"]
         return [self.chunk([{"index": 0, "delta": delta, "finish_reason": None}]),
                 self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
 

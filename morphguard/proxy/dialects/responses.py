@@ -219,9 +219,18 @@ class Responses(EventDialect):
 
     @staticmethod
     def collected(events: list[Event]) -> dict[str, Any] | None:
-        """The whole response, as the stream's last event carries it."""
+        """The whole response, as the stream's last event carries it; where that response holds no output, with
+        the items the stream finished (`response.output_item.done`), which are what the client read."""
         data = events[-1].json() if events else None
-        return data.get("response") if isinstance(data, dict) and isinstance(data.get("response"), dict) else None
+        response = data.get("response") if isinstance(data, dict) else None
+        if not isinstance(response, dict):
+            return None
+        if not response.get("output"):
+            done = [e.json() for e in events if e.name == "response.output_item.done"]
+            items = [d["item"] for d in done if isinstance(d, dict) and isinstance(d.get("item"), dict)]
+            if items:
+                return {**response, "output": items}
+        return response
 
     @staticmethod
     def attach(event: Event, verdict: dict[str, Any]) -> Event:

@@ -198,8 +198,9 @@ def api_error_event(error: ProxyError) -> Event:
 class NamedEvents(Protocol):
     """What `EventLog` needs of a dialect whose stream ends in a named last event."""
 
-    def added(self, event: Event, said: dict[Any, str]) -> str:
-        """The words `event` adds to the answer, given what was `said` so far in each part (updated)."""
+    def added(self, event: Event, said: dict[Any, list[str]]) -> str:
+        """The words `event` adds to the answer, given what was `said` so far in each part, in the pieces it
+        came in (updated)."""
 
     def is_last(self, event: Event) -> bool: ...
 
@@ -215,7 +216,7 @@ class EventLog:
         self.dialect = dialect
         self.events: list[Event] = []
         self.parts: list[str] = []
-        self.said: dict[Any, str] = {}  # each part's words so far, by the dialect's key of the part
+        self.said: dict[Any, list[str]] = {}  # each part's words so far, in pieces, by the dialect's key
         self.added = ""
         self.last: Event | None = None
 
@@ -267,7 +268,7 @@ class EventDialect:
         raise NotImplementedError
 
     @staticmethod
-    def added(event: Event, said: dict[Any, str]) -> str:
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
         raise NotImplementedError
 
     @staticmethod

@@ -140,7 +140,7 @@ class Messages(EventDialect):
         return out
 
     @staticmethod
-    def added(event: Event, said: dict[Any, str]) -> str:
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
         """The text this event adds: a text delta's, or the text a text block holds as it starts. No event repeats
         a block's text, so none is weighed against what was `said`."""
         if event.name not in ("content_block_start", "content_block_delta"):

@@ -50,7 +50,7 @@ class Responses(EventDialect):
         seq, items, parts = 0, 0, 0
         message: dict[str, Any] | None = None
         open_text: dict[str, Any] | None = None
-        said: dict[Any, str] = {}
+        said: dict[Any, list[str]] = {}
         for ev in sent:
             data = ev.json()
             if not isinstance(data, dict):
@@ -80,7 +80,7 @@ class Responses(EventDialect):
 
         out = []
         if open_text is not None:  # no `output_text.done`: the SDK would parse the partial text
-            so_far = said.get(_part_key(open_text["at"], open_text["at"].get("content_index")), "")
+            so_far = "".join(said.get(_part_key(open_text["at"], open_text["at"].get("content_index")), []))
             out.append(event("response.content_part.done", **open_text["at"],
                              part={"type": "output_text", "text": so_far, "annotations": []}))
         if message is None:
@@ -186,7 +186,7 @@ class Responses(EventDialect):
         return out
 
     @staticmethod
-    def added(event: Event, said: dict[Any, str]) -> str:
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
         """The words of a text or refusal part this event adds: a delta's, or, where an event carries the part
         whole (`*.done`, `content_part.*`, `output_item.*`), what no event before it said."""
         name = event.name or ""
@@ -200,7 +200,7 @@ class Responses(EventDialect):
             if not isinstance(words, str):
                 return ""
             key = _part_key(data, data.get("content_index"))
-            said[key] = said.get(key, "") + words
+            said.setdefault(key, []).append(words)
             return words
         whole: list[tuple[Any, Any]] = []  # (the part's key, its words)
         if name in ("response.output_text.done", "response.refusal.done"):
@@ -293,12 +293,12 @@ def _part_words(part: Any) -> Any:
     return None
 
 
-def _unsaid(said: dict[Any, str], key: Any, words: str) -> str:
+def _unsaid(said: dict[Any, list[str]], key: Any, words: str) -> str:
     """What of a part's whole `words` was not said before: all of it when no delta carried it, the rest when the
     deltas carried its start; all of it again where the whole says something else than the deltas did (read
     twice rather than not at all)."""
-    before = said.get(key, "")
-    said[key] = words
+    before = "".join(said.get(key, ()))
+    said[key] = [words]
     return words[len(before):] if words.startswith(before) else words
 
 

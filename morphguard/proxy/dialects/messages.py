@@ -2,9 +2,9 @@
 
 For the check, `system` becomes a system message, text blocks messages, documents and tool results tool
 messages. The answer is read from its text and tool-use blocks; a stream's text from its text deltas and from the
-text a block may already hold when it starts. A blocked answer is the safe message alone,
-stopped for `refusal` as Anthropic writes its own refusals. A stream's `message_stop` is held back until the
-verdict event has gone out, and carries the verdict too.
+text a block may already hold when it starts. A blocked answer is the safe message alone, stopped for `refusal` as
+Anthropic writes its own refusals. A stream's `message_stop` is held back until the verdict event has gone out,
+and carries the verdict too.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Messages(EventDialect):
         """The refusal as Anthropic streams one: `text` as text (after what text went out already, in the
         open text block, else in a new one), then `stop_reason: refusal` with `text` as its explanation."""
         blocks, open_block, tokens = 0, None, 0
-        said = any([cls.added(event, {}) for event in sent])
+        said = any(cls.added(event, {}) for event in sent)
         for event in sent:
             data = event.json()
             if not isinstance(data, dict):

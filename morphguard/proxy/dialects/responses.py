@@ -2,12 +2,11 @@
 
 The request goes upstream as the client sent it (less our field); for the check, `instructions` become a system
 message, input items messages, function outputs and file-search results tool messages. The answer is read from
-every output item that carries the model's words; a stream, from its events, each text or refusal part's words
-counted once whether they came in deltas or whole in the event that opens or closes the part or its item. A
-blocked answer is written as the provider writes its own
-refusals (a completed response whose one message is a `refusal` part), with ids the provider never issued. A
-stream's last event (`response.completed`, `.incomplete` or `.failed`) is held back until the verdict event has
-gone out, and carries the verdict too.
+every output item that carries the model's words; a stream's from its events, each text or refusal part's words
+counted once, whether they came in deltas or whole in the event that opens or closes the part or its item. A
+blocked answer is written as the provider writes its own refusals (a completed response whose one message is a
+`refusal` part), with ids the provider never issued. A stream's last event (`response.completed`, `.incomplete` or
+`.failed`) is held back until the verdict event has gone out, and carries the verdict too.
 """
 
 from __future__ import annotations
@@ -274,7 +273,7 @@ class Responses(EventDialect):
 
 
 
-# Events that never carry the answer's words (most of a stream's events are deltas, read above).
+# Events that never carry the answer's words: not parsed for them.
 _NO_WORDS = frozenset({"response.created", "response.in_progress", "response.completed", "response.incomplete",
                        "response.failed", "response.function_call_arguments.delta",
                        "response.function_call_arguments.done"})
@@ -287,10 +286,11 @@ def _part_key(data: dict[str, Any], content_index: Any) -> tuple[Any, Any]:
 
 
 def _part_words(part: Any) -> Any:
-    if isinstance(part, dict):
-        return part.get("text") if part.get("type") == "output_text" else part.get(
-            "refusal") if part.get("type") == "refusal" else None
-    return None
+    """A part's words: an output text's text, a refusal's refusal (None for any other part)."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    return part.get("text") if kind == "output_text" else part.get("refusal") if kind == "refusal" else None
 
 
 def _unsaid(said: dict[Any, list[str]], key: Any, words: str) -> str:

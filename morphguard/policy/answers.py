@@ -1,10 +1,12 @@
 """What an answer says, read from every field of a chat completion that carries the model's words.
 
-The check reads the prose (`content`), a refusal, a spoken answer's transcript and, unless policy says
-otherwise (`policy.tool_calls`), the arguments of tool calls: apps that take a structured answer through
-a tool call find it there. The Responses and Messages dialects translate their outputs into this chat
-message shape; output they cannot translate (an image, a computer action) is named under `UNREADABLE`,
-and `policy.unreadable_output` says what happens to an answer that carries some.
+The check reads the prose (`content`, a string or a list of text parts), a refusal (the message's, or a
+refusal part of its content), a spoken answer's transcript and, unless policy says otherwise
+(`policy.tool_calls`), the arguments of tool calls: apps that take a structured answer through a tool call
+find it there. A streamed chat answer is read by the same functions, a chunk's delta at a time (`said`). The
+Responses and Messages dialects translate their outputs into this chat message shape; output they cannot
+translate (an image, a computer action) is named under `UNREADABLE`, and `policy.unreadable_output` says what
+happens to an answer that carries some.
 """
 
 from __future__ import annotations
@@ -23,10 +25,37 @@ def message_of(completion: Any) -> dict[str, Any]:
     return message if isinstance(message, dict) else {}
 
 
+def content_text(content: Any) -> str:
+    """The text of a message's (or a delta's) content: a string, or the `text` of its text parts, joined as they
+    follow each other (a streamed part is a piece of the text, not a paragraph)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content
+                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+    return ""
+
+
+def content_refusal(content: Any) -> str:
+    """The refusal parts of a content that is a list of parts."""
+    if not isinstance(content, list):
+        return ""
+    return "".join(p["refusal"] for p in content
+                   if isinstance(p, dict) and p.get("type") == "refusal" and isinstance(p.get("refusal"), str))
+
+
+def said(message: dict[str, Any]) -> str:
+    """The words of a message or of a streamed delta, tool calls aside: its content's text, its refusal and its
+    audio transcript, in that order. A delta's words are what it adds to the answer."""
+    audio = message.get("audio")
+    parts = [content_text(message.get("content")), content_refusal(message.get("content")), message.get("refusal"),
+             audio.get("transcript") if isinstance(audio, dict) else None]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
 def prose(completion: Any) -> str:
     """The answer's text content: what `highlight`, `cite` and `block` rewrite."""
-    content = message_of(completion).get("content")
-    return content if isinstance(content, str) else ""
+    return content_text(message_of(completion).get("content"))
 
 
 def tool_arguments(message: dict[str, Any]) -> list[str]:
@@ -58,7 +87,7 @@ def checked_text(completion: Any, *, tool_calls: bool = True) -> str:
     The prose comes first, so the spans the check reports within it are offsets into `prose` too."""
     message = message_of(completion)
     audio = message.get("audio")
-    parts = [prose(completion), message.get("refusal"),
+    parts = [prose(completion), content_refusal(message.get("content")), message.get("refusal"),
              audio.get("transcript") if isinstance(audio, dict) else None]
     if tool_calls:
         parts += tool_arguments(message)

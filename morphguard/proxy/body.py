@@ -109,16 +109,27 @@ def loads_upstream(data: bytes) -> Any:
 
 
 def chat_completion(value: Any) -> dict[str, Any]:
-    """A chat completion with a readable first answer, or a 502: what the client gets is what we checked."""
+    """A chat completion with a readable first answer, or a 502: what the client gets is what we checked. Its
+    content is null, a string, or a list of parts (objects; a part's `text` or `refusal`, if any, a string)."""
     try:
         message = value["choices"][0]["message"]
-        ok = isinstance(message, dict) and isinstance(message.get("content"), (str, type(None))) \
+        ok = isinstance(message, dict) and readable_content(message.get("content")) \
             and all(isinstance(c, dict) for c in value["choices"])
     except (KeyError, IndexError, TypeError):
         ok = False
     if not ok:
         raise upstream_malformed("not a chat completion with a text answer")
     return value
+
+
+def readable_content(content: Any) -> bool:
+    """An answer's content (or a streamed delta's) as `policy.answers` reads it: null, a string, or a list of parts
+    whose text and refusal, where they have them, are strings."""
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and all(isinstance(p[key], str) for key in ("text", "refusal") if key in p)
+        for p in content)
 
 
 def parse_object(raw: bytes) -> dict[str, Any]:

@@ -182,6 +182,7 @@ class _DialectStream:
         self.dialect = dialect
         self.assembly: Assembly = dialect.assembly()
         self.last: Event | None = None
+        self._added: dict[int, str] = {}  # the words of each event read and not yet asked for, by the event
 
     async def read(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
         """The upstream's events less its last (kept for the ending); ProxyError where the stream breaks."""
@@ -189,11 +190,13 @@ class _DialectStream:
             if self.assembly.add(event):
                 self.last = event
                 break
+            self._added[id(event)] = self.assembly.added
             yield event
         self.assembly.finish()
 
     def delta(self, event: Event) -> str:
-        return self.dialect.delta(event)
+        """The words the assembly read in `event` as it took it: the stream's one reading of its events."""
+        return self._added.pop(id(event), "")
 
     def marked(self, event: Event, verdict: dict[str, Any]) -> Event:
         data = event.json()  # every API's events are JSON objects; an SDK keeps a field it does not know
@@ -210,8 +213,8 @@ class _DialectStream:
 def stream_mode(settings: ProxySettings, action: Action, request: CheckRequest, *, tool_calls_checked: bool) -> str:
     """How one request's stream is checked. `auto`: as it flows where the request's rule can change the answer
     (a stronger action than `annotate`), else passed through (queued under `mode: async`). Checking as it flows
-    reads answer text only, so a request that offers tools whose calls are checked is buffered; one with no
-    context has nothing to be checked against and passes through (recorded `no_context`)."""
+    reads answer text only, so a request that offers tools whose calls are checked is buffered, on every API; one
+    with no context has nothing to be checked against and passes through (recorded `no_context`)."""
     mode = settings.stream_mode
     if mode == "auto":
         if ACTIONS.index(action) <= ACTIONS.index("annotate"):
@@ -226,6 +229,8 @@ def stream_mode(settings: ProxySettings, action: Action, request: CheckRequest, 
 
 
 def _offers_tools(request: CheckRequest) -> bool:
+    """Whether the answer may be a tool call: the request as a chat (each dialect's `chat_view`) offers tools, or
+    chat's legacy functions."""
     return bool(request.body.get("tools") or request.body.get("functions"))
 
 

@@ -27,9 +27,13 @@ Judge models "judge-<N>ms" answer as "judge" does, after N ms: a judge of fixed 
 and /v1/messages answer in the OpenAI Responses and Anthropic Messages shapes (streamed as their SSE
 events), picking the answer by model as chat does ("echo" repeats the last input's text); GET /_native lists
 what they received.
-Answers outside the text, by model name: "tool-answer" (the hallucinated answer as a tool call's argument,
-on all three APIs, streamed too), "refusal-answer" and "audio-answer" (chat: in `refusal`, in an audio
-transcript), "image-answer" (Responses: only an image). Chat answers carry logprobs when asked for them.
+Answers in every field that carries a model's words, by model name "<field>-answer" (the hallucinated answer) or
+"<field>-echo" (the last user message, as "echo"): "tool" (a tool call's argument, on all three APIs, streamed as
+argument deltas), "function" (chat: the legacy `function_call`), "refusal" (chat's `refusal`, a Responses refusal
+part), "audio" (chat: an audio transcript, streamed as transcript deltas), "parts" (chat: content as a list of text
+parts, streamed so too), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
+"item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
+the text); "image" (Responses: only an image). Chat answers carry logprobs when asked for them.
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
 input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
 of Responses and Messages stop before their last event.
@@ -87,15 +91,33 @@ def _judge(system: str, user: str) -> str | None:
     return None
 
 
+def _field(model: str) -> str:
+    """The field a "<field>-answer" or "<field>-echo" model answers in ("" for the plain text)."""
+    match = re.fullmatch(r"(.+)-(answer|echo)", model)
+    return match.group(1) if match else ""
+
+
+def _text(model: str, echoed: str) -> str:
+    if model == "echo" or model.endswith("-echo"):
+        return echoed
+    return ANSWERS["hallucinated"] if model.endswith("-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+
+
 def _completion(model: str, text: str, logprobs: bool = False) -> dict:
     message: dict = {"role": "assistant", "content": text}
     finish = "stop"
-    if model == "tool-answer":
+    shape = _field(model)
+    if shape == "tool":
         message = {"role": "assistant", "content": None, "tool_calls": [_tool_call(text)]}
         finish = "tool_calls"
-    elif model == "refusal-answer":
+    elif shape == "function":  # the legacy single call, to a request that offers `functions`
+        message = {"role": "assistant", "content": None, "function_call": _tool_call(text)["function"]}
+        finish = "function_call"
+    elif shape == "refusal":
         message = {"role": "assistant", "content": None, "refusal": text}
-    elif model == "audio-answer":
+    elif shape == "parts":
+        message = {"role": "assistant", "content": [{"type": "text", "text": text}]}
+    elif shape == "audio":
         message = {"role": "assistant", "content": None,
                    "audio": {"id": "audio_1", "data": "UklGRg==", "expires_at": 0, "transcript": text}}
     choice = {"index": 0, "message": message, "finish_reason": finish,
@@ -165,9 +187,7 @@ async def _chat(request: Request) -> Response:
     fault = _fault(model, bool(body.get("stream")))
     if fault is not None:
         return fault
-    text = str(messages[-1].get("content")) if model == "echo" else ANSWERS.get(model, ANSWERS["faithful"])
-    if model.endswith("-answer"):
-        text = ANSWERS["hallucinated"]
+    text = _text(model, str(messages[-1].get("content")))
     if not body.get("stream"):
         return JSONResponse(_completion(model, text, logprobs=bool(body.get("logprobs"))))
     return StreamingResponse(_chunks(model, text), media_type="text/event-stream")
@@ -176,7 +196,7 @@ async def _chat(request: Request) -> Response:
 async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
-    if model == "tool-answer":  # the call's name first, then its arguments in two pieces
+    if _field(model) == "tool":  # the call's name first, then its arguments in two pieces
         call = _tool_call(text)
         arguments = call["function"]["arguments"]
         head = {"index": 0, "id": call["id"], "type": "function", "function": {"name": "answer", "arguments": ""}}
@@ -184,6 +204,13 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
                       {"index": 0, "function": {"arguments": arguments[10:]}}):
             yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}) + "\n\n"
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        yield "\n\ndata: [DONE]\n\n"
+        return
+    if _field(model) == "function":  # the legacy call: its name first, then its arguments in two pieces
+        arguments = _tool_call(text)["function"]["arguments"]
+        for call in ({"name": "answer", "arguments": ""}, {"arguments": arguments[:10]}, {"arguments": arguments[10:]}):
+            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"function_call": call}}]}) + "\n\n"
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "function_call"}]})
         yield "\n\ndata: [DONE]\n\n"
         return
     for i, word in enumerate(re.findall(r"\S+\s*", text)):
@@ -195,8 +222,18 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
             raise ConnectionResetError("scripted reset")
         if broken == "slow":
             await asyncio.sleep(0.5)
-        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": word}}]}) + "\n\n"
+        delta: dict = {"content": word}  # or the words in another field alone, a piece at a time
+        if _field(model) == "refusal":
+            delta = {"refusal": word}
+        elif _field(model) == "audio":
+            delta = {"audio": {"id": "audio_1", "transcript": word}}
+        elif _field(model) == "parts":
+            delta = {"content": [{"type": "text", "text": word}]}
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta}]}) + "\n\n"
         await asyncio.sleep(0.01)
+    if _field(model) == "audio":  # the sound itself, after its transcript
+        audio = {"id": "audio_1", "data": "UklGRg==", "expires_at": 0}
+        yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"audio": audio}}]}) + "\n\n"
     if finish:
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + "\n\n"
         yield "data: [DONE]\n\n"
@@ -308,10 +345,12 @@ def _response(model: str, text: str) -> dict:
     number = len(stored) + 1
     output: list[dict] = [{"type": "message", "id": f"msg_{number}", "status": "completed", "role": "assistant",
                            "content": [{"type": "output_text", "text": text, "annotations": []}]}]
-    if model == "tool-answer":
+    if _field(model) == "tool":
         output = [{"type": "function_call", "id": f"fc_{number}", "call_id": "call_1", "name": "answer",
                    "arguments": json.dumps({"answer": text}), "status": "completed"}]
-    elif model == "image-answer":
+    elif _field(model) == "refusal":
+        output[0]["content"] = [{"type": "refusal", "refusal": text}]
+    elif _field(model) == "image":
         output = [{"type": "image_generation_call", "id": f"ig_{number}", "status": "completed", "result": "iVBORw0K"}]
     stored[f"resp_{number}"] = text
     return {"id": f"resp_{number}", "object": "response", "created_at": int(time.time()), "status": "completed",
@@ -336,8 +375,7 @@ async def responses(request: Request) -> Response:
         return JSONResponse({"error": {"message": f"Previous response with id '{previous}' not found.",
                                        "type": "invalid_request_error", "param": "previous_response_id",
                                        "code": "previous_response_not_found"}}, status_code=400)
-    text = _echoed(body.get("input")) if model == "echo" else ANSWERS["hallucinated"] if model.endswith(
-        "-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    text = _text(model, _echoed(body.get("input")))
     if previous is not None and "repeat" in json.dumps(body.get("input")):
         text = stored[previous]
     final = _response(model, text)
@@ -354,12 +392,25 @@ async def responses(request: Request) -> Response:
 
         item = final["output"][0]
         yield event("response.created", response={**final, "status": "in_progress", "output": []})
-        if item["type"] != "message":  # a function call or an image: its item, then the end
+        if item["type"] == "function_call":  # the call opens empty, its arguments follow in two pieces
+            yield event("response.output_item.added", output_index=0, item={**item, "arguments": "",
+                                                                            "status": "in_progress"})
+            for piece in (item["arguments"][:10], item["arguments"][10:]):
+                yield event("response.function_call_arguments.delta", output_index=0, item_id=item["id"],
+                            delta=piece)
+            yield event("response.function_call_arguments.done", output_index=0, item_id=item["id"],
+                        arguments=item["arguments"])
+            yield event("response.output_item.done", output_index=0, item=item)
+            yield event("response.completed", response=final)
+            return
+        if item["type"] != "message":  # an image: its item, then the end
             yield event("response.output_item.added", output_index=0, item=item)
             yield event("response.output_item.done", output_index=0, item=item)
             yield event("response.completed", response=final)
             return
-        text = item["content"][0]["text"]
+        part = item["content"][0]
+        kind, key = ("refusal", "refusal") if part["type"] == "refusal" else ("output_text", "text")
+        text = part[key]
         giant = re.fullmatch(r"giant-line-(\d+)", model)
         if giant:  # an event the client would skip, of one long data line
             yield 'event: response.in_progress\ndata: {"type": "response.in_progress", "pad": "'
@@ -368,15 +419,18 @@ async def responses(request: Request) -> Response:
             yield '"}\n\n'
         yield event("response.output_item.added", output_index=0, item={**item, "content": [],
                                                                         "status": "in_progress"})
-        yield event("response.content_part.added", output_index=0, item_id=item["id"], content_index=0,
-                    part={"type": "output_text", "text": "", "annotations": []})
-        for word in _words(text):
-            yield event("response.output_text.delta", output_index=0, item_id=item["id"], content_index=0,
-                        delta=word, logprobs=[])
-        yield event("response.output_text.done", output_index=0, item_id=item["id"], content_index=0, text=text,
-                    logprobs=[])
-        yield event("response.content_part.done", output_index=0, item_id=item["id"], content_index=0,
-                    part=item["content"][0])
+        if _field(model) != "item-only":  # there the text comes only with the whole item
+            at = {"output_index": 0, "item_id": item["id"], "content_index": 0}
+            yield event("response.content_part.added", **at, part={**part, key: ""})
+            if _field(model) != "done-only":  # there the text comes only with `output_text.done`
+                for word in _words(text):
+                    yield event(f"response.{kind}.delta", **at, delta=word,
+                                **({"logprobs": []} if kind == "output_text" else {}))
+            if kind == "refusal":
+                yield event("response.refusal.done", **at, refusal=text)
+            else:
+                yield event("response.output_text.done", **at, text=text, logprobs=[])
+            yield event("response.content_part.done", **at, part=part)
         yield event("response.output_item.done", output_index=0, item=item)
         if model != "truncated":
             yield event("response.completed", response=final)
@@ -393,7 +447,7 @@ def _echoed(given: object) -> str:
 
 
 def _message(model: str, text: str) -> dict:
-    if model == "tool-answer":
+    if _field(model) == "tool":
         return {"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "tool_use", "id": "toolu_1", "name": "answer", "input": {"answer": text}}],
                 "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 20, "output_tokens": 9}}
@@ -410,8 +464,7 @@ async def messages(request: Request) -> Response:
     leaked = _leak(model, request)
     if leaked is not None:
         return leaked
-    text = _echoed(body.get("messages")) if model == "echo" else ANSWERS["hallucinated"] if model.endswith(
-        "-answer") else ANSWERS.get(model, ANSWERS["faithful"])
+    text = _text(model, _echoed(body.get("messages")))
     final = _message(model, text)
     if not body.get("stream"):
         return JSONResponse(final)
@@ -428,6 +481,8 @@ async def messages(request: Request) -> Response:
             arguments = json.dumps(block["input"])
             for piece in (arguments[:10], arguments[10:]):
                 yield event("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": piece})
+        elif _field(model) == "start-only":  # the block starts holding its whole text, no delta follows
+            yield event("content_block_start", index=0, content_block=block)
         else:
             yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
             yield event("ping")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from morphguard.policy.answers import checked_text, message_of, prose
-from morphguard.proxy.dialects.base import Dialect, Event
-from morphguard.proxy.dialects.chat import ChatCompletions
+from morphguard.proxy.dialects.base import Dialect, Event, event_of
+from morphguard.proxy.dialects.chat import DONE, ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.dialects.responses import Responses
 from morphguard.proxy.errors import ProxyError
@@ -35,10 +35,10 @@ def assembled(dialect: Dialect, events: list[Event]) -> tuple[dict, str, Event |
     last = None
     deltas = []
     for event in events:
-        deltas.append(dialect.delta(event))
         if assembly.add(event):
             last = event
             break
+        deltas.append(assembly.added)
     assembly.finish()
     return assembly.completion(), "".join(deltas), last
 
@@ -54,7 +54,8 @@ def test_a_replayed_response_assembles_back_into_its_answer(name):
 
 def cut_at_first_text(dialect: Dialect, events: list[Event], *, with_it: bool) -> list[Event]:
     """The events of a stream up to its first text delta (with it: cut short mid-answer), as sent."""
-    first = next(i for i, e in enumerate(events) if dialect.delta(e))
+    assembly = dialect.assembly()
+    first = next(i for i, e in enumerate(events) if not assembly.add(e) and assembly.added)
     return events[:first + 1] if with_it else events[:first]
 
 
@@ -77,7 +78,7 @@ def test_a_refused_ending_is_the_providers_own_refusal_saying_the_text(name, cut
     if name == "chat":
         assert message["refusal"] == "Withheld."
         assert message["content"] == (f"{said}\n\nWithheld." if cut else "Withheld.")
-        assert deltas == message["content"]
+        assert deltas == message["content"] + message["refusal"]  # every field's words, in the order they came
         assert ended["choices"][0]["finish_reason"] == "stop"
     elif name == "responses":
         assert (ended["status"], ended["incomplete_details"]) == ("completed", None)
@@ -127,3 +128,109 @@ def test_a_chat_event_that_is_no_chunk_breaks_the_stream():
     with pytest.raises(ProxyError) as caught:
         ChatCompletions().assembly().add(Event(None, '["not", "a", "chunk"]'))
     assert caught.value.code == "upstream_malformed"
+
+
+# --- one reader: the words each event adds are the whole answer's, once each, from every field ------------------
+
+def chat_chunk(delta: dict, finish: str | None = None) -> Event:
+    return event_of(None, {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def responses_event(name: str, **data: object) -> Event:
+    return event_of(name, {"type": name, **data})
+
+
+AT = {"output_index": 0, "item_id": "msg_1", "content_index": 0}
+PART = {"type": "output_text", "text": TEXT, "annotations": []}
+ITEM = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [PART]}
+WORDS = TEXT.split(" ")
+PIECES = [w + " " for w in WORDS[:-1]] + [WORDS[-1]]
+COMPLETED = responses_event("response.completed", response={**RESPONSES["responses"], "output": [ITEM]})
+START = event_of("message_start", {"type": "message_start", "message": {**RESPONSES["messages"], "content": []}})
+STOP = [event_of("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        event_of("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
+        event_of("message_stop", {"type": "message_stop"})]
+
+STREAMS = {
+    "chat-audio-transcript": ("chat", [chat_chunk({"audio": {"id": "a1", "transcript": p}}) for p in PIECES]
+                              + [chat_chunk({"audio": {"data": "UklGRg=="}}), chat_chunk({}, "stop"), DONE]),
+    "chat-content-parts": ("chat", [chat_chunk({"content": [{"type": "text", "text": p}]}) for p in PIECES]
+                           + [chat_chunk({}, "stop"), DONE]),
+    "chat-refusal": ("chat", [chat_chunk({"refusal": p}) for p in PIECES] + [chat_chunk({}, "stop"), DONE]),
+    "responses-deltas-then-whole": ("responses", [
+        responses_event("response.output_item.added", output_index=0, item={**ITEM, "content": []}),
+        responses_event("response.content_part.added", **AT, part={**PART, "text": ""}),
+        *(responses_event("response.output_text.delta", **AT, delta=p) for p in PIECES),
+        responses_event("response.output_text.done", **AT, text=TEXT),
+        responses_event("response.content_part.done", **AT, part=PART),
+        responses_event("response.output_item.done", output_index=0, item=ITEM), COMPLETED]),
+    "responses-done-only": ("responses", [
+        responses_event("response.content_part.added", **AT, part={**PART, "text": ""}),
+        responses_event("response.output_text.done", **AT, text=TEXT),
+        responses_event("response.content_part.done", **AT, part=PART),
+        responses_event("response.output_item.done", output_index=0, item=ITEM), COMPLETED]),
+    "responses-item-only": ("responses", [
+        responses_event("response.output_item.added", output_index=0, item={**ITEM, "content": []}),
+        responses_event("response.output_item.done", output_index=0, item=ITEM), COMPLETED]),
+    "responses-half-in-deltas": ("responses", [
+        responses_event("response.output_text.delta", **AT, delta=PIECES[0]),
+        responses_event("response.output_text.done", **AT, text=TEXT), COMPLETED]),
+    "messages-start-only": ("messages", [
+        START, event_of("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": {"type": "text", "text": TEXT}}), *STOP]),
+    "messages-start-then-deltas": ("messages", [
+        START, event_of("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": {"type": "text", "text": PIECES[0]}}),
+        *(event_of("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                           "delta": {"type": "text_delta", "text": p}}) for p in PIECES[1:]),
+        *STOP]),
+}
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_the_words_each_event_adds_are_the_whole_answers_once_each(name):
+    dialect_name, events = STREAMS[name]
+    completion, added, last = assembled(DIALECTS[dialect_name], events)
+    assert last is events[-1]
+    assert added == TEXT == checked_text(completion)
+
+
+def test_a_responses_stream_whose_last_event_holds_no_output_is_read_from_the_items_it_finished():
+    _, events = STREAMS["responses-deltas-then-whole"]
+    bare = responses_event("response.completed", response={**RESPONSES["responses"], "output": []})
+    completion, added, _ = assembled(Responses(), [*events[:-1], bare])
+    assert checked_text(completion) == TEXT == added
+
+
+def test_a_whole_text_that_contradicts_its_deltas_is_read_again_rather_than_not_at_all():
+    events = [responses_event("response.output_text.delta", **AT, delta="Open at 8."),
+              responses_event("response.output_text.done", **AT, text=TEXT), COMPLETED]
+    _, added, _ = assembled(Responses(), events)
+    assert added == "Open at 8." + TEXT
+
+
+def test_a_chat_answer_whose_content_is_a_list_of_parts_is_read_as_text():
+    response = {**RESPONSES["chat"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": [{"type": "text", "text": "The clinic opens "},
+                                         {"type": "text", "text": "at 9 am on weekdays."},
+                                         {"type": "refusal", "refusal": "No more."}]}}]}
+    completion = ChatCompletions().completion(response)
+    assert prose(completion) == TEXT and checked_text(completion) == f"{TEXT}\n\nNo more."
+    for content in (12, [{"type": "text", "text": 12}], ["text"]):  # not an answer the check can read: a 502
+        with pytest.raises(ProxyError) as caught:
+            ChatCompletions().completion({**response, "choices": [{"index": 0, "message": {"content": content}}]})
+        assert caught.value.status == 502
+
+
+def test_streamed_calls_are_read_as_a_whole_answers_are_a_custom_tools_input_and_the_legacy_function_call():
+    custom = [{"index": 0, "id": "c1", "type": "custom", "custom": {"name": "note", "input": ""}},
+              *({"index": 0, "custom": {"input": p}} for p in PIECES)]
+    events = [*(chat_chunk({"tool_calls": [call]}) for call in custom),
+              chat_chunk({"function_call": {"name": "answer", "arguments": ""}}),
+              *(chat_chunk({"function_call": {"arguments": p}}) for p in PIECES), chat_chunk({}, "stop"), DONE]
+    completion, added, _ = assembled(ChatCompletions(), events)
+    assert added == ""  # calls are no words of the answer: a request that offers tools is buffered
+    assert checked_text(completion) == f"{TEXT}\n\n{TEXT}"
+    assert message_of(completion)["tool_calls"] == [{"type": "custom", "id": "c1",
+                                                     "custom": {"name": "note", "input": TEXT}}]

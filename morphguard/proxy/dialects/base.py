@@ -3,8 +3,10 @@
 A dialect reads its request as a chat (`chat_view`), so that context extraction and policy are the same for
 every API, and its answer as a chat completion (`completion`, in the shape `policy.answers` reads), so that the
 check and the actions are too. What policy did to that completion is written back in the dialect's own shape
-(`written`). A stream is read event by event (`Assembly`); a dialect says what text an event adds (`delta`), how
-its stream ends as a refused answer (`refused_ending`) and how an event carries a verdict (`with_verdict`).
+(`written`). A stream is read event by event (`Assembly`), by the same reading of the same fields: the words each
+event adds (`Assembly.added`) are what its answer's `completion` holds, whether they came in deltas or whole in an
+event that opens or closes a part. A dialect says how its stream ends as a refused answer (`refused_ending`) and
+how an event carries a verdict (`with_verdict`).
 """
 
 from __future__ import annotations
@@ -87,7 +89,13 @@ class Assembly(Protocol):
 
     @property
     def text(self) -> str:
-        """The answer's text so far (what a broken stream's audit row keeps)."""
+        """The answer's words so far (what a broken stream's audit row keeps): what the events taken `added`."""
+
+    @property
+    def added(self) -> str:
+        """The words of the answer the event last taken added, tool calls aside: what a stream checked as it flows
+        reads. A field's words count once, whether they came in deltas or whole in an event that opens or closes
+        the part (then only what no delta said before)."""
 
     def add(self, event: Event) -> bool:
         """Take one event; True when it is the stream's last, which is held back until the verdict is known.
@@ -125,10 +133,8 @@ class Dialect(Protocol):
     def written(self, response: dict[str, Any], checked: dict[str, Any], blocked: bool) -> dict[str, Any]:
         """The response with what policy made of its completion (`checked`) written back."""
 
-    def assembly(self) -> Assembly: ...
-
-    def delta(self, event: Event) -> str:
-        """The answer text this event adds."""
+    def assembly(self) -> Assembly:
+        """The one reader of this API's stream: each event's words as it passes, the whole answer at the end."""
 
     def replay(self, response: dict[str, Any]) -> list[Event]:
         """A stream that says what `response` says, its last event last."""
@@ -163,9 +169,10 @@ def text_of(content: Any, kinds: tuple[str, ...]) -> str:
 
 
 def chat_request(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chat-shaped request the context extractor and policy read."""
+    """The chat-shaped request the context extractor and policy read. The tools it offers go with it as the API
+    wrote them: what policy needs to know is that the answer may be a tool call (`stream_modes.stream_mode`)."""
     view: dict[str, Any] = {"messages": messages}
-    for key in ("model", "stream", OUR_FIELD):
+    for key in ("model", "stream", "tools", OUR_FIELD):
         if key in body:
             view[key] = body[key]
     return view
@@ -191,7 +198,9 @@ def api_error_event(error: ProxyError) -> Event:
 class NamedEvents(Protocol):
     """What `EventLog` needs of a dialect whose stream ends in a named last event."""
 
-    def delta(self, event: Event) -> str: ...
+    def added(self, event: Event, said: dict[Any, list[str]]) -> str:
+        """The words `event` adds to the answer, given what was `said` so far in each part, in the pieces it
+        came in (updated)."""
 
     def is_last(self, event: Event) -> bool: ...
 
@@ -207,6 +216,8 @@ class EventLog:
         self.dialect = dialect
         self.events: list[Event] = []
         self.parts: list[str] = []
+        self.said: dict[Any, list[str]] = {}  # each part's words so far, in pieces, by the dialect's key
+        self.added = ""
         self.last: Event | None = None
 
     @property
@@ -215,10 +226,12 @@ class EventLog:
 
     def add(self, event: Event) -> bool:
         self.events.append(event)
+        self.added = ""
         if self.dialect.is_last(event):
             self.last = event
             return True
-        self.parts.append(self.dialect.delta(event))
+        self.added = self.dialect.added(event, self.said)
+        self.parts.append(self.added)
         return False
 
     def finish(self) -> None:
@@ -255,7 +268,7 @@ class EventDialect:
         raise NotImplementedError
 
     @staticmethod
-    def delta(event: Event) -> str:
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
         raise NotImplementedError
 
     @staticmethod

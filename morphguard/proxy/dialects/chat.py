@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from morphguard.policy.answers import message_of
-from morphguard.proxy.body import chat_completion, int_or_none, loads, parse_chat, str_or_none
+from morphguard.policy.answers import content_refusal, content_text, message_of, said
+from morphguard.proxy.body import chat_completion, int_or_none, loads, parse_chat, readable_content, str_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Event, Usage
 from morphguard.proxy.errors import ProxyError, bad_request, json_bytes, upstream_malformed, upstream_stream_broken
@@ -57,16 +57,6 @@ class ChatCompletions:
         return ChatAssembly()
 
     @staticmethod
-    def delta(event: Event) -> str:
-        chunk = event.json()
-        choices = chunk.get("choices") if isinstance(chunk, dict) else None
-        for choice in choices if isinstance(choices, list) else []:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0 and isinstance(choice.get("delta"), dict):
-                content = choice["delta"].get("content")
-                return content if isinstance(content, str) else ""
-        return ""
-
-    @staticmethod
     def replay(response: dict[str, Any]) -> list[Event]:
         answer = StreamedAnswer.of(response)
         message = message_of(response)
@@ -104,9 +94,14 @@ class ChatAssembly:
 
     @property
     def text(self) -> str:
-        return self.answer.text
+        return "".join(self.answer.words)
+
+    @property
+    def added(self) -> str:
+        return self.answer.added
 
     def add(self, event: Event) -> bool:
+        self.answer.added = ""
         if event.data.strip() == "[DONE]":
             return True
         try:
@@ -132,15 +127,23 @@ class ChatAssembly:
 
 @dataclass
 class StreamedAnswer:
-    """The answer as it is assembled from the chunks of the first choice."""
+    """The answer as it is assembled from the chunks of the first choice: every field a whole answer's message
+    has that `policy.answers` reads (content as text or text parts, refusal, audio transcript, tool calls and the
+    legacy function call), each a delta at a time; `words` are the words in the order they came, tool calls aside
+    (what a stream checked as it flows reads)."""
 
     id: str = ""
     model: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     parts: list[str] = field(default_factory=list)
     refusal: list[str] = field(default_factory=list)
+    audio: dict[str, Any] | None = None  # the audio's id (its data is not kept)
+    transcript: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
+    function_call: dict[str, str] | None = None  # the legacy single call (`functions` offered)
     finish_reason: str | None = None
+    words: list[str] = field(default_factory=list)
+    added: str = ""  # the words of the last chunk taken
 
     @classmethod
     def of(cls, completion: dict[str, Any]) -> StreamedAnswer:
@@ -154,39 +157,64 @@ class StreamedAnswer:
         """Take in one chunk; False (nothing taken) when it is not shaped like a chat completion chunk."""
         choices = chunk.get("choices", []) if isinstance(chunk, dict) else None
         if not isinstance(choices, list) or not all(
-                isinstance(c, dict) and isinstance(c.get("delta") or {}, dict) for c in choices):
+                isinstance(c, dict) and isinstance(c.get("delta") or {}, dict)
+                and readable_content((c.get("delta") or {}).get("content")) for c in choices):
             return False
         self.id = str_or_none(chunk.get("id")) or self.id
         self.model = str_or_none(chunk.get("model")) or self.model
         created = chunk.get("created")
         self.created = created if isinstance(created, int) else self.created
+        self.added = ""
         for choice in choices:
             if choice.get("index", 0) == 0:
                 delta = choice.get("delta") or {}
-                if isinstance(delta.get("content"), str):
-                    self.parts.append(delta["content"])
-                if isinstance(delta.get("refusal"), str):
-                    self.refusal.append(delta["refusal"])
+                self.parts.append(content_text(delta.get("content")))
+                refusal = delta.get("refusal")
+                self.refusal += [r for r in (content_refusal(delta.get("content")), refusal)
+                                 if isinstance(r, str) and r]
+                self._add_audio(delta.get("audio"))
                 self._add_calls(delta.get("tool_calls"))
+                self._add_function_call(delta.get("function_call"))
+                self.added = said(delta)
+                self.words.append(self.added)
                 if choice.get("finish_reason"):
                     self.finish_reason = str(choice["finish_reason"])
         return True
 
+    def _add_audio(self, audio: Any) -> None:
+        """A spoken answer arrives as pieces of its transcript (and of its data, which the check cannot read)."""
+        if not isinstance(audio, dict):
+            return
+        self.audio = self.audio or {}
+        if isinstance(audio.get("id"), str):
+            self.audio["id"] = audio["id"]
+        if isinstance(audio.get("transcript"), str):
+            self.transcript.append(audio["transcript"])
+
+    def _add_function_call(self, call: Any) -> None:
+        if isinstance(call, dict):
+            whole = self.function_call = self.function_call or {"name": "", "arguments": ""}
+            for key in ("name", "arguments"):
+                if isinstance(call.get(key), str):
+                    whole[key] += call[key]
+
     def _add_calls(self, calls: Any) -> None:
-        """Tool calls arrive in pieces: an id, type and name first, then the arguments a fragment at a time."""
+        """Tool calls arrive in pieces: an id, type and name first, then the arguments (a custom tool's input) a
+        fragment at a time."""
         for call in calls if isinstance(calls, list) else []:
             if not isinstance(call, dict) or not isinstance(call.get("index", 0), int):
                 continue
-            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function",
-                                                                       "function": {"name": "", "arguments": ""}})
+            whole = self.tool_calls.setdefault(call.get("index", 0), {"type": "function"})
             for key in ("id", "type"):
                 if isinstance(call.get(key), str):
                     whole[key] = call[key]
-            function = call.get("function")
-            if isinstance(function, dict):
-                for key in ("name", "arguments"):
-                    if isinstance(function.get(key), str):
-                        whole["function"][key] += function[key]
+            for kind, words in (("function", "arguments"), ("custom", "input")):
+                given = call.get(kind)
+                if isinstance(given, dict):
+                    piece = whole.setdefault(kind, {"name": "", words: ""})
+                    for key in ("name", words):
+                        if isinstance(given.get(key), str):
+                            piece[key] += given[key]
 
     @property
     def text(self) -> str:
@@ -201,10 +229,21 @@ class StreamedAnswer:
         message: dict[str, Any] = {"role": "assistant", "content": self.text}
         if self.refusal:
             message["refusal"] = "".join(self.refusal)
+        if self.audio is not None:
+            message["audio"] = {**self.audio, "transcript": "".join(self.transcript)}
         if self.tool_calls:
-            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            message["tool_calls"] = [self._call(self.tool_calls[i]) for i in sorted(self.tool_calls)]
+        if self.function_call is not None:
+            message["function_call"] = dict(self.function_call)
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
+
+    @staticmethod
+    def _call(call: dict[str, Any]) -> dict[str, Any]:
+        """A whole tool call: a function's (its name and arguments empty where none came) or a custom tool's."""
+        if "custom" in call or "function" in call:
+            return dict(call)
+        return {**call, "function": {"name": "", "arguments": ""}}
 
     def replacement_chunks(self, message: dict[str, Any], finish_reason: str) -> list[dict[str, Any]]:
         """The chunks of a rewritten answer: its text and refusal (a blocked answer's), then its tool calls (none
@@ -212,9 +251,13 @@ class StreamedAnswer:
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if isinstance(message.get("refusal"), str):
             delta["refusal"] = message["refusal"]
+        if isinstance(message.get("audio"), dict):
+            delta["audio"] = message["audio"]
         calls = message.get("tool_calls")
         if isinstance(calls, list) and calls:
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        if isinstance(message.get("function_call"), dict):
+            delta["function_call"] = message["function_call"]
         return [self.chunk([{"index": 0, "delta": delta, "finish_reason": None}]),
                 self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
 

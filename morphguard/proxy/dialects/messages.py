@@ -1,9 +1,10 @@
 """POST /v1/messages (Anthropic's Messages API) in its own shape, sent to `proxy.anthropic` when set.
 
 For the check, `system` becomes a system message, text blocks messages, documents and tool results tool
-messages. The answer is read from its text and tool-use blocks. A blocked answer is the safe message alone,
-stopped for `refusal` as Anthropic writes its own refusals. A stream's `message_stop` is held back until the
-verdict event has gone out, and carries the verdict too.
+messages. The answer is read from its text and tool-use blocks; a stream's text from its text deltas and from the
+text a block may already hold when it starts. A blocked answer is the safe message alone, stopped for `refusal` as
+Anthropic writes its own refusals. A stream's `message_stop` is held back until the verdict event has gone out,
+and carries the verdict too.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ class Messages(EventDialect):
     via_litellm = False
     EMPTY: dict[str, Any] = {"type": "message", "role": "assistant", "content": []}
 
-    @staticmethod
-    def refused_ending(sent: Sequence[Event], text: str) -> list[Event]:
+    @classmethod
+    def refused_ending(cls, sent: Sequence[Event], text: str) -> list[Event]:
         """The refusal as Anthropic streams one: `text` as text (after what text went out already, in the
         open text block, else in a new one), then `stop_reason: refusal` with `text` as its explanation."""
-        blocks, open_block, said, tokens = 0, None, False, 0
+        blocks, open_block, tokens = 0, None, 0
+        said = any(cls.added(event, {}) for event in sent)
         for event in sent:
             data = event.json()
             if not isinstance(data, dict):
@@ -53,8 +55,6 @@ class Messages(EventDialect):
                     "type") == "text" else None
             elif event.name == "content_block_stop":
                 open_block = None
-            elif event.name == "content_block_delta":
-                said = said or bool(Messages.delta(event))
             elif event.name == "message_start" and isinstance(data.get("message"), dict):
                 usage = data["message"].get("usage")
                 tokens = int_or_none(usage.get("output_tokens")) or 0 if isinstance(usage, dict) else 0
@@ -140,13 +140,15 @@ class Messages(EventDialect):
         return out
 
     @staticmethod
-    def delta(event: Event) -> str:
-        if event.name == "content_block_delta":
-            data = event.json()
-            delta = data.get("delta") if isinstance(data, dict) else None
-            if isinstance(delta, dict) and delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                return delta["text"]
-        return ""
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
+        """The text this event adds: a text delta's, or the text a text block holds as it starts. No event repeats
+        a block's text, so none is weighed against what was `said`."""
+        if event.name not in ("content_block_start", "content_block_delta"):
+            return ""
+        data = event.json()
+        if not isinstance(data, dict):
+            return ""
+        return _text_delta(data) if event.name == "content_block_delta" else _block_text(data.get("content_block"))
 
     @staticmethod
     def is_last(event: Event) -> bool:
@@ -173,7 +175,7 @@ class Messages(EventDialect):
                     so_far = block.get("input")
                     block["input"] = (so_far if isinstance(so_far, str) else "") + delta["partial_json"]
                 elif block.get("type") == "text":
-                    block["text"] = block.get("text", "") + Messages.delta(event)
+                    block["text"] = block.get("text", "") + _text_delta(data)
             elif event.name == "message_delta" and message is not None and isinstance(data.get("delta"), dict):
                 message.update({k: v for k, v in data["delta"].items() if k in ("stop_reason", "stop_sequence")})
                 if isinstance(data.get("usage"), dict):
@@ -211,6 +213,19 @@ class Messages(EventDialect):
                                           "usage": {"output_tokens": (message.get("usage") or {}).get("output_tokens",
                                                                                                        0)}})
         yield event_of("message_stop", {"type": "message_stop"})
+
+
+def _text_delta(data: dict[str, Any]) -> str:
+    delta = data.get("delta")
+    if isinstance(delta, dict) and delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
+        return str(delta["text"])
+    return ""
+
+
+def _block_text(block: Any) -> str:
+    if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+        return str(block["text"])
+    return ""
 
 
 def _document_text(source: Any) -> str:

@@ -2,10 +2,11 @@
 
 The request goes upstream as the client sent it (less our field); for the check, `instructions` become a system
 message, input items messages, function outputs and file-search results tool messages. The answer is read from
-every output item that carries the model's words. A blocked answer is written as the provider writes its own
-refusals (a completed response whose one message is a `refusal` part), with ids the provider never issued. A
-stream's last event (`response.completed`, `.incomplete` or `.failed`) is held back until the verdict event has
-gone out, and carries the verdict too.
+every output item that carries the model's words; a stream's from its events, each text or refusal part's words
+counted once, whether they came in deltas or whole in the event that opens or closes the part or its item. A
+blocked answer is written as the provider writes its own refusals (a completed response whose one message is a
+`refusal` part), with ids the provider never issued. A stream's last event (`response.completed`, `.incomplete` or
+`.failed`) is held back until the verdict event has gone out, and carries the verdict too.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ class Responses(EventDialect):
         seq, items, parts = 0, 0, 0
         message: dict[str, Any] | None = None
         open_text: dict[str, Any] | None = None
+        said: dict[Any, list[str]] = {}
         for ev in sent:
             data = ev.json()
             if not isinstance(data, dict):
                 continue
+            cls.added(ev, said)
             seq = max(seq, data["sequence_number"] if isinstance(data.get("sequence_number"), int) else 0)
             item: dict[str, Any] = data["item"] if isinstance(data.get("item"), dict) else {}
             part: dict[str, Any] = data["part"] if isinstance(data.get("part"), dict) else {}
@@ -65,9 +68,7 @@ class Responses(EventDialect):
                 message = None
             elif ev.name == "response.content_part.added" and message is not None:
                 parts += 1
-                open_text = {"at": _place(data), "text": ""} if part.get("type") == "output_text" else None
-            elif ev.name == "response.output_text.delta" and open_text is not None:
-                open_text["text"] += cls.delta(ev)
+                open_text = {"at": _place(data)} if part.get("type") == "output_text" else None
             elif ev.name == "response.content_part.done":
                 open_text = None
 
@@ -78,8 +79,9 @@ class Responses(EventDialect):
 
         out = []
         if open_text is not None:  # no `output_text.done`: the SDK would parse the partial text
+            so_far = "".join(said.get(_part_key(open_text["at"], open_text["at"].get("content_index")), []))
             out.append(event("response.content_part.done", **open_text["at"],
-                             part={"type": "output_text", "text": open_text["text"], "annotations": []}))
+                             part={"type": "output_text", "text": so_far, "annotations": []}))
         if message is None:
             message = {"type": "message", "id": f"msg_blocked_{secrets.token_hex(12)}", "role": "assistant",
                        "status": "in_progress", "content": []}
@@ -183,12 +185,32 @@ class Responses(EventDialect):
         return out
 
     @staticmethod
-    def delta(event: Event) -> str:
-        if event.name == "response.output_text.delta":
-            data = event.json()
-            if isinstance(data, dict) and isinstance(data.get("delta"), str):
-                return data["delta"]
-        return ""
+    def added(event: Event, said: dict[Any, list[str]]) -> str:
+        """The words of a text or refusal part this event adds: a delta's, or, where an event carries the part
+        whole (`*.done`, `content_part.*`, `output_item.*`), what no event before it said."""
+        name = event.name or ""
+        if not name.startswith("response.") or name in _NO_WORDS:
+            return ""
+        data = event.json()
+        if not isinstance(data, dict):
+            return ""
+        if name in ("response.output_text.delta", "response.refusal.delta"):
+            words = data.get("delta")
+            if not isinstance(words, str):
+                return ""
+            key = _part_key(data, data.get("content_index"))
+            said.setdefault(key, []).append(words)
+            return words
+        whole: list[tuple[Any, Any]] = []  # (the part's key, its words)
+        if name in ("response.output_text.done", "response.refusal.done"):
+            whole.append((_part_key(data, data.get("content_index")), data.get("text", data.get("refusal"))))
+        elif name in ("response.content_part.added", "response.content_part.done"):
+            whole.append((_part_key(data, data.get("content_index")), _part_words(data.get("part"))))
+        elif name in ("response.output_item.added", "response.output_item.done"):
+            item = data.get("item")
+            if isinstance(item, dict) and item.get("type") == "message" and isinstance(item.get("content"), list):
+                whole += [(_part_key(data, i), _part_words(part)) for i, part in enumerate(item["content"])]
+        return "".join(_unsaid(said, key, words) for key, words in whole if isinstance(words, str) and words)
 
     @staticmethod
     def is_last(event: Event) -> bool:
@@ -196,9 +218,18 @@ class Responses(EventDialect):
 
     @staticmethod
     def collected(events: list[Event]) -> dict[str, Any] | None:
-        """The whole response, as the stream's last event carries it."""
+        """The whole response, as the stream's last event carries it; where that response holds no output, with
+        the items the stream finished (`response.output_item.done`), which are what the client read."""
         data = events[-1].json() if events else None
-        return data.get("response") if isinstance(data, dict) and isinstance(data.get("response"), dict) else None
+        response = data.get("response") if isinstance(data, dict) else None
+        if not isinstance(response, dict):
+            return None
+        if not response.get("output"):
+            done = [e.json() for e in events if e.name == "response.output_item.done"]
+            items = [d["item"] for d in done if isinstance(d, dict) and isinstance(d.get("item"), dict)]
+            if items:
+                return {**response, "output": items}
+        return response
 
     @staticmethod
     def attach(event: Event, verdict: dict[str, Any]) -> Event:
@@ -240,6 +271,35 @@ class Responses(EventDialect):
             yield event("response.output_item.done", output_index=index, item=item)
         yield event(final, response=response)
 
+
+
+# Events that never carry the answer's words: not parsed for them.
+_NO_WORDS = frozenset({"response.created", "response.in_progress", "response.completed", "response.incomplete",
+                       "response.failed", "response.function_call_arguments.delta",
+                       "response.function_call_arguments.done"})
+
+
+def _part_key(data: dict[str, Any], content_index: Any) -> tuple[Any, Any]:
+    """A text or refusal part, as every event about it names it: its item's place in the output, its own in the
+    item's content."""
+    return data.get("output_index"), content_index
+
+
+def _part_words(part: Any) -> Any:
+    """A part's words: an output text's text, a refusal's refusal (None for any other part)."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    return part.get("text") if kind == "output_text" else part.get("refusal") if kind == "refusal" else None
+
+
+def _unsaid(said: dict[Any, list[str]], key: Any, words: str) -> str:
+    """What of a part's whole `words` was not said before: all of it when no delta carried it, the rest when the
+    deltas carried its start; all of it again where the whole says something else than the deltas did (read
+    twice rather than not at all)."""
+    before = "".join(said.get(key, ()))
+    said[key] = [words]
+    return words[len(before):] if words.startswith(before) else words
 
 
 def _place(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""Every field that carries a model's words, on every API, streamed and not, is read by the check before any of it
+reaches the client: the rows of the table in docs/concepts/streams.md ("Which fields are checked").
+
+The proxy runs under uvicorn with its DEFAULT stream settings (`auto`: checked as it flows, held where the request
+offers tools), a `block` profile and the `grounding` detector (no judge: its verdicts are known in advance). The
+scripted provider answers in the field a row names: "<field>-answer" says the unsupported sentence there, and
+"<field>-echo" the user's message, here the context's own sentence. Raw HTTP, since the bytes matter: nothing of
+the unsupported sentence may be anywhere in what is sent."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
+QUESTION = "Can pregnant women take ibuprofen for back pain?"
+UNSUPPORTED_WORD = "throughout"  # of the unsupported answer, "Ibuprofen is safe throughout pregnancy."
+SAFE = "Withheld: the sources do not support this answer."
+PARAMETERS = {"type": "object", "properties": {"answer": {"type": "string"}}}
+TOOLS = {
+    "chat": [{"type": "function", "function": {"name": "answer", "parameters": PARAMETERS}}],
+    "responses": [{"type": "function", "name": "answer", "parameters": PARAMETERS}],
+    "messages": [{"name": "answer", "input_schema": PARAMETERS}],
+}
+
+
+class Row(NamedTuple):
+    api: str  # chat, responses, messages
+    field: str  # the scripted provider's name for the field ("" for the plain text)
+    stream: bool
+
+    @property
+    def id(self) -> str:
+        return f"{self.api}-{self.field or 'text'}-{'streamed' if self.stream else 'whole'}"
+
+
+ROWS = [
+    *(Row("chat", field, stream) for field in ("", "parts", "refusal", "audio", "tool", "function")
+      for stream in (False, True)),
+    Row("responses", "", False), Row("responses", "", True), Row("responses", "done-only", True),
+    Row("responses", "item-only", True), Row("responses", "refusal", False), Row("responses", "refusal", True),
+    Row("responses", "tool", False), Row("responses", "tool", True),
+    Row("messages", "", False), Row("messages", "", True), Row("messages", "start-only", True),
+    Row("messages", "tool", False), Row("messages", "tool", True),
+]
+
+
+@pytest.fixture(scope="module")
+def guarded(proxy_factory) -> str:
+    return proxy_factory(detector="grounding", policy={
+        "safe_message": SAFE, "audit": {"store_text": "full"},
+        "profiles": {"general": {"action": "block", "topics": {}}}})
+
+
+def ask(base: str, row: Row, model: str, user: str) -> httpx.Response:
+    """The row's request: the question (or, to an echo model, the answer it is to give) with the passage as
+    context, offering a tool where the row's answer is a tool call."""
+    body: dict = {"model": model, "stream": row.stream, "morphguard": {"context": PASSAGE}}
+    if row.api == "chat":
+        path = "/v1/chat/completions"
+        body["messages"] = [{"role": "user", "content": user}]
+    elif row.api == "responses":
+        path = "/v1/responses"
+        body["input"] = user
+    else:
+        path = "/v1/messages"
+        body |= {"max_tokens": 100, "messages": [{"role": "user", "content": user}]}
+    if row.field == "tool":
+        body["tools"] = TOOLS[row.api]
+    elif row.field == "function":
+        body["functions"] = [TOOLS["chat"][0]["function"]]
+    response = httpx.post(base + path, json=body, headers={"authorization": "Bearer sk-client"}, timeout=60)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def verdict(response: httpx.Response) -> dict:
+    """The verdict of a whole answer, or the closing verdict of a stream (the sentences' own come before it)."""
+    if response.headers["content-type"].startswith("application/json"):
+        return response.json()["morphguard"]
+    events = [json.loads(line[5:]) for line in response.text.splitlines()
+              if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+    found = [e["morphguard"] for e in events if isinstance(e, dict) and "action" in e.get("morphguard", {})]
+    assert found, response.text[:1000]
+    return found[-1]
+
+
+def audit_row(proxy_factory, base: str, request_id: str) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM decisions WHERE request_id = ?", (request_id,)).fetchone()
+        if row is not None or time.monotonic() > deadline:
+            assert row is not None, f"no audit row for {request_id}"
+            return dict(row)
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_an_unsupported_answer_in_any_field_is_blocked_before_any_of_it_is_sent(guarded, proxy_factory, row):
+    response = ask(guarded, row, f"{row.field}-answer" if row.field else "hallucinated", QUESTION)
+    found = verdict(response)
+    assert found["checked"] is True and found["action"] == "block", found
+    assert UNSUPPORTED_WORD not in response.text  # not in a delta, a whole part, an item or a tool call
+    assert SAFE in response.text
+    audited = audit_row(proxy_factory, guarded, found["request_id"])
+    assert (audited["action"], audited["checked"], audited["flagged"]) == ("block", 1, 1), audited
+    assert UNSUPPORTED_WORD in audited["answer"]  # the audit row keeps what the model said, from that field
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_a_supported_answer_in_any_field_is_read_and_sent(guarded, proxy_factory, row):
+    response = ask(guarded, row, f"{row.field}-echo" if row.field else "echo", PASSAGE)
+    found = verdict(response)
+    assert found["checked"] is True and found["action"] == "pass", found
+    assert "contraindicated" in response.text
+    audited = audit_row(proxy_factory, guarded, found["request_id"])
+    assert audited["action"] == "pass" and "contraindicated" in audited["answer"], audited

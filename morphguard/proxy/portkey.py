@@ -25,7 +25,8 @@ from starlette.responses import Response
 
 from morphguard.policy.answers import prose
 from morphguard.policy.record import DecisionRecord
-from morphguard.proxy.body import check_content, parse_chat, str_or_none
+from morphguard.proxy import choices
+from morphguard.proxy.body import parse_chat, str_or_none
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.dialects.messages import Messages
@@ -109,20 +110,13 @@ def _intake(flow: Flow, request: Request, chat: dict[str, Any], metadata: dict[s
 
 def _chat_view(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     """The request Portkey relayed, read as a chat (what context extraction reads)."""
-    try:
-        if kind == MESSAGES:
-            return Messages.chat_view(body)
-    except ProxyError as exc:
-        raise bad_request(f"request.json: {exc.message}", "request.json") from None
     if kind == TEXT:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-            prompt = "\n".join(prompt)
-        if not isinstance(prompt, str):
-            raise bad_request("'request.json.prompt' must be a string or an array of strings.",
-                              "request.json.prompt")
-        view: dict[str, Any] = {k: body[k] for k in ("model", "morphguard") if k in body}
-        return {**view, "messages": [{"role": "user", "content": prompt}]}
+        return choices.text_prompt_chat(body, "request.json.prompt")
+    if kind == MESSAGES:
+        try:
+            return Messages.chat_view(body)
+        except ProxyError as exc:
+            raise bad_request(f"request.json: {exc.message}", "request.json") from None
     return body
 
 
@@ -133,36 +127,14 @@ def _answers(kind: str, answer: dict[str, Any]) -> list[dict[str, Any]]:
             return [Messages.completion(answer)]
         except ProxyError:
             raise bad_request("'response.json' must be a message with a 'content' array.", "response.json") from None
-    choices = answer.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise bad_request("'response.json.choices' must be a non-empty array.", "response.json.choices")
-    out = []
-    for i, choice in enumerate(choices):
-        where = f"response.json.choices[{i}]"
-        if kind == TEXT:
-            if not isinstance(choice, dict) or not isinstance(choice.get("text"), str):
-                raise bad_request(f"'{where}' must be an object with a 'text' string.", where)
-            message: dict[str, Any] = {"role": "assistant", "content": choice["text"]}
-        else:
-            if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-                raise bad_request(f"'{where}' must be an object with a 'message' object.", where)
-            check_content(choice["message"].get("content"), f"{where}.message.content")
-            message = choice["message"]
-        out.append({**answer, "choices": [{**choice, "index": 0, "message": message}]})
-    return out
+    return choices.each(answer, text=kind == TEXT, where="response.json.choices")
 
 
 def _written(kind: str, answer: dict[str, Any], reviewed: list[dict[str, Any]], blocked: bool) -> dict[str, Any]:
     """The response with what policy made of each answer written back in its API's shape."""
     if kind == MESSAGES:
         return Messages.written(answer, reviewed[0], blocked)
-    choices = []
-    for original, checked in zip(answer["choices"], reviewed, strict=True):
-        choice = {**checked["choices"][0], "index": original.get("index")}
-        if kind == TEXT:
-            choice = {**original, "text": prose(checked)}
-        choices.append(choice)
-    return {**answer, "choices": choices}
+    return choices.rejoined(answer, reviewed, text=kind == TEXT)
 
 
 def _text_of(response: dict[str, Any]) -> str:

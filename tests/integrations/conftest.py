@@ -44,6 +44,11 @@ def checker(provider, tmp_path_factory):  # noqa: F811
 
 
 def rows(folder: Path) -> dict[str, dict]:
+    """The audit rows by request id (none before the first is written)."""
+    if not (folder / "audit.db").exists():
+        return {}
     with sqlite3.connect(folder / "audit.db") as db:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'decisions'").fetchone() is None:
+            return {}
         db.row_factory = sqlite3.Row
         return {r["request_id"]: dict(r) for r in db.execute("SELECT * FROM decisions")}

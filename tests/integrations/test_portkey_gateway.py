@@ -17,32 +17,11 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import serve, start
-from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, gateway_config, rows
 from tests.integrations.gateways import portkey_gateway
 from tests.servers import free_port, stop
 
 TIMEOUT_MS = 3000  # Portkey's webhook timeout: above every profile's latency budget (1 s) with room to spare
-
-
-def morphguard_config(provider: str, folder, judge: str = "openai/judge") -> dict[str, Any]:
-    return {
-        "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1, "timeout_s": 10},
-        "detector": {"name": "metarag"},
-        "metarag": {"profile": "paper"},
-        "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY]},
-        "policy": {
-            "profiles": {
-                "general": {"threshold": 0.5, "action": "annotate", "topics": {}},
-                "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
-                "closed": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
-                           "on_error": "fail_closed", "latency_budget_s": 1},
-                "open": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
-                         "on_error": "fail_open", "latency_budget_s": 1},
-            },
-            "routes": [{"profile": name, "headers": {"x-tenant": name}} for name in ("strict", "closed", "open")],
-            "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
-        },
-    }
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +32,6 @@ def portkey(tmp_path_factory):
     process = start([*command, f"--port={port}", "--headless"], f"http://127.0.0.1:{port}/",
                     folder / "portkey.log", timeout=60)
     yield f"http://127.0.0.1:{port}"
-    stop(process)
-
-
-@pytest.fixture(scope="module")
-def webhook(provider, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("webhook")
-    base, process = serve(morphguard_config(provider, folder), folder)
-    yield base, folder
-    stop(process)
-
-
-@pytest.fixture(scope="module")
-def slow_webhook(provider, tmp_path_factory):
-    """A morphguard whose judge takes 3 s a call: no check ends within the 1 s budget."""
-    folder = tmp_path_factory.mktemp("slow-webhook")
-    base, process = serve(morphguard_config(provider, folder, judge="openai/slow-judge"), folder)
-    yield base, folder
     stop(process)
 
 
@@ -141,7 +103,7 @@ def test_a_flagged_answer_passes_unless_flagged_is_failure(portkey, provider, we
     response = ask(portkey, provider, guardrail(base), "hallucinated")
     assert response.status_code == 200 and check_of(response)["data"]["responseData"]["flagged"] is True
     folder = tmp_path
-    config = morphguard_config(provider.removesuffix("/v1") + "/v1", folder)
+    config = gateway_config(provider.removesuffix("/v1") + "/v1", folder)
     config["proxy"]["portkey"] = {"flagged_is_failure": True}
     strict_base, process = serve(config, folder)
     try:

@@ -25,17 +25,17 @@ pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (
 MASTER = "sk-litellm-master-0123"
 
 
-def start_litellm(provider: str, folder: Path, mode: list[str]):
+def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "openai/judge"):
     """The LiteLLM proxy with morphguard as a guardrail in `mode`; its base URL and process."""
     morphguard = {
-        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
         "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
         "policy": {
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
                          "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
                          "closed": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
-                                    "on_error": "fail_closed"}},
+                                    "on_error": "fail_closed", "latency_budget_s": 1}},
             "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
                        {"profile": "closed", "headers": {"x-tenant": "closed"}}],
             "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
@@ -76,6 +76,15 @@ def late_gateway(provider, tmp_path_factory):
     """Reading the request while the provider answers (during_call), checking after (post_call)."""
     folder = tmp_path_factory.mktemp("litellm-late")
     base, process = start_litellm(provider, folder, ["during_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def slow_gateway(provider, tmp_path_factory):
+    """A judge that takes 3 s a call: no check ends within the `closed` profile's 1 s budget."""
+    folder = tmp_path_factory.mktemp("litellm-slow")
+    base, process = start_litellm(provider, folder, ["pre_call", "post_call"], judge="openai/slow-judge")
     yield base, folder
     stop(process)
 
@@ -289,3 +298,12 @@ def test_a_responses_stream_is_decided_by_on_error_and_audited(gateway):
             model="hallucinated", input=QUESTION, stream=True, extra_body={"morphguard": {"context": [PASSAGE]}}))
     [row] = new_rows(folder, before)
     assert (row["action"], row["reason"]) == ("block", "fail_closed: stream")
+
+
+def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
+    base, folder = slow_gateway
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(client(base, **{"x-tenant": "closed"}), "hallucinated")
+    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+    [row] = rows(folder).values()
+    assert (row["checked"], row["action"], row["reason"]) == (0, "block", "fail_closed: latency_budget_exceeded")

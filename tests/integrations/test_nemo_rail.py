@@ -23,6 +23,12 @@ APP = Path(__file__).with_name("nemo_app.py")
 REFUSAL = "I cannot check this answer against the sources right now, so I will not give it."
 
 
+@pytest.fixture(scope="module", autouse=True)
+def nemo_installed() -> str:
+    """Before any server starts: skip (or, under CI, fail) at once when NeMo is not installed."""
+    return nemo_python()
+
+
 def conversation(context: str | None = PASSAGE) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     if context is not None:

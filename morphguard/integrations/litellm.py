@@ -283,6 +283,8 @@ def _call_type(data: dict[str, Any], response: Any) -> str | None:
         return "atext_completion"
     if isinstance(response, ResponsesAPIResponse):
         return "aresponses"
+    if isinstance(response, dict) and response.get("type") == "message":  # LiteLLM's Messages answer
+        return "anthropic_messages"
     return None
 
 

@@ -82,9 +82,10 @@ def late_gateway(provider, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slow_gateway(provider, tmp_path_factory):
-    """A judge that takes 3 s a call: no check ends within the `closed` profile's 1 s budget."""
+    """A judge that takes 3 s a call: no check ends within the `closed` profile's 1 s budget. The guardrail in
+    `post_call` mode alone: it reads each request when the answer is there."""
     folder = tmp_path_factory.mktemp("litellm-slow")
-    base, process = start_litellm(provider, folder, ["pre_call", "post_call"], judge="openai/slow-judge")
+    base, process = start_litellm(provider, folder, ["post_call"], judge="openai/slow-judge")
     yield base, folder
     stop(process)
 
@@ -307,3 +308,9 @@ def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
     assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
     [row] = rows(folder).values()
     assert (row["checked"], row["action"], row["reason"]) == (0, "block", "fail_closed: latency_budget_exceeded")
+    body = {"model": "hallucinated", "max_tokens": 100, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": [PASSAGE]}}
+    response = httpx.post(f"{base}/v1/messages", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {MASTER}", "x-tenant": "closed"})
+    assert response.status_code == 400 and SAFE in response.text and HALLUCINATED not in response.text
+    assert sorted(r["reason"] for r in rows(folder).values()) == ["fail_closed: latency_budget_exceeded"] * 2

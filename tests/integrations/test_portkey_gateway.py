@@ -109,7 +109,7 @@ def test_a_flagged_answer_passes_unless_flagged_is_failure(portkey, provider, we
     response = ask(portkey, provider, guardrail(base), "hallucinated")
     assert response.status_code == 200 and check_of(response)["data"]["responseData"]["flagged"] is True
     folder = tmp_path
-    config = gateway_config(provider.removesuffix("/v1") + "/v1", folder)
+    config = gateway_config(provider, folder)
     config["proxy"]["portkey"] = {"flagged_is_failure": True}
     strict_base, process = serve(config, folder)
     try:

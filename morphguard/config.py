@@ -143,6 +143,14 @@ class LitellmRoute(Section):
     api_key: SecretStr | None = None  # None: litellm reads the provider's usual environment variable
 
 
+class PortkeySettings(Section):
+    """How `POST /v1/check/portkey` answers Portkey's webhook guardrail."""
+
+    # False: `verdict: false` only when policy blocks the answer. True: a flagged answer fails the check too, so
+    # that Portkey's guardrail actions and feedback see every flagged answer, whatever the profile's action.
+    flagged_is_failure: bool = False
+
+
 class ProxySettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -176,6 +184,7 @@ class ProxySettings(Section):
     # Generation routes morphguard cannot check are refused (403) unless listed here; then they pass, audited
     # as `unchecked_route`.
     unchecked_routes: list[str] = []
+    portkey: PortkeySettings = Field(default_factory=PortkeySettings)
 
 
 Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]

@@ -21,6 +21,7 @@ environment variable, else the defaults) when LiteLLM loads the class, and start
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import uuid
@@ -32,6 +33,7 @@ import litellm
 from fastapi import HTTPException
 from litellm.integrations.custom_guardrail import CustomGuardrail
 from litellm.types.guardrails import GuardrailEventHooks
+from litellm.types.llms.openai import ResponsesAPIResponse
 
 from morphguard.config import Config, load_config
 from morphguard.detectors import build_detector
@@ -40,19 +42,28 @@ from morphguard.masking import mask_config_secrets
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
+from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
 from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
+from morphguard.proxy.dialects.messages import Messages
+from morphguard.proxy.dialects.responses import Responses
 from morphguard.proxy.errors import ProxyError, json_bytes
 from morphguard.proxy.flow import accept, request_facts
 from morphguard.proxy.guard import Guard, build_guard
 from morphguard.telemetry import setup as telemetry_setup
 
 log = logging.getLogger(__name__)
+RESPONSES, MESSAGES = Responses(), Messages()
 
 _CHAT_CALLS = frozenset({"completion", "acompletion"})
+_TEXT_CALLS = frozenset({"text_completion", "atext_completion"})
+_RESPONSES_CALLS = frozenset({"responses", "aresponses"})
+_MESSAGES_CALLS = frozenset({"anthropic_messages", "aanthropic_messages"})
+_CHECKED_CALLS = _CHAT_CALLS | _TEXT_CALLS | _RESPONSES_CALLS | _MESSAGES_CALLS
 _STATE = "morphguard_request"  # the key, in LiteLLM's request metadata, of this guardrail's state for the request
+_CALL = "morphguard_call_type"  # the API the request came in by, as LiteLLM named it before the call
 _MAX_PENDING = 10_000  # requests read before the call and not yet answered; the oldest are forgotten past this
 
 
@@ -87,11 +98,11 @@ class MorphguardGuardrail(CustomGuardrail):
 
     # --- the request ----------------------------------------------------------------------------------------
 
-    def _intake(self, data: dict[str, Any], *, strip: bool) -> CheckRequest:
-        """The chat request as policy sees it; a 400 for what morphguard's proxy would refuse."""
-        chat = {k: data[k] for k in ("model", "messages", "stream", OUR_FIELD) if data.get(k) is not None}
+    def _intake(self, data: dict[str, Any], *, strip: bool, call_type: Any = "acompletion") -> CheckRequest:
+        """The request as policy sees it, read in its API (`call_type`) as a chat; a 400 for what morphguard's proxy
+        would refuse."""
         try:
-            extraction = self.extractor.extract(parse_chat(json_bytes(chat)))
+            extraction = self.extractor.extract(parse_chat(json_bytes(_chat_view(data, call_type))))
             facts = request_facts(_client_headers(data), model=str_or_none(data.get("model")),
                                   policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
             request = accept(self.engine, self.config, extraction, facts)
@@ -101,10 +112,11 @@ class MorphguardGuardrail(CustomGuardrail):
             data.pop(OUR_FIELD, None)
         return request
 
-    def _remember(self, data: dict[str, Any], request: CheckRequest) -> None:
-        metadata = data.setdefault("metadata", {})
+    def _remember(self, data: dict[str, Any], request: CheckRequest, call_type: Any) -> None:
+        metadata = data.setdefault(_metadata_key(data), {})
         if not isinstance(metadata, dict):
             return
+        metadata[_CALL] = str(call_type)
         token = uuid.uuid4().hex  # ours, not the client's call id: a client cannot point at another's state
         metadata[_STATE] = token
         self._pending[token] = request
@@ -112,7 +124,7 @@ class MorphguardGuardrail(CustomGuardrail):
             self._pending.popitem(last=False)
 
     def _recall(self, data: dict[str, Any], *, keep: bool = False) -> CheckRequest | None:
-        metadata = data.get("metadata")
+        metadata = data.get(_metadata_key(data))
         token = metadata.get(_STATE) if isinstance(metadata, dict) else None
         if not isinstance(token, str):
             return None
@@ -120,57 +132,97 @@ class MorphguardGuardrail(CustomGuardrail):
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
                                   call_type: Any) -> dict[str, Any]:
-        if call_type in _CHAT_CALLS:
-            self._remember(data, self._intake(data, strip=True))
+        if call_type in _CHECKED_CALLS:
+            self._remember(data, self._intake(data, strip=True, call_type=call_type), call_type)
         return data
 
     async def async_moderation_hook(self, data: dict[str, Any], user_api_key_dict: Any, call_type: Any) -> None:
-        if call_type in _CHAT_CALLS and self._recall(data, keep=True) is None:  # pre_call may have read it already
-            self._remember(data, self._intake(data, strip=False))
+        if call_type in _CHECKED_CALLS and self._recall(data, keep=True) is None:  # pre_call may have read it
+            self._remember(data, self._intake(data, strip=False, call_type=call_type), call_type)
 
     # --- the answer -------------------------------------------------------------------------------------------
 
-    async def _review(self, data: dict[str, Any], completion: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
-        request = self._recall(data) or self._intake(data, strip=False)
+    async def _review(self, data: dict[str, Any], answers: list[dict[str, Any]],
+                      call_type: Any) -> tuple[list[dict[str, Any]], list[DecisionRecord]]:
+        """Each answer (a choice of the response) checked as its own request, one audit row each; a 400 when policy
+        blocks any of them."""
+        first = self._recall(data) or self._intake(data, strip=False, call_type=call_type)
+        requests = [first, *(dataclasses.replace(first, request_id=uuid.uuid4().hex) for _ in answers[1:])]
         guard = await self.guard()
-        try:
-            reviewed, record = await guard.settle(request, completion)
-        except Exception:
-            await guard.account(request, "internal_error")
-            raise
-        if record.action == "block":
-            payload = record.payload()
-            raise _rejection(400, {"message": prose(reviewed), "type": "invalid_request_error", "param": None,
-                                   "code": "morphguard_blocked"}, payload)
-        return reviewed, record
 
-    async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
-        if not isinstance(response, litellm.ModelResponse):
-            return response  # not a chat answer: nothing to check
-        reviewed, record = await self._review(data, response.model_dump())
+        async def settle(request: CheckRequest, answer: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
+            try:
+                return await guard.settle(request, answer)
+            except Exception:
+                await guard.account(request, "internal_error")
+                raise
+
+        settled = await asyncio.gather(*(settle(r, a) for r, a in zip(requests, answers, strict=True)))
+        reviewed, records = [c for c, _ in settled], [r for _, r in settled]
+        blocked = [(c, r) for c, r in settled if r.action == "block"]
+        if blocked:
+            completion, record = blocked[0]
+            raise _rejection(400, {"message": prose(completion), "type": "invalid_request_error", "param": None,
+                                   "code": "morphguard_blocked"}, record.payload())
+        return reviewed, records
+
+    def _keep_headers(self, data: dict[str, Any], record: DecisionRecord) -> None:
         self._headers[str(data.get("litellm_call_id"))] = record.headers()  # a stream's headers are sent already
         while len(self._headers) > _MAX_PENDING:
             self._headers.popitem(last=False)
-        for choice, changed in zip(response.choices, reviewed.get("choices") or [], strict=False):
-            message = getattr(choice, "message", None)
-            content = (changed.get("message") or {}).get("content") if isinstance(changed, dict) else None
-            if message is not None and isinstance(content, str):
-                message.content = content
-        setattr(response, OUR_FIELD, record.payload())
+
+    async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
+        call_type = _call_type(data, response)
+        if call_type is None:
+            return response  # not an answer of an API the guard reads (embeddings, images, ...)
+        body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+        if call_type in _RESPONSES_CALLS or call_type in _MESSAGES_CALLS:
+            dialect = RESPONSES if call_type in _RESPONSES_CALLS else MESSAGES
+            reviewed, records = await self._review(data, [dialect.completion(body)], call_type)
+            written = dialect.written(body, reviewed[0], False)
+            _assign(response, {k: v for k, v in written.items() if k in ("output", "content")})
+        else:
+            text = call_type in _TEXT_CALLS
+            reviewed, records = await self._review(data, choices.each(body, text=text), call_type)
+            for choice, changed in zip(response.choices, choices.rejoined(body, reviewed, text=text)["choices"],
+                                       strict=False):
+                if text:
+                    choice.text = changed["text"]
+                elif getattr(choice, "message", None) is not None and isinstance(changed["message"].get("content"),
+                                                                                  str):
+                    choice.message.content = changed["message"]["content"]
+        deciding = next((r for r in records if r.flagged), records[0])
+        self._keep_headers(data, deciding)
+        payload = deciding.payload()
+        if len(records) > 1:
+            payload["choices"] = [r.payload() for r in records]
+        _assign(response, {OUR_FIELD: payload})
         return response
 
     async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
                                                       request_data: dict[str, Any]) -> AsyncGenerator[Any, None]:
         chunks = [chunk async for chunk in response]
-        built = litellm.stream_chunk_builder(chunks) if chunks else None
+        built = _built(chunks)
         if not isinstance(built, litellm.ModelResponse):
+            # A stream this guardrail cannot put together (Responses, Messages events): not checked, decided as the
+            # profile's `on_error` says, and audited.
+            request = self._recall(request_data)
+            if request is not None:
+                guard = await self.guard()
+                record = await guard.account(request, "stream", failed=True)
+                if record.action == "block":
+                    safe = self.engine.rule(request.profile, request.topic).safe_message
+                    raise _rejection(400, {"message": safe, "type": "invalid_request_error",
+                                           "param": None, "code": "morphguard_blocked"}, record.payload())
             for chunk in chunks:
                 yield chunk
             return
         completion = built.model_dump()
-        reviewed, record = await self._review(request_data, completion)
-        rewritten = prose(reviewed)
-        if rewritten != prose(completion):  # an action changed the text: send the text it left instead
+        answers = choices.each(completion)
+        reviewed, records = await self._review(request_data, answers, "acompletion")
+        record = next((r for r in records if r.flagged), records[0])
+        rewritten = prose(reviewed[0])
+        if len(answers) == 1 and rewritten != prose(completion):  # an action changed the text: send what it left
             chunks = _replaced(chunks, rewritten)
         for chunk in chunks:
             yield chunk
@@ -193,6 +245,56 @@ class MorphguardGuardrail(CustomGuardrail):
                                                     litellm_call_info: dict[str, object] | None = None,
                                                     ) -> dict[str, str] | None:
         return self._headers.pop(str(data.get("litellm_call_id")), None)
+
+
+def _chat_view(data: dict[str, Any], call_type: Any) -> dict[str, Any]:
+    """The request of any API the guardrail reads, as a chat."""
+    if call_type in _RESPONSES_CALLS:
+        return RESPONSES.chat_view(data)
+    if call_type in _MESSAGES_CALLS:
+        return MESSAGES.chat_view(data)
+    if call_type in _TEXT_CALLS:
+        return choices.text_prompt_chat(data)
+    return {k: data[k] for k in ("model", "messages", "stream", OUR_FIELD) if data.get(k) is not None}
+
+
+def _built(chunks: list[Any]) -> Any:
+    """A chat stream's chunks as one response; None for no chunks or the events of another API (Responses,
+    Messages), which LiteLLM's builder cannot read."""
+    if not chunks or not all(isinstance(c, litellm.ModelResponseStream) for c in chunks):
+        return None
+    return litellm.stream_chunk_builder(chunks)
+
+
+def _metadata_key(data: dict[str, Any]) -> str:
+    """Where LiteLLM keeps its own request metadata: `litellm_metadata` on the APIs whose `metadata` is the
+    provider's (Responses, Messages), which LiteLLM would forward."""
+    return "litellm_metadata" if isinstance(data.get("litellm_metadata"), dict) else "metadata"
+
+
+def _call_type(data: dict[str, Any], response: Any) -> str | None:
+    """The API of an answer the guardrail reads: as the request was read before the call, else by its type."""
+    metadata = data.get(_metadata_key(data))
+    named = metadata.get(_CALL) if isinstance(metadata, dict) else None
+    if isinstance(named, str) and named in _CHECKED_CALLS:
+        return named
+    if isinstance(response, litellm.ModelResponse):
+        return "acompletion"
+    if isinstance(response, litellm.TextCompletionResponse):
+        return "atext_completion"
+    if isinstance(response, ResponsesAPIResponse):
+        return "aresponses"
+    if isinstance(response, dict) and response.get("type") == "message":  # LiteLLM's Messages answer
+        return "anthropic_messages"
+    return None
+
+
+def _assign(response: Any, fields: dict[str, Any]) -> None:
+    for name, value in fields.items():
+        if isinstance(response, dict):
+            response[name] = value
+        else:
+            setattr(response, name, value)
 
 
 def _rejection(status: int, error: dict[str, Any], decision: dict[str, Any] | None = None) -> HTTPException:

@@ -3,10 +3,7 @@
 `POST /v1/check` takes a question, its context (a string or a list of passages) and an answer, with an optional
 model and topic and profile hints, and answers with the decision (`DecisionRecord.payload`: score, flagged, the
 spans of the claims, the action) and the answer as that action leaves it. `POST /v1/check/portkey` is the same check
-in the shape of Portkey's webhook guardrail: it reads the chat request and response Portkey sends after the model
-answered (`afterRequestHook`) and says `verdict: false` when policy blocks the answer, with the rewritten response
-as `transformedData` when an action changed it. Before the model answers there is nothing to check (`verdict:
-true`).
+in the shape of Portkey's webhook guardrail (`proxy.portkey`: what it reads and answers).
 
 Both spend judge calls and write audit rows, and no provider authenticates them: a caller must present one of
 `proxy.keys` (without any, both answer 401). They take requests in through the request path's own intake
@@ -30,13 +27,12 @@ from starlette.routing import Route
 from morphguard.config import ProxySettings
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
-from morphguard.proxy.body import check_content, parse_chat, parse_object
+from morphguard.proxy import portkey
+from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key
-from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes, unauthorized
+from morphguard.proxy.errors import JSON, bad_request, unauthorized
 from morphguard.proxy.flow import Flow, accept, request_facts
-
-PORTKEY_EVENTS = ("beforeRequestHook", "afterRequestHook")
 
 
 def completion_of(answer: str, model: str | None = None) -> dict[str, Any]:
@@ -49,6 +45,7 @@ class CheckApi:
     def __init__(self, settings: ProxySettings, flow: Callable[[], Flow]) -> None:
         self._flow = flow  # the proxy's request path, built when the app starts
         self._keys = [k.get_secret_value().encode() for k in settings.keys]
+        self._portkey = settings.portkey
 
     def routes(self) -> list[Route]:
         return [Route("/v1/check", self.check, methods=["POST"]),
@@ -84,40 +81,7 @@ class CheckApi:
         self._authenticate(request)
         flow = self._flow()
         hook = parse_object(await flow.read_body(request))
-        event = hook.get("eventType")
-        if event not in PORTKEY_EVENTS:
-            raise bad_request(f"'eventType' must be one of: {', '.join(PORTKEY_EVENTS)}.", "eventType")
-        sent = _object(hook, "request")
-        chat_json = _object(sent, "json", "request.json")
-        if event == "beforeRequestHook":  # no answer yet: nothing to check, nothing accepted
-            return JSON({"verdict": True, "data": {"checked": False, "reason": "before_request"}})
-        if hook.get("requestType", "chatComplete") != "chatComplete":  # embeddings and the like: no answer to check
-            return JSON({"verdict": True, "data": {"checked": False, "reason": "not_a_chat"}})
-        received = _object(hook, "response")
-        completion = _completion(_object(received, "json", "response.json"))
-        try:
-            chat = parse_chat(json_bytes(chat_json))
-        except ProxyError as exc:
-            raise bad_request(f"request.json: {exc.message}", f"request.json.{exc.param}" if exc.param else
-                              "request.json") from None
-        extraction = flow.extractor.extract(chat)
-        metadata = hook.get("metadata")
-        if not isinstance(metadata, dict):
-            metadata = {}
-        options = extraction.options
-        facts = replace(request_facts(request.headers, model=_string(chat.get("model")),
-                                      policy=_string(options.get("policy")) or metadata.get("morphguard_policy"),
-                                      topic=_string(options.get("topic")) or metadata.get("morphguard_topic")),
-                        model_named=True)
-        reviewed, record = await flow.settle(accept(flow.engine, flow.config, extraction, facts), completion)
-        out: dict[str, Any] = {"verdict": record.action != "block", "data": record.payload()}
-        if reviewed != completion:
-            out["transformedData"] = {"response": {"json": reviewed, "text": prose(reviewed)}}
-        return JSON(out, headers=record.headers())
-
-
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+        return await portkey.webhook(flow, request, hook, self._portkey.flagged_is_failure)
 
 
 def _text(body: dict[str, Any], name: str) -> str | None:
@@ -140,24 +104,3 @@ def _passages(context: Any) -> list[str]:
     if not passages:
         raise bad_request("'context' holds no text: there is nothing to check the answer against.", "context")
     return passages
-
-
-def _object(parent: dict[str, Any], name: str, where: str | None = None) -> dict[str, Any]:
-    value = parent.get(name)
-    if not isinstance(value, dict):
-        raise bad_request(f"'{where or name}' must be an object.", where or name)
-    return value
-
-
-def _completion(value: dict[str, Any]) -> dict[str, Any]:
-    """A chat completion as Portkey relays it: choices, each with a message whose content the check can read."""
-    choices = value.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise bad_request("'response.json.choices' must be a non-empty array.", "response.json.choices")
-    for i, choice in enumerate(choices):
-        where = f"response.json.choices[{i}]"
-        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-            raise bad_request(f"'{where}' must be an object with a 'message' object.", where)
-        check_content(choice["message"].get("content"), f"{where}.message.content")
-    return value
-

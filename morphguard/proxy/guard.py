@@ -200,9 +200,11 @@ class Guard:
         task.add_done_callback(self.background.discard)
 
     async def account(self, request: CheckRequest, reason: str, answer: str | None = None, *,
-                      wait_for_store: bool = False) -> DecisionRecord:
-        """Record a request that ends without a check (an upstream failure, no context, a full queue)."""
-        result = CheckOutcome(self.engine.unchecked(request.profile, request.topic, reason), None, 0.0)
+                      wait_for_store: bool = False, failed: bool = False) -> DecisionRecord:
+        """Record a request that ends without a check (an upstream failure, no context, a full queue).
+        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block)."""
+        decide = self.engine.failed if failed else self.engine.unchecked
+        result = CheckOutcome(decide(request.profile, request.topic, reason), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))

@@ -34,6 +34,8 @@ part), "audio" (chat: an audio transcript, streamed as transcript deltas), "part
 parts, streamed so too), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
 "item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
 the text); "image" (Responses: only an image). Chat answers carry logprobs when asked for them.
+"two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, and
+POST /v1/completions, the legacy text completions API, which answers by model as chat does).
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
 input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
 of Responses and Messages stop before their last event.
@@ -123,8 +125,12 @@ def _completion(model: str, text: str, logprobs: bool = False) -> dict:
     choice = {"index": 0, "message": message, "finish_reason": finish,
               "logprobs": {"content": [{"token": w, "logprob": -0.1, "bytes": None, "top_logprobs": []}
                                        for w in _words(text)]} if logprobs else None}
+    choices = [choice]
+    if model == "two-choices":  # n = 2: the grounded answer first, the ungrounded one second
+        choice["message"]["content"] = ANSWERS["faithful"]
+        choices.append({**choice, "index": 1, "message": {"role": "assistant", "content": ANSWERS["hallucinated"]}})
     return {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
+            "choices": choices, "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29},
             "system_fingerprint": "fp_fake_unknown_field_kept"}
 
 
@@ -322,6 +328,19 @@ async def embeddings(request: Request) -> Response:
     return JSONResponse({"object": "list", "model": body.get("model"), "usage": {"prompt_tokens": 3, "total_tokens": 3},
                          "data": [{"object": "embedding", "index": i, "embedding": [0.1, 0.2, float(len(t))]}
                                   for i, t in enumerate(inputs)]})
+
+
+async def text_completions(request: Request) -> Response:
+    """The legacy completions API: `choices[i].text`, picked by model as chat does ("two-choices" too)."""
+    body = json.loads(await request.body())
+    model = body.get("model", "")
+    native_received.append({"path": "completions", "body": body, "headers": dict(request.headers)})
+    texts = [ANSWERS["faithful"], ANSWERS["hallucinated"]] if model == "two-choices" else [
+        ANSWERS.get(model, ANSWERS["faithful"])]
+    return JSONResponse({"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": model,
+                         "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": "stop"}
+                                     for i, t in enumerate(texts)],
+                         "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}})
 
 
 async def requests_seen(request: Request) -> Response:
@@ -530,6 +549,7 @@ app = Starlette(routes=[
     Route("/v1/chat/completions", chat, methods=["POST"]),
     Route("/v1/models", models),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/v1/completions", text_completions, methods=["POST"]),
     Route("/v1/responses", responses, methods=["POST"]),
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/_native", native_seen),

@@ -215,3 +215,11 @@ def test_portkey_hostile_input_is_an_openai_shaped_400(checker, change, param):
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert len(rows(folder)) == before
+
+
+def test_portkey_request_types_it_cannot_read_are_decided_by_on_error_and_audited(checker):
+    base, folder = checker
+    body = post(base, "/v1/check/portkey", {**rag_hook(FAITHFUL), "requestType": "imageGenerate"}).json()
+    assert body["verdict"] is True and body["data"]["checked"] is False  # the profile fails open (the default)
+    assert body["data"]["reason"] == "fail_open: unsupported_request_type"
+    assert rows(folder)[body["data"]["request_id"]]["reason"] == "fail_open: unsupported_request_type"

@@ -25,23 +25,26 @@ pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (
 MASTER = "sk-litellm-master-0123"
 
 
-def start_litellm(provider: str, folder: Path, mode: list[str]):
+def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "openai/judge"):
     """The LiteLLM proxy with morphguard as a guardrail in `mode`; its base URL and process."""
     morphguard = {
-        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
+        "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
         "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
         "policy": {
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
-                         "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE}},
-            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}}],
+                         "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
+                         "closed": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
+                                    "on_error": "fail_closed", "latency_budget_s": 1}},
+            "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
+                       {"profile": "closed", "headers": {"x-tenant": "closed"}}],
             "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
         },
     }
     (folder / "morphguard.yaml").write_text(yaml.safe_dump(morphguard))
     models = [{"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": provider,
                                                       "api_key": "sk-upstream"}}
-              for name in ("faithful", "hallucinated", "fail-400")]
+              for name in ("faithful", "hallucinated", "fail-400", "two-choices")]
     config = {
         "model_list": models,
         "guardrails": [{"guardrail_name": "morphguard", "litellm_params": {
@@ -73,6 +76,16 @@ def late_gateway(provider, tmp_path_factory):
     """Reading the request while the provider answers (during_call), checking after (post_call)."""
     folder = tmp_path_factory.mktemp("litellm-late")
     base, process = start_litellm(provider, folder, ["during_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def slow_gateway(provider, tmp_path_factory):
+    """A judge that takes 3 s a call: no check ends within the `closed` profile's 1 s budget. The guardrail in
+    `post_call` mode alone: it reads each request when the answer is there."""
+    folder = tmp_path_factory.mktemp("litellm-slow")
+    base, process = start_litellm(provider, folder, ["post_call"], judge="openai/slow-judge")
     yield base, folder
     stop(process)
 
@@ -195,3 +208,109 @@ def test_during_call_mode_reads_tagged_context_and_checks_after(late_gateway):
     with pytest.raises(openai.BadRequestError):  # a malformed field is refused in this mode too
         client(base).chat.completions.create(model="faithful", messages=tagged,
                                              extra_body={"morphguard": {"topic": 5}})
+
+
+# --- every API LiteLLM's proxy serves an answer by, and every choice -------------------------------------------------
+
+
+def native(provider: str, path: str) -> list[dict]:
+    return [r["body"] for r in httpx.get(f"{provider.removesuffix('/v1')}/_native").json() if r["path"] == path]
+
+
+def new_rows(folder: Path, before: set[str]) -> list[dict]:
+    return [r for key, r in rows(folder).items() if key not in before]
+
+
+def test_a_responses_call_is_checked_and_the_field_never_forwarded(gateway, provider):
+    base, folder = gateway
+    response = client(base).responses.create(model="faithful", input=QUESTION,
+                                             extra_body={"morphguard": {"context": [PASSAGE]}})
+    assert response.output_text == FAITHFUL
+    verdict = response.model_extra["morphguard"]
+    assert verdict["checked"] is True and verdict["action"] == "pass"
+    assert rows(folder)[verdict["request_id"]]["context"] == PASSAGE
+    assert "morphguard" not in json.dumps(native(provider, "responses")[-1])
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError) as raised:
+        client(base, **{"x-tenant": "clinic"}).responses.create(
+            model="hallucinated", input=QUESTION, extra_body={"morphguard": {"context": [PASSAGE]}})
+    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+    [row] = new_rows(folder, before)
+    assert (row["action"], row["answer"]) == ("block", HALLUCINATED)
+
+
+def test_a_messages_call_is_checked_and_the_field_never_forwarded(gateway, provider):
+    base, folder = gateway
+    before = set(rows(folder))
+    body = {"model": "hallucinated", "max_tokens": 100, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": [PASSAGE]}}
+    headers = {"authorization": f"Bearer {MASTER}"}
+    response = httpx.post(f"{base}/v1/messages", json=body, headers={**headers, "x-tenant": "clinic"}, timeout=60)
+    assert response.status_code == 400 and SAFE in response.text and HALLUCINATED not in response.text
+    [row] = new_rows(folder, before)
+    assert (row["action"], row["answer"], row["context"]) == ("block", HALLUCINATED, PASSAGE)
+    answer = httpx.post(f"{base}/v1/messages", json={**body, "model": "faithful"}, headers=headers, timeout=60)
+    assert answer.status_code == 200 and answer.json()["content"][0]["text"] == FAITHFUL
+    assert answer.json()["morphguard"]["action"] == "pass"
+    # LiteLLM sends a Messages call for an OpenAI model to the provider's Responses API
+    sent = native(provider, "responses")[-1]
+    assert sent["model"] == "faithful" and "morphguard" not in json.dumps(sent)
+
+
+def test_a_text_completion_is_checked(gateway, provider):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError):
+        client(base, **{"x-tenant": "clinic"}).completions.create(
+            model="hallucinated", prompt=QUESTION, extra_body={"morphguard": {"context": [PASSAGE]}})
+    [row] = new_rows(folder, before)
+    assert (row["action"], row["answer"]) == ("block", HALLUCINATED)
+    completion = client(base).completions.create(model="faithful", prompt=QUESTION,
+                                                  extra_body={"morphguard": {"context": [PASSAGE]}})
+    assert completion.choices[0].text == FAITHFUL and completion.model_extra["morphguard"]["checked"] is True
+    assert "morphguard" not in json.dumps(native(provider, "completions")[-1])
+
+
+def test_every_choice_of_an_answer_is_checked(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(client(base, **{"x-tenant": "clinic"}), "two-choices", n=2)
+    assert HALLUCINATED not in str(raised.value)
+    assert sorted((r["answer"], r["action"]) for r in new_rows(folder, before)) == [
+        (FAITHFUL, "pass"), (HALLUCINATED, "block")]
+    completion = ask(client(base), "two-choices", n=2).parse()
+    verdict = completion.model_extra["morphguard"]
+    assert len(completion.choices) == 2 and verdict["flagged"] is True
+    assert [c["flagged"] for c in verdict["choices"]] == [False, True]
+
+
+def test_a_responses_stream_is_decided_by_on_error_and_audited(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    events = list(client(base).responses.create(model="hallucinated", input=QUESTION, stream=True,
+                                                extra_body={"morphguard": {"context": [PASSAGE]}}))
+    assert events
+    [row] = new_rows(folder, before)
+    assert (row["checked"], row["action"], row["reason"]) == (0, "pass", "fail_open: stream")
+    before = set(rows(folder))
+    with pytest.raises(openai.APIError):
+        list(client(base, **{"x-tenant": "closed"}).responses.create(
+            model="hallucinated", input=QUESTION, stream=True, extra_body={"morphguard": {"context": [PASSAGE]}}))
+    [row] = new_rows(folder, before)
+    assert (row["action"], row["reason"]) == ("block", "fail_closed: stream")
+
+
+def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
+    base, folder = slow_gateway
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(client(base, **{"x-tenant": "closed"}), "hallucinated")
+    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+    [row] = rows(folder).values()
+    assert (row["checked"], row["action"], row["reason"]) == (0, "block", "fail_closed: latency_budget_exceeded")
+    body = {"model": "hallucinated", "max_tokens": 100, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": [PASSAGE]}}
+    response = httpx.post(f"{base}/v1/messages", json=body, timeout=60,
+                          headers={"authorization": f"Bearer {MASTER}", "x-tenant": "closed"})
+    assert response.status_code == 400 and SAFE in response.text and HALLUCINATED not in response.text
+    assert sorted(r["reason"] for r in rows(folder).values()) == ["fail_closed: latency_budget_exceeded"] * 2

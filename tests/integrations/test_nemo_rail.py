@@ -1,0 +1,102 @@
+"""morphguard's output rail in a real NeMo Guardrails app (the version `.ci/run` pins, in its own virtualenv), run as
+its own process: the shipped rail folder (morphguard/integrations/nemo_rail) plus the app's model, NeMo's main model
+being the scripted provider on loopback. The RAG context reaches NeMo as its `context` message (`relevant_chunks`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from morphguard.integrations.nemo_rail import FOLDER
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.integrations.gateways import nemo_python
+from tests.servers import free_port
+
+APP = Path(__file__).with_name("nemo_app.py")
+REFUSAL = "I cannot check this answer against the sources right now, so I will not give it."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nemo_installed() -> str:
+    """Before any server starts: skip (or, under CI, fail) at once when NeMo is not installed."""
+    return nemo_python()
+
+
+def conversation(context: str | None = PASSAGE) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    if context is not None:
+        messages.insert(0, {"role": "context", "content": {"relevant_chunks": context}})
+    return messages
+
+
+def nemo(folder: Path, provider: str, model: str, url: str, conversations: list[list[dict[str, Any]]],
+         key: str = KEY, **morphguard: Any) -> list[dict[str, Any]]:
+    """The rail folder as a NeMo user copies it, with the app's main model and morphguard's URL; NeMo's reply and
+    output variables for each conversation."""
+    python = nemo_python()
+    config = folder / f"nemo-{model}-{free_port()}"
+    shutil.copytree(FOLDER, config, ignore=shutil.ignore_patterns("__init__.py", "__pycache__"))
+    settings = yaml.safe_load((config / "config.yml").read_text())
+    settings["models"] = [{"type": "main", "engine": "openai", "model": model,
+                           "parameters": {"base_url": provider, "api_key": "sk-upstream"}}]
+    settings["custom_data"]["morphguard"].update({"url": url, **morphguard})
+    (config / "config.yml").write_text(yaml.safe_dump(settings))
+    done = subprocess.run([python, str(APP), str(config)], input=json.dumps(conversations), capture_output=True,
+                          text=True, timeout=300, env={"MORPHGUARD_API_KEY": key, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_grounded_answer_passes_with_the_decision_in_nemos_output_variables(webhook, provider, tmp_path):
+    base, folder = webhook
+    [reply] = nemo(tmp_path, provider, "faithful", base, [conversation()])
+    assert reply["content"] == FAITHFUL
+    decision = reply["output"]["morphguard"]
+    assert reply["output"]["morphguard_passed"] is True and decision["checked"] is True
+    row = rows(folder)[decision["request_id"]]
+    assert (row["action"], row["context"], row["question"], row["answer"]) == ("pass", PASSAGE, QUESTION, FAITHFUL)
+
+
+def test_a_flagged_answer_is_annotated_and_a_blocked_one_replaced_by_the_safe_message(webhook, provider, tmp_path):
+    base, folder = webhook
+    [flagged] = nemo(tmp_path, provider, "hallucinated", base, [conversation()])
+    assert flagged["content"] == HALLUCINATED and flagged["output"]["morphguard"]["flagged"] is True
+    [blocked] = nemo(tmp_path, provider, "hallucinated", base, [conversation()], headers={"x-tenant": "strict"})
+    assert blocked["content"] == SAFE and blocked["output"]["morphguard_passed"] is False
+    row = rows(folder)[blocked["output"]["morphguard"]["request_id"]]
+    assert (row["profile"], row["action"], row["answer"]) == ("strict", "block", HALLUCINATED)
+
+
+def test_without_relevant_chunks_the_answer_passes_unchecked(webhook, provider, tmp_path):
+    base, _ = webhook
+    [reply] = nemo(tmp_path, provider, "hallucinated", base, [conversation(context=None)])
+    assert reply["content"] == HALLUCINATED
+    assert reply["output"]["morphguard"] == {"checked": False, "reason": "no_context", "action": "pass"}
+
+
+@pytest.mark.parametrize("down", ["no server", "wrong key"])
+def test_morphguard_unreachable_fails_closed(webhook, provider, tmp_path, down):
+    base, _ = webhook
+    url, key = (f"http://127.0.0.1:{free_port()}", KEY) if down == "no server" else (base, "sk-wrong")
+    [reply] = nemo(tmp_path, provider, "hallucinated", url, [conversation()], key=key)
+    assert reply["content"] == REFUSAL and reply["output"]["morphguard_passed"] is False
+    assert reply["output"]["morphguard"]["reason"] == "morphguard_unavailable"
+
+
+def test_a_slow_judge_is_decided_by_on_error_and_a_slower_morphguard_fails_closed(slow_webhook, provider,
+                                                                                  tmp_path):
+    base, folder = slow_webhook
+    [closed] = nemo(tmp_path, provider, "hallucinated", base, [conversation()], headers={"x-tenant": "closed"})
+    assert closed["content"] == SAFE
+    assert closed["output"]["morphguard"]["reason"] == "fail_closed: latency_budget_exceeded"
+    # the rail's own timeout below morphguard's answer time: the check counts as not made
+    [late] = nemo(tmp_path, provider, "hallucinated", base, [conversation()], headers={"x-tenant": "closed"},
+                  timeout_s=0.2)
+    assert late["content"] == REFUSAL

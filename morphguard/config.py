@@ -104,6 +104,10 @@ class DetectorSettings(Section):
     # `sentences` with any other judge (detectors/judges.py).
     name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
+    # The most judge calls one check of the proxy may make (`sentences` makes one per `sentences.batch` sentences,
+    # so 100 covers 1,200 of them; `combined` makes at most five). A check that needs more sends none past the cap
+    # and fails as `judge_call_cap`, which the profile's `on_error` passes or blocks. None: no cap.
+    max_judge_calls: int | None = Field(100, ge=1)
 
     @field_validator("name")
     @classmethod

@@ -5,7 +5,8 @@
      ├── ModelUnavailableError  the embedded judge's weights cannot be found, fetched or verified
      ├── JudgeStartError        the embedded llama.cpp server did not come up
      └── LLMError               a judge call failed after its retries
-          └── LLMTimeoutError   ... because it ran out of time
+          ├── LLMTimeoutError   ... because it ran out of time
+          └── JudgeCallCapError a check would make more judge calls than `detector.max_judge_calls`
 
 Callers catch `MorphguardError` for "something we know how to explain"; anything else is a bug.
 """
@@ -33,3 +34,7 @@ class LLMError(MorphguardError):
 
 class LLMTimeoutError(LLMError):
     """A judge call exceeded its time limit on every attempt."""
+
+
+class JudgeCallCapError(LLMError):
+    """A check would make more judge calls than `detector.max_judge_calls` allows; none past the cap is sent."""

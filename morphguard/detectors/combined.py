@@ -47,7 +47,7 @@ from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
-from morphguard.llm.client import LLMClient
+from morphguard.llm.client import LLMClient, together
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
@@ -465,13 +465,7 @@ class Combined:
 async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answer: str) -> dict[str, Detection]:
     """What each part that is there found; if one fails, the others' calls are not waited for."""
     named = [(name, part) for name, part in parts.items() if part is not None]
-    asking = [asyncio.ensure_future(part.detect(rag, answer)) for _, part in named]
-    try:
-        found = await asyncio.gather(*asking)
-    except BaseException:
-        for task in asking:
-            task.cancel()
-        raise
+    found = await together(part.detect(rag, answer) for _, part in named)
     return {name: detection for (name, _), detection in zip(named, found, strict=True)}
 
 

@@ -17,7 +17,8 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
-from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
+from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
+from morphguard.llm.client import call_budget
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
 from morphguard.policy.engine import PolicyEngine
@@ -86,8 +87,7 @@ class Checker:
                 detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
         except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
-            reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
-                      else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
+            reason = _reason(exc)
             _record_masked(exc)
             telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
             decision = self.engine.failed(request.profile, request.topic, reason)
@@ -98,6 +98,11 @@ class Checker:
         return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
 
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
+        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent)."""
+        with call_budget(self.config.detector.max_judge_calls):
+            return await self._detect_or_recall(detector, request, answer)
+
+    async def _detect_or_recall(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
         assert request.rag is not None
         if self.cache is None:
             return await detector.detect(request.rag, answer)
@@ -122,6 +127,8 @@ class Checker:
         error = reply.get("error")
         if error == "judge_timeout":
             raise LLMTimeoutError("the worker's judge timed out")
+        if error == "judge_call_cap":
+            raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
         if error:
             raise LLMError(f"the worker could not check: {error}")
         return Detection.model_validate(reply["detection"])
@@ -141,7 +148,7 @@ class Checker:
                 detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
-                return {"error": "judge_timeout" if isinstance(exc, LLMTimeoutError | TimeoutError) else "judge_error"}
+                return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
         return {"detection": detection.model_dump(mode="json")}
 
     async def detector_for(self, name: str | None) -> Detector:
@@ -152,6 +159,15 @@ class Checker:
             llm = getattr(self.detector, "llm", None)
             self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
         return self._named[name]
+
+
+def _reason(exc: BaseException) -> str:
+    """The short stable code of a failed check: what clients, the audit and the metrics see."""
+    if isinstance(exc, TimeoutError):
+        return "latency_budget_exceeded"
+    if isinstance(exc, LLMTimeoutError):
+        return "judge_timeout"
+    return "judge_call_cap" if isinstance(exc, JudgeCallCapError) else "judge_error"
 
 
 def _record_masked(exc: BaseException) -> None:

@@ -4,6 +4,7 @@
      ├── ConfigError            config.yaml is missing, malformed or holds an unknown key
      ├── ModelUnavailableError  the embedded judge's weights cannot be found, fetched or verified
      ├── JudgeStartError        the embedded llama.cpp server did not come up
+     ├── CheckTooLargeError     a check would read more than its bounds (`detector.max_text_chars`, alignment's work)
      └── LLMError               a judge call failed after its retries
           ├── LLMTimeoutError   ... because it ran out of time
           └── JudgeCallCapError a check would make more judge calls than `detector.max_judge_calls`
@@ -26,6 +27,10 @@ class ModelUnavailableError(MorphguardError):
 
 class JudgeStartError(MorphguardError):
     """The embedded llama.cpp server could not be started or never became ready."""
+
+
+class CheckTooLargeError(MorphguardError):
+    """A check would read more text, or compare more of it, than its bounds allow; it is not made."""
 
 
 class LLMError(MorphguardError):

@@ -17,7 +17,7 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
-from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
+from morphguard.errors import CheckTooLargeError, JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
@@ -80,6 +80,7 @@ class Checker:
             return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_answer"), None, 0.0)
         budget = self.engine.budget_s(request.profile)
         try:
+            self._within_size(request, answer)
             if self.pool is not None:
                 detection = await self._detect_by_workers(request, utf8(answer), budget)
             else:
@@ -96,6 +97,15 @@ class Checker:
             return CheckOutcome(decision, None, (time.perf_counter() - started) * 1000)
         decision = self.engine.decide(request.profile, request.topic, detection)
         return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
+
+    def _within_size(self, request: CheckRequest, answer: str) -> None:
+        """CheckTooLargeError where the check would read more than `detector.max_text_chars` of answer and context."""
+        limit = self.config.detector.max_text_chars
+        assert request.rag is not None
+        size = len(answer) + len(request.rag.question) + sum(len(p) for p in request.rag.passages)
+        if limit is not None and size > limit:
+            raise CheckTooLargeError(f"the check would read {size} characters of answer and context, more than "
+                                     f"detector.max_text_chars ({limit})")
 
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
         """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent)."""
@@ -129,6 +139,8 @@ class Checker:
             raise LLMTimeoutError("the worker's judge timed out")
         if error == "judge_call_cap":
             raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
+        if error == "check_too_large":
+            raise CheckTooLargeError("the check reads more than its bounds allow")
         if error:
             raise LLMError(f"the worker could not check: {error}")
         return Detection.model_validate(reply["detection"])
@@ -167,6 +179,8 @@ def _reason(exc: BaseException) -> str:
         return "latency_budget_exceeded"
     if isinstance(exc, LLMTimeoutError):
         return "judge_timeout"
+    if isinstance(exc, CheckTooLargeError):
+        return "check_too_large"
     return "judge_call_cap" if isinstance(exc, JudgeCallCapError) else "judge_error"
 
 

@@ -126,22 +126,6 @@ class SlowJudge:
         return self.in_flight
 
 
-def test_a_check_past_its_latency_budget_leaves_no_judge_call_running():
-    with SlowJudge(delay_s=5.0).running() as judge:
-        guard = checker(f"http://127.0.0.1:{judge.port}/v1", budget_s=2.0, concurrency=2)
-        many = " ".join(f"Paris is the capital of France, say {i}." for i in range(6))
-
-
-        async def check_then_count() -> tuple[Any, int]:
-            outcome = await guard.check(request(), answered(many))
-            return outcome, await judge.settled()
-
-        outcome, still_running = asyncio.run(check_then_count())
-        assert outcome.decision.reason == "fail_open: latency_budget_exceeded"
-        assert judge.started == 2  # calls were under way; the concurrency limit held the others back
-        assert still_running == 0
-
-
 def test_a_check_whose_judge_call_fails_leaves_none_of_its_other_calls_running():
     with SlowJudge(delay_s=5.0, refuse="Nice").running() as judge:
         guard = checker(f"http://127.0.0.1:{judge.port}/v1")
@@ -154,3 +138,24 @@ def test_a_check_whose_judge_call_fails_leaves_none_of_its_other_calls_running()
         assert outcome.decision.reason == "fail_open: judge_error"
         assert judge.started == 2
         assert still_running == 0
+
+
+def test_a_check_past_max_text_chars_is_not_made_and_fails_as_check_too_large():
+    config = Config.model_validate({"detector": {"name": "grounding", "max_text_chars": 1000},
+                                    "policy": {"profiles": {"general": {"on_error": "fail_closed"}}}})
+    guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
+    small = asyncio.run(guard.check(request(), answered(ANSWER)))
+    assert small.detection is not None
+    large = asyncio.run(guard.check(request(), answered("Paris is in France. " * 60)))
+    assert (large.decision.action, large.decision.reason) == ("block", "fail_closed: check_too_large")
+    assert large.detection is None
+
+
+def test_a_grounding_check_whose_alignment_passes_its_bound_fails_as_check_too_large():
+    config = Config.model_validate({"detector": {"name": "grounding"}})
+    guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
+    passages = [" ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))]
+    hostile = CheckRequest(body={}, rag=RagInput(question="Alpha?", passages=passages), source="explicit",
+                           profile="general", topic="general")
+    outcome = asyncio.run(guard.check(hostile, answered(" ".join(["Alpha beta gamma."] * 100))))
+    assert outcome.decision.reason == "fail_open: check_too_large"

@@ -21,7 +21,6 @@ at least `CHANGED_COPY_FLOOR`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -48,6 +47,7 @@ from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
 from morphguard.llm.client import LLMClient, together
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
@@ -411,7 +411,7 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await asyncio.to_thread(read_text, rag, answer, self.short_context)
+        evidence = await in_thread(read_text, rag, answer, self.short_context)
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)

@@ -20,7 +20,6 @@ sets append one to faithful answers too).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -40,6 +39,7 @@ from morphguard.detectors.replies import json_list
 from morphguard.detectors.verdicts import label_probabilities
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve, together
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 VERSION = 3
@@ -137,15 +137,15 @@ class Sentences:
         started = time.perf_counter()
         # Everything that reads the text grows with the answer and the context (a 4 MB check is seconds of pure
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
-        chosen = await asyncio.to_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer)
         size = self.settings.batch
         batches = [chosen[i:i + size] for i in range(0, len(chosen), size)]
         reserve(len(batches))  # past the check's cap of judge calls: fail before sending any
-        asks = await asyncio.to_thread(self.prompts, rag, answer, batches)
+        asks = await in_thread(self.prompts, rag, answer, batches)
         stage = StageCost()
         judged = await together(self._judge(messages, batch, stage)
                                 for messages, batch in zip(asks, batches, strict=True))
-        return await asyncio.to_thread(self._detection, answer, chosen, judged, stage, len(batches), started)
+        return await in_thread(self._detection, answer, chosen, judged, stage, len(batches), started)
 
     def _detection(self, answer: str, chosen: Batch, judged: list[tuple[list[tuple[float | None, list[str]]],
                                                                         float | None]],

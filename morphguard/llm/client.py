@@ -33,6 +33,7 @@ from tenacity import (
 
 from morphguard import telemetry
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
+from morphguard.llm.fair import FairLimit
 from morphguard.llm.providers import Abilities, abilities, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
@@ -185,13 +186,14 @@ class LLMClient:
     def __post_init__(self) -> None:
         import litellm  # noqa: F401  (slow, ~4 s: paid once here rather than inside the first timed call)
 
-        self._limits: dict[int, asyncio.Semaphore] = {}  # one per event loop: sync callers run several
+        self._limits: dict[int, FairLimit] = {}  # one per event loop: sync callers run several
         self._cache: OrderedDict[str, Completion] = OrderedDict()
 
-    def _limit(self) -> asyncio.Semaphore:
+    def _limit(self) -> FairLimit:
+        """The judge's places (`concurrency`), taken by the clients checks run for in turn (`llm.fair`)."""
         loop = id(asyncio.get_running_loop())
         if loop not in self._limits:
-            self._limits = {loop: asyncio.Semaphore(self.concurrency)}
+            self._limits = {loop: FairLimit(self.concurrency)}
         return self._limits[loop]
 
     def endpoint(self, model: str | None) -> Endpoint:
@@ -285,7 +287,7 @@ class LLMClient:
 
     async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
         """One call inside its GenAI client span (a child of the current stage's span)."""
-        async with self._limit():
+        async with self._limit().slot():
             span = telemetry.start_chat_span(request["model"], endpoint.provider_name, "judge", request["messages"])
             started = time.perf_counter()
             try:

@@ -19,6 +19,7 @@ from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
 from morphguard.errors import CheckTooLargeError, JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
 from morphguard.llm.client import call_budget
+from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
 from morphguard.policy.engine import PolicyEngine
@@ -108,8 +109,9 @@ class Checker:
                                      f"detector.max_text_chars ({limit})")
 
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
-        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent)."""
-        with call_budget(self.config.detector.max_judge_calls):
+        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent), waiting for
+        the judge and the text-reading threads in the client's turn (`llm.fair`)."""
+        with call_budget(self.config.detector.max_judge_calls), on_behalf_of(request.client):
             return await self._detect_or_recall(detector, request, answer)
 
     async def _detect_or_recall(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:

@@ -3,9 +3,9 @@
 A check runs on behalf of a client (`on_behalf_of`: the checker opens it around the check, with a digest of the key
 the request presented, `client_id`), and every judge call and text-reading thread of the check waits for its place
 in a `FairLimit` under that client's name. While places are taken, a freed one goes to the waiting client served
-longest ago (round robin), each client's own waiters first come first served: a client sending many large checks at once waits
-behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also limited per
-client, so that one client's checks cannot take every thread of the pool.
+longest ago (round robin), each client's own waiters first come first served: a client sending many large checks at
+once waits behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also
+limited per client, so that one client's checks cannot take every thread of the pool.
 """
 
 from __future__ import annotations

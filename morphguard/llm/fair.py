@@ -127,9 +127,9 @@ def _live(queue: deque[asyncio.Future[None]]) -> bool:
 
 
 # Threads that read text: enough that each of many clients has one at once (the GIL shares the cores among them),
-# at most two per client.
+# one per client.
 THREADS = 16
-THREADS_PER_CLIENT = 2
+THREADS_PER_CLIENT = 1
 _executor: ThreadPoolExecutor | None = None
 _thread_limits: dict[int, FairLimit] = {}
 

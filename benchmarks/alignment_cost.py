@@ -7,24 +7,37 @@ copied with one changed price. The whole-sentence diff (the baseline, measured i
 
 A second table times how a sentence's names are read (`_Words.of`) on capitalised text, against version 4's way of
 telling a sentence's first word from a name (a regex searched over everything before each capitalised word, which
-grows with the square of the length), measured in the same run. No judge, no model. Prints both tables and writes
-benchmarks/results/alignment_cost.json.
+grows with the square of the length), measured in the same run.
+
+A third table times a whole `grounding` check (unsupported words, the rules and the alignment) on prose-shaped text
+of growing size, the answer and the context each `--prose` characters: sentences of 15 words drawn from a Zipf
+vocabulary of 3,000, half the answer's sentences copies of context sentences. Beside it, the alignment as it was
+before it read candidates rarest word first (every context sentence sharing a word with an answer sentence compared
+with it, `EveryCandidate`), up to `--every-up-to` characters. Each column's growth is fitted (least squares of
+log time on log size) and its exponent printed: 1 is linear, 2 the square. CPU seconds (`time.process_time`).
+No judge, no model. Prints the tables and writes benchmarks/results/alignment_cost.json.
 
     python benchmarks/alignment_cost.py [--words 250,500,1000,2000,4000,16000] [--whole-up-to 1000]
-                                        [--name-words 2000,8000,16000]
+                                        [--name-words 2000,8000,16000] [--prose 25000,50000,100000,200000]
+                                        [--every-up-to 100000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from morphguard.detectors.alignment import _differences, _Words, conflicts
-from morphguard.detectors.text import TOKEN
+from morphguard.detectors import alignment
+from morphguard.detectors.alignment import Context, _differences, _Words, conflicts
+from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.text import TOKEN, content_keys
+from morphguard.models import RagInput
 
 HERE = Path(__file__).resolve().parent
 COLOURS = ["amber", "green", "grey", "pink", "white", "black", "blue", "red"]
@@ -53,6 +66,56 @@ def names_as_version_4(text: str) -> frozenset[int]:
                      if m.group()[0].isupper() and i > 0 and not VERSION_4_OPENING.search(text, 0, m.start()))
 
 
+class EveryCandidate(Context):
+    """The alignment's search as it was: every context sentence sharing a content word with the answer sentence
+    scored (the baseline of the prose table)."""
+
+    def copied(self, text: str) -> tuple[int, float] | None:
+        claim = frozenset(content_keys(text))
+        known = [k for k in claim if k in self.frequency]
+        if not known:
+            return None
+        weight = {k: math.log(1 + self.sentences / self.frequency[k]) if k in self.frequency
+                  else math.log(1 + self.sentences) for k in claim}
+        total = math.fsum(weight.values())
+        candidates = {i for k in known for i in self.holding[k]}
+        return max(((i, math.fsum(weight[k] for k in claim & self.held[i]) / total) for i in candidates),
+                   key=lambda pair: (pair[1], -pair[0]))
+
+
+def prose(chars: int, seed: int = 0) -> tuple[str, list[str]]:
+    """An answer and a context of about `chars` characters each (see the module's docstring)."""
+    rng = random.Random(seed)
+    vocabulary = [f"w{i}x" for i in range(3000)]
+    weights = [1 / (i + 1) for i in range(3000)]
+
+    def sentence() -> str:
+        return " ".join(rng.choices(vocabulary, weights, k=15)).capitalize() + "."
+
+    context: list[str] = []
+    while sum(len(s) + 1 for s in context) < chars:
+        context.append(sentence())
+    answer: list[str] = []
+    while sum(len(s) + 1 for s in answer) < chars:
+        answer.append(rng.choice(context) if rng.random() < 0.5 else sentence())
+    return " ".join(answer), [" ".join(context)]
+
+
+def cpu(call: Callable[[], object]) -> float:
+    started = time.process_time()
+    call()
+    return time.process_time() - started
+
+
+def exponent(points: list[tuple[float, float]]) -> float | None:
+    """The slope of log time on log size (least squares): how the time grows with the size."""
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
 def seconds(call: Callable[[], object]) -> float:
     started = time.perf_counter()
     call()
@@ -64,6 +127,8 @@ def main() -> None:
     parser.add_argument("--words", default="250,500,1000,2000,4000,16000")
     parser.add_argument("--whole-up-to", type=int, default=1000)
     parser.add_argument("--name-words", default="2000,8000,16000")
+    parser.add_argument("--prose", default="25000,50000,100000,200000")
+    parser.add_argument("--every-up-to", type=int, default=100_000)
     args = parser.parse_args()
     rows = []
     for shape, make in (("repetitive", repetitive), ("scraped list", scraped_list)):
@@ -90,8 +155,34 @@ def main() -> None:
     print(f"\n{'names: words':>13} {'now s':>9} {'version 4 s':>12} {'v4/now':>8}")
     for r in names:
         print(f"{r['words']:>13} {r['now_s']:>9.3f} {r['version_4_s']:>12.3f} {r['version_4_over_now']:>8.1f}")
+    grounding = Grounding(GroundingSettings())
+    checks = []
+    for chars in (int(c) for c in args.prose.split(",")):
+        answer, context = prose(chars)
+        rag = RagInput(question="What do the documents say?", passages=context)
+        now = cpu(lambda: grounding.measure(rag, answer))  # noqa: B023
+        before = None
+        if chars <= args.every_up_to:
+            alignment.Context = EveryCandidate  # type: ignore[misc]
+            try:
+                before = cpu(lambda: grounding.measure(rag, answer))  # noqa: B023
+            finally:
+                alignment.Context = Context  # type: ignore[misc]
+        checks.append({"chars_each": chars, "now_cpu_s": now, "every_candidate_cpu_s": before,
+                       "every_over_now": before / now if before else None})
+    fits = {"now": exponent([(r["chars_each"], r["now_cpu_s"]) for r in checks]),
+            "every_candidate": exponent([(r["chars_each"], r["every_candidate_cpu_s"]) for r in checks
+                                         if r["every_candidate_cpu_s"]])}
+    print(f"\n{'prose: chars each':>17} {'now cpu s':>10} {'every cand. s':>14} {'every/now':>10}")
+    for r in checks:
+        before = f"{r['every_candidate_cpu_s']:.3f}" if r["every_candidate_cpu_s"] is not None else "-"
+        ratio = f"{r['every_over_now']:.1f}" if r["every_over_now"] is not None else "-"
+        print(f"{r['chars_each']:>17} {r['now_cpu_s']:>10.3f} {before:>14} {ratio:>10}")
+    print("fitted exponent (time ~ size^k): " + ", ".join(
+        f"{name} k={k:.2f}" if k is not None else f"{name} -" for name, k in fits.items()))
     out = HERE / "results" / "alignment_cost.json"
-    out.write_text(json.dumps({"comparison": rows, "names": names}, indent=1) + "\n", encoding="utf-8")
+    out.write_text(json.dumps({"comparison": rows, "names": names, "prose": checks, "prose_exponents": fits},
+                              indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}")
 
 

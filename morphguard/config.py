@@ -104,6 +104,14 @@ class DetectorSettings(Section):
     # `sentences` with any other judge (detectors/judges.py).
     name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
+    # The most judge calls one check of the proxy may make (`sentences` makes one per `sentences.batch` sentences,
+    # so 100 covers 1,200 of them; `combined` makes at most five). A check that needs more sends none past the cap
+    # and fails as `judge_call_cap`, which the profile's `on_error` passes or blocks. None: no cap.
+    max_judge_calls: int | None = Field(100, ge=1)
+    # The most characters of answer and context one check of the proxy reads. The checks read text in pure Python, in
+    # time that grows with it (about a second per 300,000 characters of prose on one core): a larger check is not
+    # made, and fails as `check_too_large`, which the profile's `on_error` passes or blocks. None: no cap.
+    max_text_chars: int | None = Field(1_000_000, ge=1000)
 
     @field_validator("name")
     @classmethod

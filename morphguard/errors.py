@@ -4,8 +4,10 @@
      ├── ConfigError            config.yaml is missing, malformed or holds an unknown key
      ├── ModelUnavailableError  the embedded judge's weights cannot be found, fetched or verified
      ├── JudgeStartError        the embedded llama.cpp server did not come up
+     ├── CheckTooLargeError     a check would read more than its bounds (`detector.max_text_chars`, alignment's work)
      └── LLMError               a judge call failed after its retries
-          └── LLMTimeoutError   ... because it ran out of time
+          ├── LLMTimeoutError   ... because it ran out of time
+          └── JudgeCallCapError a check would make more judge calls than `detector.max_judge_calls`
 
 Callers catch `MorphguardError` for "something we know how to explain"; anything else is a bug.
 """
@@ -27,9 +29,17 @@ class JudgeStartError(MorphguardError):
     """The embedded llama.cpp server could not be started or never became ready."""
 
 
+class CheckTooLargeError(MorphguardError):
+    """A check would read more text, or compare more of it, than its bounds allow; it is not made."""
+
+
 class LLMError(MorphguardError):
     """A call to a judge model failed for good (after retries, or on a non-transient error)."""
 
 
 class LLMTimeoutError(LLMError):
     """A judge call exceeded its time limit on every attempt."""
+
+
+class JudgeCallCapError(LLMError):
+    """A check would make more judge calls than `detector.max_judge_calls` allows; none past the cap is sent."""

@@ -11,6 +11,7 @@ are mostly rewording, yields nothing. No LLM call.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -35,6 +36,7 @@ from morphguard.detectors.text import (
     sentences,
     words,
 )
+from morphguard.errors import CheckTooLargeError
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
@@ -64,6 +66,11 @@ _BREAK = re.compile(r"[,;:.!?()]")
 DIFF_LIMIT = 250
 PIECE = 60
 _STARTS = 8  # where the rarest word stands more often than this, only its first places are tried
+# The most context sentences one check compares answer sentences with (`Context.copied`). Prose reads a few per answer
+# sentence, its rarest words leading to the copy; text made of a few common words can make every answer sentence
+# read every context sentence, the square of the length. Past this (about a second of CPU) the check is refused
+# (CheckTooLargeError), never cut short: a comparison that stopped part-way would pass what it did not read.
+MAX_COMPARED = 250_000
 # A name is swapped where one edit replaces at most this many words on either side ("Bell" -> "Jacque Wilson"). A longer
 # stretch replaced is mostly rewording that joins a fact about someone the context names elsewhere ("charged a
 # Philadelphia woman" -> "charged Keonna Thomas, a Philadelphia woman"), so there a name counts only where the context
@@ -278,6 +285,7 @@ class Context:
             for a, b in sentences(passage):
                 where.setdefault(passage[a:b], Evidence(passage=n, start=a, end=b, text=passage[a:b]))
                 repeats[passage[a:b]] += 1
+        self.compared = 0  # context sentences read for answer sentences so far (`MAX_COMPARED`)
         self.texts = list(where)
         self.evidence = list(where.values())
         self.held = [frozenset(content_keys(text)) for text in self.texts]
@@ -291,7 +299,12 @@ class Context:
 
     def copied(self, text: str) -> tuple[int, float] | None:
         """The context sentence `text` copies most of (its index), and the weighted share of `text`'s content it
-        holds; None where they share no content word."""
+        holds; None where they share no content word. On a tie, the first such sentence.
+
+        The candidates are read rarest word first, and reading stops once the words left could not add up to the
+        best share found: a sentence holding none of the words read so far holds at most those left, so none can
+        beat (or tie, being later) the best. A copy is found among the few sentences holding its rarest words, and
+        an answer sentence is not compared with every context sentence that shares a common word with it."""
         claim = frozenset(content_keys(text))
         known = [k for k in claim if k in self.frequency]
         if not known:
@@ -299,9 +312,29 @@ class Context:
         weight = {k: math.log(1 + self.sentences / self.frequency[k]) if k in self.frequency
                   else math.log(1 + self.sentences) for k in claim}
         total = math.fsum(weight.values())  # fsum: exact, so no run's set order changes a tie or the cut
-        candidates = {i for k in known for i in self.holding[k]}  # a sentence sharing no word copies nothing
-        return max(((i, math.fsum(weight[k] for k in claim & self.held[i]) / total) for i in candidates),
-                   key=lambda pair: (pair[1], -pair[0]))
+        rarest_first = sorted(known, key=lambda k: (-weight[k], k))
+        # what a sentence holding only the words from the j-th on can share at most: their sum, rounded up by far more
+        # than a float sum of at most a few hundred terms can be off (a bound too high only reads on)
+        left = list(itertools.accumulate(weight[k] for k in reversed(rarest_first)))[::-1]
+        left = [(1 + 1e-9) * bound / total for bound in left]
+        best: tuple[float, int] | None = None  # (share, -index)
+        seen: set[int] = set()
+        for j, key in enumerate(rarest_first):
+            if best is not None and left[j] < best[0]:
+                break
+            self.compared += len(self.holding[key])
+            if self.compared > MAX_COMPARED:
+                raise CheckTooLargeError(f"aligning the answer with its context takes more than {MAX_COMPARED} "
+                                         "comparisons of sentences")
+            for i in self.holding[key]:
+                if i in seen:
+                    continue
+                seen.add(i)
+                share = (math.fsum(weight[k] for k in claim & self.held[i]) / total, -i)
+                if best is None or share > best:
+                    best = share
+        assert best is not None
+        return -best[1], best[0]
 
 
 def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:

@@ -7,7 +7,6 @@ supported and which parts are not: the cheapest LLM check there is.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from morphguard.detectors.spans import locate
 from morphguard.detectors.text import statements
 from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
+from morphguard.llm.fair import in_thread
 from morphguard.models import (
     Cost,
     Detection,
@@ -85,7 +85,7 @@ class DirectJudge:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Pure Python over the whole context (seconds for a hostile multi-megabyte one): off the event loop.
-        passages = numbered(await asyncio.to_thread(focus, statements(answer), rag.passages, self.context_budget))
+        passages = numbered(await in_thread(focus, statements(answer), rag.passages, self.context_budget))
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),

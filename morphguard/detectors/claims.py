@@ -16,7 +16,6 @@ Score: the largest claim score (1 for unsupported or contradicted, 0 for support
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.replies import json_list
 from morphguard.detectors.spans import find_phrase, locate
-from morphguard.llm.client import Completion, LLMClient
+from morphguard.llm.client import Completion, LLMClient, together
 from morphguard.models import (
     Cost,
     Detection,
@@ -82,8 +81,8 @@ class ClaimJudge:
         if sum(len(p) for p in rag.passages) > self.options.max_context_chars:
             claims = await self._per_passage(rag, answer, cost)
         elif self.options.samples > 1:
-            runs = await asyncio.gather(*(self._judge(rag, answer, cost, self.options.sample_temperature)
-                                          for _ in range(self.options.samples)))
+            runs = await together(self._judge(rag, answer, cost, self.options.sample_temperature)
+                                  for _ in range(self.options.samples))
             claims = _majority(runs, self.options.aggregate)
         else:
             claims = await self._judge(rag, answer, cost, 0.0)
@@ -161,7 +160,7 @@ class ClaimJudge:
             return [self._checked({"text": t, **(labels[i] if i < len(labels) and isinstance(labels[i], dict) else {})},
                                   [passage]) for i, t in enumerate(texts)]
 
-        per_passage = await asyncio.gather(*(label(p) for p in rag.passages))
+        per_passage = await together(label(p) for p in rag.passages)
         joined = []
         for i, text in enumerate(texts):
             verdicts = [(n, claims[i]) for n, claims in enumerate(per_passage, 1)]

@@ -21,7 +21,6 @@ at least `CHANGED_COPY_FLOOR`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -47,7 +46,8 @@ from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
-from morphguard.llm.client import LLMClient
+from morphguard.llm.client import LLMClient, together
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
@@ -411,7 +411,7 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await asyncio.to_thread(read_text, rag, answer, self.short_context)
+        evidence = await in_thread(read_text, rag, answer, self.short_context)
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)
@@ -465,13 +465,7 @@ class Combined:
 async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answer: str) -> dict[str, Detection]:
     """What each part that is there found; if one fails, the others' calls are not waited for."""
     named = [(name, part) for name, part in parts.items() if part is not None]
-    asking = [asyncio.ensure_future(part.detect(rag, answer)) for _, part in named]
-    try:
-        found = await asyncio.gather(*asking)
-    except BaseException:
-        for task in asking:
-            task.cancel()
-        raise
+    found = await together(part.detect(rag, answer) for _, part in named)
     return {name: detection for (name, _), detection in zip(named, found, strict=True)}
 
 

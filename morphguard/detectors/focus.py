@@ -4,6 +4,10 @@ On the embedded judge reading is the cost that remains once generation is cut do
 is computed once per check at ~100 tokens/s on two cores. A check that sends only the context sentences
 sharing rare words with the answer reads a fraction of the context and loses little, since a sentence
 that shares no content word with a statement can rarely confirm or refute it.
+
+`Focus` reads a context once (its sentences, each word's rarity, which sentences hold it) for the many
+selections a check makes of it: a claim is scored only against the sentences sharing a word with it, so the
+work grows with the context and the claims, not with their product.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 from morphguard.detectors.text import content_words, sentences
 
@@ -23,6 +28,73 @@ class _Sentence:
     words: frozenset[str]
 
 
+class Focus:
+    """A context indexed for `select`: built once, however many selections a check makes of it."""
+
+    def __init__(self, passages: list[str]) -> None:
+        self.passages = list(passages)
+        self.size = sum(len(p) for p in passages)
+
+    @cached_property
+    def pool(self) -> list[_Sentence]:
+        """The context's sentences, read only for a context beyond a selection's budget."""
+        return [_Sentence(n, i, passage[s:e], frozenset(content_words(passage[s:e])))
+                for n, passage in enumerate(self.passages) for i, (s, e) in enumerate(sentences(passage))]
+
+    @cached_property
+    def idf(self) -> dict[str, float]:
+        df = Counter(word for sentence in self.pool for word in sentence.words)
+        return {w: math.log(1 + len(self.pool) / d) for w, d in df.items()}
+
+    @cached_property
+    def holding(self) -> dict[str, list[int]]:
+        """Each word's sentences, in context order."""
+        holding: dict[str, list[int]] = {}
+        for i, sentence in enumerate(self.pool):
+            for word in sentence.words:
+                holding.setdefault(word, []).append(i)
+        return holding
+
+    def select(self, claims: list[str], budget: int) -> list[str]:
+        """The passages cut down to the sentences most relevant to `claims`, at most `budget` characters in all
+        (`focus`)."""
+        if budget <= 0 or self.size <= budget:
+            return list(self.passages)
+        pool, idf = self.pool, self.idf
+        best_rank: dict[int, float] = {}
+        best_score: dict[int, float] = {}
+        for claim in claims:
+            wanted = content_words(claim)
+            candidates = sorted({i for w in wanted for i in self.holding.get(w, ())})
+            # fsum: exact, so a tie stays a tie whatever order the process's hash seed gives the set
+            scores = {i: math.fsum(idf[w] for w in wanted & pool[i].words) for i in candidates}
+            ranked = sorted((i for i in candidates if scores[i] > 0), key=lambda i: -scores[i])
+            for rank, i in enumerate(ranked):
+                best_rank[i] = min(best_rank.get(i, math.inf), rank)
+                best_score[i] = max(best_score.get(i, 0.0), scores[i])
+
+        chosen: set[int] = set()
+        room = budget
+        for i in sorted(best_score, key=lambda i: (best_rank[i], -best_score[i], i)):
+            if best_score[i] > 0 and len(pool[i].text) + 1 <= room:
+                chosen.add(i)
+                room -= len(pool[i].text) + 1
+
+        kept: list[list[_Sentence]] = [[] for _ in self.passages]
+        for i in sorted(chosen):
+            kept[pool[i].passage].append(pool[i])
+        out = []
+        for sentences_kept in kept:
+            parts: list[str] = []
+            previous = -1  # the order of the sentence kept before; a jump is a gap
+            for sentence in sentences_kept:
+                joint = " " if parts else ""
+                parts.append((joint + "… " if sentence.order != previous + 1 else joint) + sentence.text)
+                previous = sentence.order
+            out.append("".join(parts))
+        return out
+
+
 def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
     """The passages cut down to the sentences most relevant to `claims`, at most `budget` characters in all.
 
@@ -31,39 +103,4 @@ def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
     a passage with nothing kept becomes empty so numbering is unchanged. Contexts within budget (or a budget
     of 0) are returned whole.
     """
-    if budget <= 0 or sum(len(p) for p in passages) <= budget:
-        return list(passages)
-    pool = [_Sentence(n, i, passage[s:e], frozenset(content_words(passage[s:e])))
-            for n, passage in enumerate(passages) for i, (s, e) in enumerate(sentences(passage))]
-    df = Counter(word for sentence in pool for word in sentence.words)
-    idf = {w: math.log(1 + len(pool) / d) for w, d in df.items()}
-
-    best_rank = [math.inf] * len(pool)
-    best_score = [0.0] * len(pool)
-    for claim in claims:
-        wanted = content_words(claim)
-        # fsum: exact, so a tie stays a tie whatever order the process's hash seed gives the set
-        scores = [math.fsum(idf[w] for w in wanted & s.words) for s in pool]
-        ranked = sorted((i for i in range(len(pool)) if scores[i] > 0), key=lambda i: -scores[i])
-        for rank, i in enumerate(ranked):
-            best_rank[i] = min(best_rank[i], rank)
-            best_score[i] = max(best_score[i], scores[i])
-
-    chosen: set[int] = set()
-    room = budget
-    for i in sorted(range(len(pool)), key=lambda i: (best_rank[i], -best_score[i])):
-        if best_score[i] > 0 and len(pool[i].text) + 1 <= room:
-            chosen.add(i)
-            room -= len(pool[i].text) + 1
-
-    out = []
-    for n in range(len(passages)):
-        kept = [(s.order, s.text) for i, s in enumerate(pool) if s.passage == n and i in chosen]
-        text = ""
-        previous = -1  # the order of the sentence kept before; a jump is a gap
-        for order, sentence in kept:
-            joint = " " if text else ""
-            text += (joint + "… " if order != previous + 1 else joint) + sentence
-            previous = order
-        out.append(text)
-    return out
+    return Focus(passages).select(claims, budget)

@@ -16,7 +16,6 @@ record's yes/no field or its opening hours.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
 from morphguard.detectors.text import IGNORED, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 
@@ -140,7 +140,7 @@ class Grounding:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         # Milliseconds for a usual context, seconds of pure Python for a hostile multi-megabyte one: off the
         # event loop, so that one such request cannot stall the proxy's others.
-        return await asyncio.to_thread(self.measure, rag, answer)
+        return await in_thread(self.measure, rag, answer)
 
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()

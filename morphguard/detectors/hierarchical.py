@@ -16,7 +16,6 @@ those labels and 0 for "entailed"; the answer's score is the largest claim score
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,7 +30,7 @@ from morphguard.detectors.replies import json_list, json_object, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import sentences
 from morphguard.detectors.verdicts import label_probabilities
-from morphguard.llm.client import Completion, LLMClient
+from morphguard.llm.client import Completion, LLMClient, together
 from morphguard.models import (
     Cost,
     Detection,
@@ -116,7 +115,7 @@ class HierarchicalVerifier:
         spans = windows(len(context), self.options.window, self.options.overlap)
 
         async def verify_claim(claim: str) -> Verdict:
-            local = await asyncio.gather(*(self._verify(context, w, claim, None, meter) for w in spans))
+            local = await together(self._verify(context, w, claim, None, meter) for w in spans)
             label = or_join([v.label for v in local])
             if len(spans) == 1:  # the one window is the whole context: the local label is the global one
                 return local[0]
@@ -127,7 +126,7 @@ class HierarchicalVerifier:
             return await self._verify(context, range(len(context)), claim, hint, meter)
 
         verdicts = await meter.run("verify",
-                                     lambda: asyncio.gather(*(verify_claim(text) for text, _ in claims)))
+                                     lambda: together(verify_claim(text) for text, _ in claims))
         factoids = []
         for (text, (s_start, s_end)), verdict in zip(claims, verdicts, strict=True):
             inside = locate(text, answer[s_start:s_end])
@@ -174,7 +173,7 @@ class HierarchicalVerifier:
             claims = strings(found) if found is not None else [answer[span[0]:span[1]]]  # unreadable: the sentence
             return [(c, span) for c in claims]
 
-        per_sentence = await asyncio.gather(*(split(span) for span in parts))
+        per_sentence = await together(split(span) for span in parts)
         return [claim for claims in per_sentence for claim in claims]
 
     async def _verify(self, context: list[Sentence], window: range, claim: str, hint: str | None,

@@ -13,7 +13,6 @@ are available.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -38,7 +37,7 @@ from morphguard.detectors.verdicts import (
     parse_verdict,
     verdict_probabilities,
 )
-from morphguard.llm.client import LLMClient
+from morphguard.llm.client import LLMClient, together
 from morphguard.models import (
     Cost,
     Detection,
@@ -148,7 +147,7 @@ class MetaRAG:
             statements = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         statements = statements[: self.options.max_factoids]
         def variants_of() -> Awaitable[list[list[tuple[VariantKind, str]]]]:
-            return asyncio.gather(*(self._variants_of(rag.question, s, meter, stats) for s in statements))
+            return together(self._variants_of(rag.question, s, meter, stats) for s in statements)
 
         if self.options.n_mutations == 0:  # the factoid itself and rule antonyms: no call, no stage
             mutations = await variants_of()
@@ -219,8 +218,8 @@ class MetaRAG:
         def by_judge(prompt: str) -> Awaitable[list[str]]:
             return self._mutate(prompt, question, factoid, n, meter, stats) if n else _just([])
 
-        synonyms, antonyms = await asyncio.gather(
-            by_judge("synonym_system"), _just([ruled]) if ruled else by_judge("antonym_system"))
+        synonyms, antonyms = await together(
+            (by_judge("synonym_system"), _just([ruled]) if ruled else by_judge("antonym_system")))
         variants += [(VariantKind.SYNONYM, s) for s in synonyms]
         variants += [(VariantKind.ANTONYM, a) for a in antonyms]
         if not variants:  # every mutation failed: judge the factoid itself rather than nothing
@@ -284,13 +283,12 @@ class MetaRAG:
         """verified[factoid][variant] = one Variant per verifier model, by the configured batching."""
         mode = self.options.batch_verify
         if mode == "none":
-            return list(await asyncio.gather(*(asyncio.gather(*(self._verify(passages, kind, text, meter)
-                                                                 for kind, text in variants))
-                                              for variants in mutations)))
+            return await together(together(self._verify(passages, kind, text, meter) for kind, text in variants)
+                                  for variants in mutations)
         groups = mutations if mode == "factoid" else [[v for variants in mutations for v in variants]]
-        per_model = await asyncio.gather(*(
-            asyncio.gather(*(self._verify_batch(model, passages, group, meter) for group in groups))
-            for model in self.options.verify_models))
+        per_model = await together(
+            together(self._verify_batch(model, passages, group, meter) for group in groups)
+            for model in self.options.verify_models)
         # per_model[model][group][i] → back to [factoid][variant][model]
         flat_by_model = [[v for group in groups_out for v in group] for groups_out in per_model]
         out, cursor = [], 0
@@ -358,8 +356,8 @@ class MetaRAG:
                        verifier=verifier, parsed=parsed.parsed)
 
     async def _verify(self, passages: str, kind: VariantKind, statement: str, meter: Meter) -> list[Variant]:
-        return list(await asyncio.gather(
-            *(self._verify_with(model, passages, kind, statement, meter) for model in self.options.verify_models)))
+        return await together(
+            self._verify_with(model, passages, kind, statement, meter) for model in self.options.verify_models)
 
     async def _verify_with(self, model: str | None, passages: str, kind: VariantKind, statement: str,
                            meter: Meter) -> Variant:

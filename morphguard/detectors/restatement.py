@@ -11,7 +11,6 @@ the highest. An answer with no changed copy costs no call and scores 0.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from pydantic import Field
@@ -23,6 +22,7 @@ from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 
@@ -53,7 +53,7 @@ class RestatementJudge:
         started = time.perf_counter()
         # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the event
         # loop, as in grounding, so that one such request cannot stall the proxy's others.
-        found = await asyncio.to_thread(conflicts, answer, rag.passages)
+        found = await in_thread(conflicts, answer, rag.passages)
         changed = {c.start: c for c in reversed(found)}  # one per sentence
         closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
         stage = StageCost()

@@ -17,7 +17,6 @@ combined check's first stage, which reads the spot check and not `direct`, with 
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from pydantic import Field
@@ -31,6 +30,7 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.text import statements
 from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
+from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 PLAN_VERSION = 2  # of `SpotCheck.plan`'s choice of sentences: a change makes earlier eval results stale
@@ -78,7 +78,7 @@ class SpotCheck:
         started = time.perf_counter()
         # Pure Python over the whole context, seconds for a hostile multi-megabyte one: off the event loop, so that
         # one such request cannot stall the proxy's others (as in grounding).
-        chosen = await asyncio.to_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer)
         stage = StageCost()
         factoids = []
         for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time

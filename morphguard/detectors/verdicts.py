@@ -4,14 +4,13 @@ log-probabilities) how much the model believed in each verdict.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from morphguard.llm.client import LLMClient, TokenChoice
+from morphguard.llm.client import LLMClient, TokenChoice, together
 from morphguard.models import StageCost, Verdict
 
 _LEADING_VERDICT = re.compile(r"^\W*(not\s*sure|not_sure|unsure|yes|no)\b[\s.:,\-–]*(.*)$", re.I | re.S)
@@ -89,8 +88,8 @@ async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str 
     YES: from the log-probabilities where the reply has them, else from the word itself (0.5 when it is
     neither). The call is counted on `stage`."""
     if llm.votes > 1 and not llm.abilities(model).logprobs:
-        replies = await asyncio.gather(*(llm.complete(messages, model=model, max_tokens=2, temperature=1.0)
-                                         for _ in range(llm.votes)))
+        replies = await together(llm.complete(messages, model=model, max_tokens=2, temperature=1.0)
+                                 for _ in range(llm.votes))
         for reply in replies:
             stage.count(reply)
         stage.seconds += max(reply.seconds for reply in replies)  # asked at once

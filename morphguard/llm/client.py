@@ -1,5 +1,11 @@
 """One async client for every judge call: litellm underneath, retries, timeouts, a concurrency limit,
 token accounting and an optional cache for deterministic (temperature 0) calls.
+
+Calls made side by side go through `together`, which cancels the rest of them when one fails. A check's judge calls
+are bounded by the `CallBudget` its caller opens around it (`call_budget`): every call the check's code makes, in
+whichever task, draws on it, and a call past it raises `JudgeCallCapError` unsent. A check that knows its calls
+before it makes them (`sentences`) takes them at once (`reserve`), so that it fails before sending any rather than
+after sending the first `limit`.
 """
 
 from __future__ import annotations
@@ -11,8 +17,11 @@ import logging
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 from tenacity import (
@@ -23,7 +32,8 @@ from tenacity import (
 )
 
 from morphguard import telemetry
-from morphguard.errors import LLMError, LLMTimeoutError
+from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
+from morphguard.llm.fair import FairLimit
 from morphguard.llm.providers import Abilities, abilities, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
@@ -89,6 +99,67 @@ class Usage:
         self.seconds += c.seconds
 
 
+class CallBudget:
+    """How many judge calls one check may still make: `limit` in all, those `reserve`d counted at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0  # calls made or reserved
+        self._reserved = 0  # reserved and not made yet
+
+    def reserve(self, calls: int) -> None:
+        """Take `calls` at once; JudgeCallCapError, taking none, where they would pass the limit."""
+        if self.used + calls > self.limit:
+            raise JudgeCallCapError(f"the check needs {self.used + calls} judge calls, more than "
+                                    f"detector.max_judge_calls ({self.limit})")
+        self.used += calls
+        self._reserved += calls
+
+    def spend(self) -> None:
+        """One call about to be sent: one reserved, else one more taken."""
+        if not self._reserved:
+            self.reserve(1)
+        self._reserved -= 1
+
+
+_BUDGET: ContextVar[CallBudget | None] = ContextVar("morphguard_judge_call_budget", default=None)
+
+
+@contextmanager
+def call_budget(limit: int | None) -> Iterator[CallBudget | None]:
+    """The judge calls of the code run inside (and of the tasks and threads it starts) bounded by `limit`; None:
+    unbounded."""
+    budget = CallBudget(limit) if limit is not None else None
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
+T = TypeVar("T")
+
+
+async def together(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Judge calls made side by side, their results in order. If one fails, the others are cancelled, and waited
+    for, before its error is raised: no call of a failed check outlives it (`asyncio.gather` leaves them running)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def reserve(calls: int) -> None:
+    """Take `calls` judge calls of the current check's budget at once (none open: nothing to take)."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.reserve(calls)
+
+
 class TransientLLMError(LLMError):
     """A failure worth retrying (timeout, 429, 5xx, dropped connection)."""
 
@@ -115,13 +186,14 @@ class LLMClient:
     def __post_init__(self) -> None:
         import litellm  # noqa: F401  (slow, ~4 s: paid once here rather than inside the first timed call)
 
-        self._limits: dict[int, asyncio.Semaphore] = {}  # one per event loop: sync callers run several
+        self._limits: dict[int, FairLimit] = {}  # one per event loop: sync callers run several
         self._cache: OrderedDict[str, Completion] = OrderedDict()
 
-    def _limit(self) -> asyncio.Semaphore:
+    def _limit(self) -> FairLimit:
+        """The judge's places (`concurrency`), taken by the clients checks run for in turn (`llm.fair`)."""
         loop = id(asyncio.get_running_loop())
         if loop not in self._limits:
-            self._limits = {loop: asyncio.Semaphore(self.concurrency)}
+            self._limits = {loop: FairLimit(self.concurrency)}
         return self._limits[loop]
 
     def endpoint(self, model: str | None) -> Endpoint:
@@ -184,6 +256,9 @@ class LLMClient:
             self.usage.add(result)
             return result
 
+        budget = _BUDGET.get()
+        if budget is not None:
+            budget.spend()
         result = await self._call_with_retries(request, endpoint)
         self.usage.add(result)
         if key is not None:
@@ -212,7 +287,7 @@ class LLMClient:
 
     async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
         """One call inside its GenAI client span (a child of the current stage's span)."""
-        async with self._limit():
+        async with self._limit().slot():
             span = telemetry.start_chat_span(request["model"], endpoint.provider_name, "judge", request["messages"])
             started = time.perf_counter()
             try:

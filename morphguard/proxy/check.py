@@ -26,13 +26,14 @@ class CheckRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
+    client: str = ""  # who asked, for fair shares of the judge and the threads (`llm.fair.client_id`: never the key)
 
     def to_dict(self) -> dict[str, Any]:
         """What the durable queue keeps; the chat span survives as the context a check links to."""
         link = self.chat_span.get_span_context() if self.chat_span is not None else None
         return {"body": self.body, "rag": self.rag.model_dump() if self.rag else None, "source": self.source,
                 "profile": self.profile, "topic": self.topic, "model": self.model, "route": self.route,
-                "request_id": self.request_id, "detector": self.detector,
+                "request_id": self.request_id, "detector": self.detector, "client": self.client,
                 "link": [link.trace_id, link.span_id] if link is not None and link.is_valid else None}
 
     @classmethod
@@ -43,7 +44,8 @@ class CheckRequest:
         rag = RagInput.model_validate(data["rag"]) if data.get("rag") else None
         return cls(body=data["body"], rag=rag, source=data.get("source"), profile=data["profile"],
                    topic=data["topic"], model=data.get("model"), route=data.get("route") or "",
-                   request_id=data["request_id"], chat_span=span, detector=data.get("detector"))
+                   request_id=data["request_id"], chat_span=span, detector=data.get("detector"),
+                   client=data.get("client") or "")
 
     def pending(self, reason: str) -> DecisionRecord:
         """The record sent at once when the check runs later (`queued`) or not at all."""

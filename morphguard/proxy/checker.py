@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import traceback
 from typing import Any
@@ -17,7 +18,9 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
-from morphguard.errors import LLMError, LLMTimeoutError, MorphguardError
+from morphguard.errors import CheckTooLargeError, JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
+from morphguard.llm.client import call_budget
+from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
 from morphguard.policy.engine import PolicyEngine
@@ -30,6 +33,12 @@ from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
 
+# How often the interpreter hands its lock from one thread to another (Python's default: 5 ms). The checks read text
+# in threads (`llm.fair.in_thread`) beside the event loop; at every hand-over the loop may wait this long behind them.
+# At 0.5 ms a small check's time while six clients' largest checks ran fell from 7.5-10 to 3.1 times its time alone
+# (benchmarks/isolation.py, 2 shared cores).
+SWITCH_INTERVAL_S = 0.0005
+
 
 class Checker:
     def __init__(self, detector: Detector, engine: PolicyEngine, config: Config, cache: VerdictCache | None = None,
@@ -41,6 +50,7 @@ class Checker:
         self.cache = cache
         self.pool = pool  # set when inline checks go to the workers
         self._fingerprints: dict[str, str] = {}
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
     def answer_text(self, completion: dict[str, Any]) -> str:
         """What the check reads of a completion, as policy says (`policy.tool_calls`)."""
@@ -79,6 +89,7 @@ class Checker:
             return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_answer"), None, 0.0)
         budget = self.engine.budget_s(request.profile)
         try:
+            self._within_size(request, answer)
             if self.pool is not None:
                 detection = await self._detect_by_workers(request, utf8(answer), budget)
             else:
@@ -86,8 +97,7 @@ class Checker:
                 detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
         except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
-            reason = ("latency_budget_exceeded" if isinstance(exc, TimeoutError)
-                      else "judge_timeout" if isinstance(exc, LLMTimeoutError) else "judge_error")
+            reason = _reason(exc)
             _record_masked(exc)
             telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
             decision = self.engine.failed(request.profile, request.topic, reason)
@@ -97,7 +107,22 @@ class Checker:
         decision = self.engine.decide(request.profile, request.topic, detection)
         return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
 
+    def _within_size(self, request: CheckRequest, answer: str) -> None:
+        """CheckTooLargeError where the check would read more than `detector.max_text_chars` of answer and context."""
+        limit = self.config.detector.max_text_chars
+        assert request.rag is not None
+        size = len(answer) + len(request.rag.question) + sum(len(p) for p in request.rag.passages)
+        if limit is not None and size > limit:
+            raise CheckTooLargeError(f"the check would read {size} characters of answer and context, more than "
+                                     f"detector.max_text_chars ({limit})")
+
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
+        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent), waiting for
+        the judge and the text-reading threads in the client's turn (`llm.fair`)."""
+        with call_budget(self.config.detector.max_judge_calls), on_behalf_of(request.client):
+            return await self._detect_or_recall(detector, request, answer)
+
+    async def _detect_or_recall(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
         assert request.rag is not None
         if self.cache is None:
             return await detector.detect(request.rag, answer)
@@ -122,6 +147,10 @@ class Checker:
         error = reply.get("error")
         if error == "judge_timeout":
             raise LLMTimeoutError("the worker's judge timed out")
+        if error == "judge_call_cap":
+            raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
+        if error == "check_too_large":
+            raise CheckTooLargeError("the check reads more than its bounds allow")
         if error:
             raise LLMError(f"the worker could not check: {error}")
         return Detection.model_validate(reply["detection"])
@@ -141,7 +170,7 @@ class Checker:
                 detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
-                return {"error": "judge_timeout" if isinstance(exc, LLMTimeoutError | TimeoutError) else "judge_error"}
+                return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
         return {"detection": detection.model_dump(mode="json")}
 
     async def detector_for(self, name: str | None) -> Detector:
@@ -152,6 +181,17 @@ class Checker:
             llm = getattr(self.detector, "llm", None)
             self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
         return self._named[name]
+
+
+def _reason(exc: BaseException) -> str:
+    """The short stable code of a failed check: what clients, the audit and the metrics see."""
+    if isinstance(exc, TimeoutError):
+        return "latency_budget_exceeded"
+    if isinstance(exc, LLMTimeoutError):
+        return "judge_timeout"
+    if isinstance(exc, CheckTooLargeError):
+        return "check_too_large"
+    return "judge_call_cap" if isinstance(exc, JudgeCallCapError) else "judge_error"
 
 
 def _record_masked(exc: BaseException) -> None:

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from morphguard.config import Config
+from morphguard.llm.fair import client_id
 from morphguard.policy.engine import PolicyEngine, RequestFacts
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.backend import Backend, Call
@@ -190,7 +191,8 @@ def accept(engine: PolicyEngine, config: Config, extraction: Extraction, facts: 
     profile = engine.profile_for(facts)
     topic = engine.topic_for(profile, extraction.rag, facts.requested_topic)
     return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
-                        topic=topic, model=facts.model, route=facts.path_prefix, detector=detector)
+                        topic=topic, model=facts.model, route=facts.path_prefix, detector=detector,
+                        client=client_id(facts.api_key))
 
 
 def request_facts(headers: Mapping[str, str], *, prefix: str = "", model: str | None = None, policy: Any = None,

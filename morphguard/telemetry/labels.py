@@ -39,7 +39,8 @@ REASONS = frozenset({
     "invalid_request", "invalid_api_key", "unchecked_route", "not_found", "request_too_large", "method_not_allowed",
     "http_error", "internal_error", "upstream_error", "upstream_unavailable", "upstream_malformed",
     "upstream_stream_broken", "upstream_timeout", "stream_error", "no_context", "no_answer", "queue_full",
-    "check_crashed", "client_disconnected", "audit_failed", "judge_error", "judge_timeout",
+    "check_crashed", "client_disconnected", "audit_failed", "judge_error", "judge_timeout", "judge_call_cap",
+    "check_too_large",
     "latency_budget_exceeded", "expired", "queue_unavailable", "tool_calls_unchecked", "unreadable_output"})
 _CACHED = 4096  # model names remembered with their label; more and the memo starts over
 

@@ -1,4 +1,19 @@
-from morphguard.detectors.alignment import DIFF_LIMIT, _Words, conflicts, quotes_context, strongest
+import math
+import random
+
+import pytest
+
+from morphguard.detectors.alignment import (
+    DIFF_LIMIT,
+    MAX_COMPARED,
+    Context,
+    _Words,
+    conflicts,
+    quotes_context,
+    strongest,
+)
+from morphguard.detectors.text import content_keys
+from morphguard.errors import CheckTooLargeError
 
 CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Doctor Lee saw 40 patients in May. "
            "Paracetamol is usually preferred for pain. Doctor Kim saw 25 patients in June."]
@@ -219,3 +234,42 @@ def test_over_a_number_hedges_as_more_than_does():
     cases = ["The department has prosecuted more than 30 cases in the past 18 months."]
     assert kinds_in("The department has prosecuted over 30 cases in the past 18 months.", cases) == []
     assert kinds_in("The department has prosecuted 30 cases in the past 18 months.", cases) == ["qualifier"]
+
+
+def test_a_copy_is_found_among_the_few_sentences_holding_its_rarest_words():
+    """Every one of 2,000 context sentences shares words with the copy; it is compared with the one holding its
+    rarest word, whose share no other sentence could reach, and no other."""
+    context = Context([" ".join(f"The kettle number {n} costs {1000 + n} dollars." for n in range(2000))])
+    assert context.copied("The kettle number 1500 costs 2500 dollars.") == (1500, 1.0)
+    assert context.compared == 1
+    # a sentence sharing only common words still finds the first of its best copies
+    assert context.copied("The kettle costs dollars.") == (0, 1.0)
+
+
+def test_the_best_copy_is_the_one_comparing_with_every_sentence_would_find():
+    """The candidates read rarest word first find the sentence a comparison with all of them finds (first on a tie)."""
+    rng = random.Random(7)
+    words = "kettle amber green price costs dollars seven lamp blue shade tall wide".split()
+    for _ in range(300):
+        text = " ".join(" ".join(rng.choices(words, k=rng.randint(1, 6))).capitalize() + "."
+                        for _ in range(rng.randint(1, 30)))
+        claim = " ".join(rng.choices(words, k=rng.randint(1, 6)))
+        context = Context([text])
+        keys = frozenset(content_keys(claim))
+        found = context.copied(claim)
+        if found is None:
+            continue
+        weights = {k: math.log(1 + context.sentences / context.frequency[k]) for k in context.frequency}
+        shares = [math.fsum(weights[k] for k in context.held[i] & keys) for i in range(len(context.texts))]
+        assert shares[found[0]] == max(shares) and shares.index(max(shares)) == found[0]
+
+
+def test_an_alignment_past_its_bound_of_comparisons_is_refused_not_cut_short():
+    """Context sentences made of the same common words make every answer sentence read all of them: past
+    MAX_COMPARED the check is refused rather than left part-read."""
+    sentences = 4_000
+    passages = [" ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(sentences))]
+    answer = " ".join(["Alpha beta gamma."] * (MAX_COMPARED // sentences + 2))
+    with pytest.raises(CheckTooLargeError, match="comparisons"):
+        conflicts(answer, passages)
+    assert conflicts(" ".join(["Alpha beta gamma."] * 3), passages) == []  # within the bound: compared whole

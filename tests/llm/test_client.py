@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from morphguard.errors import LLMError, LLMTimeoutError
-from morphguard.llm.client import Endpoint, LLMClient
+from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
+from morphguard.llm.client import Endpoint, LLMClient, call_budget, reserve
 from tests.scripted_llm import ScriptedLLM, completion, error
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -125,3 +125,41 @@ def test_the_embedded_judge_gets_the_request_as_the_checks_write_it():
     assert sent["temperature"] == 0.0 and sent["max_tokens"] == 16
     assert sent["logprobs"] is True and sent["top_logprobs"] == 5
 
+
+
+def test_a_check_sends_no_judge_call_past_its_budget_in_any_of_its_tasks():
+    with ScriptedLLM(lambda body: "ok") as server:
+        llm = client(server)
+
+        async def check():
+            with call_budget(3):
+                await llm.complete(MESSAGES)
+                asked = await asyncio.gather(*(llm.complete([{"role": "user", "content": str(i)}]) for i in range(3)),
+                                             return_exceptions=True)
+            return asked
+
+        asked = run(check())
+        assert sum(isinstance(a, JudgeCallCapError) for a in asked) == 1
+        assert len(server.requests) == 3
+        run(llm.complete([{"role": "user", "content": "outside any check"}]))  # no budget open: no cap
+    assert len(server.requests) == 4
+
+
+def test_calls_reserved_at_once_are_all_taken_or_none():
+    with ScriptedLLM(lambda body: "ok") as server:
+        llm = client(server)
+
+        async def check():
+            with call_budget(3) as budget:
+                with pytest.raises(JudgeCallCapError):
+                    reserve(4)
+                assert budget is not None and budget.used == 0  # the refused reservation took nothing
+                reserve(2)
+                await llm.complete([{"role": "user", "content": "a"}])
+                await llm.complete([{"role": "user", "content": "b"}])  # both reserved: the budget has one left
+                await llm.complete([{"role": "user", "content": "c"}])
+                with pytest.raises(JudgeCallCapError):
+                    await llm.complete([{"role": "user", "content": "d"}])
+
+        run(check())
+    assert [r["messages"][0]["content"] for r in server.requests] == ["a", "b", "c"]

@@ -1,0 +1,154 @@
+"""Fair shares of what checks wait for: the judge's places (`judge.concurrency`) and the threads that read text.
+
+A check runs on behalf of a client (`on_behalf_of`: the checker opens it around the check, with a digest of the key
+the request presented, `client_id`), and every judge call and text-reading thread of the check waits for its place
+in a `FairLimit` under that client's name. While places are taken, a freed one goes to the waiting client served
+longest ago (round robin), each client's own waiters first come first served: a client sending many large checks at
+once waits behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also
+limited per client, so that one client's checks cannot take every thread of the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import hashlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from typing import ParamSpec, TypeVar
+
+_CLIENT: ContextVar[str] = ContextVar("morphguard_client", default="")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def client_id(key: str | None) -> str:
+    """A client's name in the fair shares: a digest of the key it presented (never the key), "" without one."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16] if key else ""
+
+
+@contextmanager
+def on_behalf_of(client: str) -> Iterator[None]:
+    """The judge calls and text-reading threads of the code run inside wait for their places as `client`'s."""
+    token = _CLIENT.set(client)
+    try:
+        yield
+    finally:
+        _CLIENT.reset(token)
+
+
+def current_client() -> str:
+    return _CLIENT.get()
+
+
+class FairLimit:
+    """At most `capacity` holders at once, and at most `per_client` of one client (None: no such bound). A freed
+    place goes to the waiting client served longest ago (one never served first; round robin while several wait); a
+    client's own waiters are served in the order they came. One per event loop: its waiters are futures of the loop
+    that made them."""
+
+    def __init__(self, capacity: int, per_client: int | None = None) -> None:
+        self.capacity = capacity
+        self.per_client = per_client
+        self.held = 0
+        self._holding: dict[str, int] = {}
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # by client, in the order the clients came
+        self._served: dict[str, int] = {}  # when each client holding or waiting last took a place
+        self._ticks = 0
+
+    def _may(self, client: str) -> bool:
+        return self.held < self.capacity and (self.per_client is None
+                                              or self._holding.get(client, 0) < self.per_client)
+
+    def _take(self, client: str) -> None:
+        self.held += 1
+        self._holding[client] = self._holding.get(client, 0) + 1
+        self._ticks += 1
+        self._served[client] = self._ticks
+
+    def _release(self, client: str) -> None:
+        self.held -= 1
+        self._holding[client] -= 1
+        if not self._holding[client]:
+            del self._holding[client]
+            if client not in self._waiting:
+                del self._served[client]  # nothing held or awaited: forgotten, so that the map stays small
+        self._grant()
+
+    def _grant(self) -> None:
+        """Freed places to the waiting clients, the one served longest ago first, skipping those at their bound."""
+        while self.held < self.capacity:
+            for client in [c for c, queue in self._waiting.items() if not _live(queue)]:
+                del self._waiting[client]
+                if client not in self._holding:
+                    self._served.pop(client, None)
+            ready = [c for c in self._waiting if self._may(c)]
+            if not ready:
+                return
+            client = min(ready, key=lambda c: self._served.get(c, 0))  # min keeps the earliest come on a tie
+            queue = self._waiting[client]
+            self._take(client)
+            queue.popleft().set_result(None)
+            if not queue:
+                del self._waiting[client]
+
+    @asynccontextmanager
+    async def slot(self, client: str | None = None) -> AsyncIterator[None]:
+        """A place for `client` (None: the client the current check runs for), held while inside."""
+        name = current_client() if client is None else client
+        if not self._waiting and self._may(name):
+            self._take(name)
+        else:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(name, deque()).append(waiter)
+            self._grant()  # a free place the clients ahead cannot take (at their own bound) is this one's
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():  # given a place as it was cancelled: pass it on
+                    self._release(name)
+                raise
+        try:
+            yield
+        finally:
+            self._release(name)
+
+
+def _live(queue: deque[asyncio.Future[None]]) -> bool:
+    """Whether a client still has a waiter that has not given up (those that have are dropped)."""
+    while queue and queue[0].done():
+        queue.popleft()
+    return bool(queue)
+
+
+# Threads that read text: enough that each of many clients has one at once (the GIL shares the cores among them),
+# one per client.
+THREADS = 16
+THREADS_PER_CLIENT = 1
+_executor: ThreadPoolExecutor | None = None
+_thread_limits: dict[int, FairLimit] = {}
+
+
+def _threads() -> tuple[ThreadPoolExecutor, FairLimit]:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="morphguard-text")
+    loop = id(asyncio.get_running_loop())
+    if loop not in _thread_limits:
+        _thread_limits.clear()  # one loop at a time in a process that serves; sync callers run one after another
+        _thread_limits[loop] = FairLimit(THREADS, THREADS_PER_CLIENT)
+    return _executor, _thread_limits[loop]
+
+
+async def in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`func` run in a text-reading thread once the current client's turn comes (as `asyncio.to_thread`, with the
+    context carried over)."""
+    executor, limit = _threads()
+    async with limit.slot():
+        call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(executor, call)

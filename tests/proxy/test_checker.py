@@ -1,0 +1,161 @@
+"""Checking an answer within its bounds: the judge calls a check may make, and the budget of time it has."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from morphguard.config import Config
+from morphguard.detectors import build_detector
+from morphguard.models import RagInput
+from morphguard.policy.engine import PolicyEngine
+from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.checker import Checker
+from tests.scripted_llm import ScriptedLLM, completion
+
+RAG = RagInput(question="Where is Paris?", passages=["Paris is the capital of France. Lyon is in France too."])
+
+
+def verdicts(body: dict[str, Any]) -> str:
+    asked = re.findall(r"^(\d+)\. ", body["messages"][-1]["content"], re.M)
+    return json.dumps({"sentences": [{"id": int(n), "verdict": "SUPPORTED", "phrases": []} for n in asked],
+                       "answer": "SUPPORTED"})
+
+
+def checker(base_url: str, *, on_error: str = "fail_open", budget_s: float | None = None,
+            max_judge_calls: int | None = None, concurrency: int = 8) -> Checker:
+    cap = {} if max_judge_calls is None else {"max_judge_calls": max_judge_calls}
+    config = Config.model_validate({
+        "judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "sk-test", "timeout_s": 30,
+                  "max_attempts": 1, "concurrency": concurrency},
+        "detector": {"name": "sentences", **cap}, "sentences": {"batch": 1},
+        "policy": {"profiles": {"general": {"on_error": on_error, "latency_budget_s": budget_s}}}})
+    return Checker(build_detector(config), PolicyEngine(config.policy), config)
+
+
+def answered(text: str) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+
+
+def request() -> CheckRequest:
+    return CheckRequest(body={}, rag=RAG, source="explicit", profile="general", topic="general")
+
+
+ANSWER = "Paris is the capital of France. Lyon is in France. Nice is in France."  # 3 calls at batch 1
+
+
+@pytest.mark.parametrize(("on_error", "action"), [("fail_open", "pass"), ("fail_closed", "block")])
+def test_a_check_needing_more_judge_calls_than_the_cap_fails_as_judge_call_cap(on_error, action):
+    with ScriptedLLM(verdicts) as server:
+        outcome = asyncio.run(checker(server.base_url, on_error=on_error, max_judge_calls=2).check(
+            request(), answered(ANSWER)))
+        assert server.requests == []  # none sent: the check knew its calls before making them
+    assert (outcome.decision.action, outcome.decision.reason) == (action, f"{on_error}: judge_call_cap")
+    assert outcome.detection is None
+
+
+def test_a_check_within_the_cap_is_judged_whole():
+    with ScriptedLLM(verdicts) as server:
+        outcome = asyncio.run(checker(server.base_url, max_judge_calls=3).check(request(), answered(ANSWER)))
+        assert len(server.requests) == 3
+    assert outcome.detection is not None and outcome.decision.reason is None
+
+
+class SlowJudge:
+    """A judge on a real socket that answers after `delay_s`, counting the calls it is still working on: a call
+    whose client has gone (closed its connection) stops counting, as a provider stops generating for it."""
+
+    def __init__(self, delay_s: float, refuse: str | None = None) -> None:
+        self.delay_s, self.in_flight, self.started = delay_s, 0, 0
+        self.refuse = refuse  # a prompt holding this is refused at once (400), the others answered late
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        body = json.loads(await request.body())
+        if self.refuse is not None and self.refuse in body["messages"][-1]["content"]:
+            return JSONResponse({"error": {"message": "refused", "type": "invalid_request_error"}}, status_code=400)
+        self.in_flight += 1
+        self.started += 1
+        try:
+            deadline = time.monotonic() + self.delay_s
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    return JSONResponse({}, status_code=499)
+                await asyncio.sleep(0.02)
+            return JSONResponse(completion(verdicts(body)))
+        finally:
+            self.in_flight -= 1
+
+    @contextmanager
+    def running(self) -> Iterator[SlowJudge]:
+        thread = threading.Thread(target=self.server.run, daemon=True)
+        thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        try:
+            yield self
+        finally:
+            self.server.should_exit = True
+            thread.join(timeout=5)
+
+    async def settled(self) -> int:
+        """The calls still in flight once the judge has had time to see a closed connection (asked while the
+        client's event loop still runs: closing it would close every connection, abandoned or not)."""
+        for _ in range(50):
+            if not self.in_flight:
+                break
+            await asyncio.sleep(0.02)
+        return self.in_flight
+
+
+def test_a_check_whose_judge_call_fails_leaves_none_of_its_other_calls_running():
+    with SlowJudge(delay_s=5.0, refuse="Nice").running() as judge:
+        guard = checker(f"http://127.0.0.1:{judge.port}/v1")
+
+        async def check_then_count() -> tuple[Any, int]:
+            outcome = await guard.check(request(), answered(ANSWER))  # one call per sentence; the third refused
+            return outcome, await judge.settled()
+
+        outcome, still_running = asyncio.run(check_then_count())
+        assert outcome.decision.reason == "fail_open: judge_error"
+        assert judge.started == 2
+        assert still_running == 0
+
+
+def test_a_check_past_max_text_chars_is_not_made_and_fails_as_check_too_large():
+    config = Config.model_validate({"detector": {"name": "grounding", "max_text_chars": 1000},
+                                    "policy": {"profiles": {"general": {"on_error": "fail_closed"}}}})
+    guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
+    small = asyncio.run(guard.check(request(), answered(ANSWER)))
+    assert small.detection is not None
+    large = asyncio.run(guard.check(request(), answered("Paris is in France. " * 60)))
+    assert (large.decision.action, large.decision.reason) == ("block", "fail_closed: check_too_large")
+    assert large.detection is None
+
+
+def test_a_grounding_check_whose_alignment_passes_its_bound_fails_as_check_too_large():
+    config = Config.model_validate({"detector": {"name": "grounding"}})
+    guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
+    passages = [" ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))]
+    hostile = CheckRequest(body={}, rag=RagInput(question="Alpha?", passages=passages), source="explicit",
+                           profile="general", topic="general")
+    outcome = asyncio.run(guard.check(hostile, answered(" ".join(["Alpha beta gamma."] * 100))))
+    assert outcome.decision.reason == "fail_open: check_too_large"

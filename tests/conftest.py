@@ -1,3 +1,4 @@
+import fcntl
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -25,6 +26,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     # most slow tests first; stable, so each file stays whole and the others keep their order
     items.sort(key=lambda item: -slow[item.path])
+
+
+@pytest.fixture(autouse=True)
+def _one_model_test_at_a_time(request: pytest.FixtureRequest,
+                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A `model` test holds a lock shared by the run's workers (a file beside their temporary folders), so that
+    one embedded judge at a time loads and checks on the CPU; the others' tests go on meanwhile."""
+    if request.node.get_closest_marker("model") is None:
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "model-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture

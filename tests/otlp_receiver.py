@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import gzip
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from tests.servers import bound_socket
 
 
 @dataclass
@@ -48,12 +49,11 @@ class OtlpReceiver:
     def __post_init__(self) -> None:
         app = Starlette(routes=[Route("/v1/traces", self._traces, methods=["POST"]),
                                 Route("/v1/metrics", self._metrics, methods=["POST"])])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self._socket = bound_socket()
+        self.port = self._socket.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     @staticmethod
     async def _body(request: Request) -> bytes:

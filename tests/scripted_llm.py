@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.servers import bound_socket
 
 Reply = Callable[[dict[str, Any]], "str | tuple[int, dict[str, Any]] | dict[str, Any]"]
 
@@ -44,12 +45,11 @@ class ScriptedLLM:
         self.in_flight = 0
         self.max_in_flight = 0
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self._socket = bound_socket()  # the port is ours from here on, whatever else starts meanwhile
+        self.port = self._socket.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
     async def _chat(self, request: Request) -> JSONResponse:
         body = json.loads(await request.body())

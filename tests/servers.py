@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -22,9 +23,50 @@ import pytest
 
 
 def free_port() -> int:
+    """A loopback port free now, for a server in another process to bind.
+
+    Under pytest-xdist each worker picks from a slice of its own below the kernel's ephemeral range, so that
+    neither another worker nor any process's outgoing connection (the kernel gives those ports from the
+    ephemeral range) takes the port between this call and the server's bind. Elsewhere: a port the kernel
+    picks. A server in this process binds `bound_socket()` instead, which holds its port from the start."""
+    for port in _worker_ports():
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, by this worker's own servers
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _worker_ports() -> list[int]:
+    """This xdist worker's slice of the ports from 10000 up to the ephemeral range, in random order; none
+    outside a worker, or where the slices would be too small."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit():
+        return []
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return []
+    size = (ephemeral_low - 10000) // int(count)
+    if size < 200:
+        return []
+    start = 10000 + int(worker[2:]) % int(count) * size  # a restarted worker (gw4 of 4) reuses a slice
+    ports = list(range(start, start + size))
+    random.shuffle(ports)
+    return ports
+
+
+def bound_socket() -> socket.socket:
+    """A loopback TCP socket bound to a port the kernel picked, for a server in this process to listen on
+    (`uvicorn.Server.run(sockets=[...])`); its port is `getsockname()[1]`."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def _missing(what: str) -> None:

@@ -14,6 +14,9 @@ import pytest
 
 from tests.e2e.conftest import serve, stop
 
+# kill -9 under load, and a queue filled to overflow: a minute of real processes each
+pytestmark = pytest.mark.slow
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 

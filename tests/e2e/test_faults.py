@@ -13,6 +13,9 @@ import httpx
 import openai
 import pytest
 
+# every upstream fault in every mode, each through a real proxy
+pytestmark = pytest.mark.slow
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 MODES = [("inline", "buffer"), ("inline", "passthrough"), ("async", "buffer"), ("async", "passthrough")]

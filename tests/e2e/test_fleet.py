@@ -18,10 +18,14 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT, serve, stop
 from tests.otlp_receiver import OtlpReceiver
+
+# minutes of real processes each: replicas, workers, Redis and PostgreSQL, with faults injected
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"

@@ -26,6 +26,9 @@ from tests.e2e.conftest import serve, stop
 from tests.e2e.test_fleet import PASSAGE, QUESTION, fleet_config, folders, start_worker
 from tests.servers import RedisServer, fresh_database
 
+# minutes of real processes each: replicas, workers, Redis and PostgreSQL, with faults injected
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
 REQUESTS = 80
 PER_SECOND = 4.0
 FAULT_AT_S = 5.0  # into the load

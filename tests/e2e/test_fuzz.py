@@ -16,6 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# hypothesis drives thousands of generated requests through a real proxy
+pytestmark = pytest.mark.slow
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
 

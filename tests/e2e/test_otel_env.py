@@ -7,10 +7,14 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import serve, stop
 from tests.otlp_receiver import OtlpReceiver
+
+# a proxy of its own started under each environment
+pytestmark = pytest.mark.slow
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 

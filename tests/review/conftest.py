@@ -18,7 +18,7 @@ from morphguard.config import AuditSettings, ReviewSettings
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.record import DecisionRecord, EvidenceRecord, FactoidRecord
 from morphguard.review.app import ReviewConsole
-from tests.servers import free_port
+from tests.servers import bound_socket
 
 PASSAGES = ["Ibuprofen is contraindicated in the third trimester of pregnancy. It can harm the baby's heart.",
             "Paracetamol is the first choice for pain relief during pregnancy."]
@@ -86,9 +86,10 @@ def csrf_of(html: str) -> str:
 @contextmanager
 def serving(console: ReviewConsole) -> Iterator[str]:
     """The console on a port of its own while the block runs; yields its base URL."""
-    port = free_port()
+    sock = bound_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(console.app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started and time.monotonic() < deadline:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -119,3 +120,16 @@ def postgres() -> Iterator[PostgresServer]:
     server.start()
     yield server
     server.remove()
+
+
+def audit_row(proxy_factory, base: str, request_id: str) -> dict:
+    """The audit row of one request of a `proxy_factory` proxy, waited for (a stream's row is written as it ends)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM decisions WHERE request_id = ?", (request_id,)).fetchone()
+        if row is not None or time.monotonic() > deadline:
+            assert row is not None, f"no audit row for {request_id}"
+            return dict(row)
+        time.sleep(0.1)

@@ -10,12 +10,12 @@ the unsupported sentence may be anywhere in what is sent."""
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 from typing import NamedTuple
 
 import httpx
 import pytest
+
+from tests.e2e.conftest import audit_row
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
@@ -89,17 +89,6 @@ def verdict(response: httpx.Response) -> dict:
     assert found, response.text[:1000]
     return found[-1]
 
-
-def audit_row(proxy_factory, base: str, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while True:
-        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
-            db.row_factory = sqlite3.Row
-            row = db.execute("SELECT * FROM decisions WHERE request_id = ?", (request_id,)).fetchone()
-        if row is not None or time.monotonic() > deadline:
-            assert row is not None, f"no audit row for {request_id}"
-            return dict(row)
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])

@@ -7,9 +7,6 @@ refusal, which the SDK helpers read without raising."""
 
 from __future__ import annotations
 
-import sqlite3
-import time
-
 import anthropic
 import openai
 import pydantic
@@ -17,6 +14,7 @@ import pytest
 
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.models import RagInput
+from tests.e2e.conftest import audit_row
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 SECOND = "Paracetamol is the usual choice for pain in pregnancy."
@@ -77,17 +75,6 @@ def chat_stream(base: str, answer: str, model: str = "echo") -> list:
 def text_of(chunks: list) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-
-def audit_row(proxy_factory, base: str, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while True:
-        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
-            db.row_factory = sqlite3.Row
-            row = db.execute("SELECT * FROM decisions WHERE request_id = ?", (request_id,)).fetchone()
-        if row is not None or time.monotonic() > deadline:
-            assert row is not None, f"no audit row for {request_id}"
-            return dict(row)
-        time.sleep(0.1)
 
 
 def assert_blocked_and_audited(proxy_factory, base: str, verdict: dict) -> None:

@@ -18,6 +18,7 @@ the response as policy's actions left it, where they changed it.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -65,7 +66,9 @@ async def webhook(flow: Flow, request: Request, hook: dict[str, Any], flagged_is
     if not isinstance(answer, dict):
         raise bad_request("'response.json' must be an object or null.", "response.json")
     answers = _answers(kind, answer)
-    intakes = [_intake(flow, request, chat, metadata) for _ in answers]
+    # One reading of the request for every choice; each choice is its own audited answer, under its own id.
+    first = _intake(flow, request, chat, metadata)
+    intakes = [first, *(replace(first, request_id=uuid.uuid4().hex) for _ in answers[1:])]
     settled = await asyncio.gather(*(flow.settle(i, a) for i, a in zip(intakes, answers, strict=True)))
     records = [record for _, record in settled]
     reviewed = [completion for completion, _ in settled]

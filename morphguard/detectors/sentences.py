@@ -83,7 +83,7 @@ class Sentences:
         nothing is supported."""
         planted = instructions(answer)
         return [(r.start, r.end, [w.text for w in r.unsupported],
-                 any(s < r.end and r.start < e for s, e in planted)) for r in ungrounded(answer, rag.passages)]
+                 any(s < r.end and r.start < e for s, e in planted)) for r in ungrounded(answer, rag.passages, rag.question)]
 
     def _messages(self, rag: RagInput, answer: str, batch: Batch, context: Focus) -> list[dict[str, str]]:
         lines = []

@@ -45,8 +45,10 @@ def run_demo(config: Config, out: Callable[[str], None] = print, rounds: int = 1
     config = config.model_copy(deep=True)
     config.proxy.upstream.base_url = judge_url
     config.proxy.upstream.api_key = None
-    # the embedded model answers one request at a time, slower on a busy CPU: wait as long as the demo's client does
+    # the embedded model answers one request at a time, slower on a busy CPU: the proxy waits for it as upstream and
+    # as judge as long as the demo's client waits for the proxy
     config.proxy.upstream.timeout_s = max(config.proxy.upstream.timeout_s, CLIENT_TIMEOUT_S)
+    config.judge.timeout_s = max(config.judge.timeout_s, CLIENT_TIMEOUT_S)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -34,14 +34,13 @@ from morphguard.detectors.text import (
     number,
     pieces,
     sentences,
-    vocabulary,
     words,
 )
 from morphguard.errors import CheckTooLargeError
 from morphguard.models import Evidence
 
 KINDS = ("negation", "number", "name", "qualifier")
-VERSION = 7  # of the alignment and comparison rules below: a change makes earlier eval results stale
+VERSION = 6  # of the alignment and comparison rules below: a change makes earlier eval results stale
 
 # Words and phrases that narrow a claim; a copy that drops one states more than its source does. "About" and "around"
 # narrow only a number ("about 15 minutes", not "asked about it"), and "may" before a number is the month.
@@ -338,15 +337,13 @@ class Context:
         return -best[1], best[0]
 
 
-def conflicts(answer: str, passages: list[str], min_copy: float = 0.4, question: str = "") -> list[Conflict]:
+def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
     """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
-    (at least `min_copy` of its weighted content). A name the question uses is no stranger to the exchange: put into
-    a copy by a long edit, it is the answer saying what was asked about, not a name swapped in."""
+    (at least `min_copy` of its weighted content)."""
     context = Context(passages)
     if not any(context.held):
         return []
-    texts, evidence = context.texts, context.evidence
-    known: Container[str] = context.frequency.keys() | vocabulary([question]) if question else context.frequency
+    texts, evidence, frequency = context.texts, context.evidence, context.frequency
     negated: frozenset[str] | None = None  # read once, and only for an answer that copies a sentence
 
     def copied(text: str) -> tuple[int, float] | None:
@@ -371,7 +368,7 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4, question:
             best, copy = match
             negated = _negated(texts) if negated is None else negated
             source = read.get(best) or read.setdefault(best, _Source(texts[best]))
-            for kind in _compare(source, text, negated, known) & kinds_read:
+            for kind in _compare(source, text, negated, frequency) & kinds_read:
                 if kind not in changed or copy > changed[kind][0]:
                     changed[kind] = (copy, best)
         found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])

@@ -158,7 +158,7 @@ class Grounding:
         # Records alone, not a record beside prose (`rules.Reading.facts`): one JSON passage slipped into a context
         # of prose must not change how the prose is read (nor, in `combined`, keep the judge from reading it).
         about_record = ruled.about_facts
-        changed = [] if about_record else conflicts(answer, rag.passages, question=rag.question)
+        changed = [] if about_record else conflicts(answer, rag.passages)
         planted = instructions(answer)
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)

@@ -268,7 +268,8 @@ class ReviewConsole:
         return self._page(
             request, "detail.html", row=row, kept=kept, judgements=judgements, labels=LABELS,
             claims=claims, answer=answer, passages=marked, assignee=assignee,
-            cost=row.get("cost") or {}, explanation=_steps(row), trace_url=trace_url, newer=newer, older=older, delivery=delivery,
+            cost=row.get("cost") or {}, explanation=_steps(row), trace_url=trace_url, newer=newer, older=older,
+            delivery=delivery,
             saved=request.query_params.get("saved") == "1")
 
     async def review(self, request: Request) -> Response:

@@ -1,6 +1,7 @@
 """The combined check: its judge parts asked at once or in a cascade, its floors, and answers it asks no judge about."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -221,7 +222,6 @@ def test_a_quoted_instruction_to_the_checker_is_still_raised_by_its_floor():
 def test_the_floors_are_read_from_the_weights_file(tmp_path, scripted_config):
     """combined.py holds no fitted constant: the floors come with the weights (`tuning` in combined.json), so a weights
     file with another floor scores the same answer by it, and says so."""
-    import json
     from importlib import resources
 
     shipped = json.loads(resources.files("morphguard.detectors").joinpath("combined.json").read_text())
@@ -258,3 +258,33 @@ def test_a_cascade_branch_is_named_in_the_explanation(scripted_config):
         assert cascade["after"] == pytest.approx(result.score, abs=1e-4)
         assert ("so direct was asked" in cascade["text"]) == asked
         assert result.settings["explanation"][-1]["after"] == pytest.approx(result.score, abs=1e-4)
+
+
+def test_an_answer_restating_the_question_is_not_flagged_for_its_words(scripted_config):
+    """The question's words are no invented content in the combined check's features either: the honest answer
+    restating the question counts no unsupported word and passes the strict threshold, and the same answer with an
+    added fact neither the question nor the context states is flagged at it."""
+    context = ["Ibuprofen should not be taken during pregnancy. Paracetamol is the first choice for pregnant women."]
+    question = "Can pregnant women take ibuprofen for back pain?"
+    honest = "No, pregnant women should not take ibuprofen for back pain."
+    added = honest + " Aspirin with warm compresses cures sciatica overnight."
+
+    def reply(body):  # a judge that finds the added fact and nothing else
+        invented = "Aspirin" in body["messages"][-1]["content"]
+        if stage_of(body) == "direct":
+            return json.dumps({"verdict": "NO", "unsupported": ["Aspirin"]} if invented
+                              else {"verdict": "YES", "unsupported": []})
+        return completion("NO", logprobs=p_no(0.9)) if invented else completion("YES", logprobs=p_no(0.05))
+
+    def check(answer):
+        with ScriptedLLM(reply) as server:
+            detector = build_detector(without_cascade(scripted_config(server.base_url)), name="combined")
+            detector.threshold = 0.175
+            return asyncio.run(detector.detect(RagInput(question=question, passages=context), answer))
+
+    passed, flagged = check(honest), check(added)
+    assert passed.features["unsupported"] == 0 and passed.settings["unsupported_words"] == []
+    assert not passed.flagged
+    assert passed.settings["unsupported_words"] == [] and flagged.settings["unsupported_words"] == [
+        "Aspirin", "warm", "compresses", "cures", "sciatica", "overnight"]
+    assert flagged.flagged and flagged.score > passed.score

@@ -17,7 +17,12 @@ def test_the_demo_passes_the_honest_answer_and_flags_the_careless_one_in_five_ro
     config = Config.model_validate({"judge": {"cache": {"enabled": False}},
                                     "policy": {"audit": {"path": str(tmp_path / "audit.db")}}})
     printed: list[str] = []
-    verdicts = run_demo(config, printed.append, rounds=5)
+
+    def out(line: str) -> None:  # kept for the failure message, and shown as it comes under `pytest -s`
+        printed.append(line)
+        print(line, flush=True)
+
+    verdicts = run_demo(config, out, rounds=5)
     shown = "\n".join(printed)
     honest, careless = verdicts[0::2], verdicts[1::2]
     assert len(honest) == len(careless) == 5

@@ -28,4 +28,4 @@ def test_the_demo_passes_the_honest_answer_and_flags_the_careless_one_in_five_ro
     assert len(honest) == len(careless) == 5
     assert all(v["checked"] and not v["flagged"] and v["action"] == "pass" for v in honest), shown
     assert all(v["checked"] and v["flagged"] for v in careless), shown
-    assert all(v["topic"] == "healthcare" for v in verdicts), shown  # the strict threshold applies
+    assert all(v["threshold"] == 0.175 for v in verdicts), shown  # a health topic's strict threshold applies

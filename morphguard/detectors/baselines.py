@@ -11,9 +11,7 @@ import math
 import time
 from typing import Any
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import DirectSettings, LengthSettings
 from morphguard.detectors.focus import focus
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
@@ -34,12 +32,6 @@ from morphguard.models import (
 )
 
 
-class LengthSettings(Section):
-    """The `length` config section."""
-
-    scale_words: float = Field(100.0, gt=0)
-
-
 class LengthBaseline:
     """Longer answers are more often hallucinated: score = 1 − exp(−words / scale), no LLM involved."""
 
@@ -55,14 +47,6 @@ class LengthBaseline:
         score = 1.0 - math.exp(-words / self.scale_words)
         return Detection(detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
                          settings={"scale_words": self.scale_words, "words": words})
-
-
-class DirectSettings(Section):
-    """The `direct` config section."""
-
-    model: str | None = None  # None: the judge's default model
-    soft_verdicts: bool = True
-    context_budget: int = Field(0, ge=0)  # characters of context sent, the most relevant first; 0: all of it
 
 
 class DirectJudge:

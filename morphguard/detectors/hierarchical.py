@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from morphguard.config import Section
+from morphguard.config import HierarchicalSettings
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, register
@@ -44,22 +42,6 @@ from morphguard.models import (
 ENTAILED, CONTRADICTED, BASELESS = "entailed", "contradicted", "baseless"
 LABELS = (ENTAILED, CONTRADICTED, BASELESS)
 AS_LABEL: dict[str, Label] = {ENTAILED: "supported", CONTRADICTED: "contradicted", BASELESS: "unsupported"}
-
-
-class HierarchicalSettings(Section):
-    """The `hierarchical` config section."""
-
-    window: int = Field(25, ge=1)  # W: context sentences per window
-    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
-    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
-    soft_verdicts: bool = True
-    model: str | None = None
-
-    @model_validator(mode="after")
-    def _overlap_below_window(self) -> HierarchicalSettings:
-        if self.overlap >= self.window:
-            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
-        return self
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import MetaRAGSettings
 from morphguard.detectors import focus, scoring, text
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, numbered, render
@@ -90,27 +88,6 @@ PROFILES: dict[str, MetaRAGOptions] = {
     # to a statement and to its negation alike), but each claim judged on its own.
     "factoids": MetaRAGOptions(n_mutations=0, identity=True, soft_verdicts=True, reasons=False, max_factoids=12),
 }
-
-
-class MetaRAGSettings(Section):
-    """The `metarag` config section: a named profile plus any field to override in it."""
-
-    profile: Literal["paper", "embedded", "batched", "factoids"] = "embedded"
-    n_mutations: int | None = Field(None, ge=0)
-    mutation_temperature: float | None = Field(None, ge=0.0)
-    decompose_model: str | None = None
-    mutate_model: str | None = None
-    verify_models: list[str] | None = None
-    identity: bool | None = None
-    soft_verdicts: bool | None = None
-    reasons: bool | None = None
-    max_factoids: int | None = Field(None, ge=1)
-    batch_mutations: bool | None = None
-    batch_verify: Literal["none", "factoid", "all"] | None = None
-    rule_antonyms: bool | None = None
-    verdict_cache: int | None = Field(None, ge=0)
-    decompose: Literal["llm", "sentences"] | None = None
-    context_budget: int | None = Field(None, ge=0)
 
 
 def resolve_options(settings: MetaRAGSettings) -> MetaRAGOptions:

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,11 +23,15 @@ from pydantic import (
 
 from morphguard.errors import ConfigError
 
+if TYPE_CHECKING:
+    import yaml
+
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors."""
+    """A config section: unknown keys are errors. Its validator is built when a config is first read, not when this
+    module is imported."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class CacheSettings(Section):
@@ -680,6 +683,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
+    import yaml  # here: only a config file needs it
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -745,6 +750,8 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 def _where(root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> str:
     """`file:line` of the deepest node on the path `loc` that exists in the YAML tree."""
+    import yaml
+
     node, line = root, None
     for part in loc:
         if isinstance(node, yaml.MappingNode):

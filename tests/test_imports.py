@@ -119,7 +119,8 @@ _HEAVY = ("litellm", "numpy", "opentelemetry", "httpx", "aiohttp", "starlette", 
 
 def test_importing_the_config_loads_no_other_layer_and_nothing_heavy():
     modules = _imported_by("import morphguard.config")
-    assert {m for m in modules if m.startswith("morphguard")} == {"morphguard", "morphguard.config", "morphguard.errors"}
+    ours = {m for m in modules if m.startswith("morphguard")}
+    assert ours == {"morphguard", "morphguard.config", "morphguard.errors"}
     assert not {m for m in modules if m.split(".")[0] in _HEAVY}
 
 
@@ -131,3 +132,24 @@ def test_the_packages_public_names_load_on_first_use():
     for name in package.__all__:
         assert getattr(package, name) is not None
     assert "Detection" in dir(package)
+
+
+def test_the_old_names_of_a_judgment_and_of_the_detection_cache_still_work_and_warn():
+    import importlib
+    import sys
+
+    import pytest
+
+    import morphguard
+    from morphguard.models import Judgment
+    from morphguard.store.detections import DetectionCache
+
+    with pytest.warns(DeprecationWarning, match="Judgment"):
+        assert morphguard.Verdict is Judgment
+    with pytest.warns(DeprecationWarning, match="Judgment"):
+        from morphguard.models import Verdict
+    assert Verdict.NOT_SURE is Judgment.NOT_SURE
+    sys.modules.pop("morphguard.store.verdicts", None)
+    with pytest.warns(DeprecationWarning, match="store.detections"):
+        old = importlib.import_module("morphguard.store.verdicts")
+    assert old.VerdictCache is DetectionCache

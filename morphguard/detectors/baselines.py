@@ -13,12 +13,12 @@ from typing import Any
 
 from morphguard.config import DirectSettings, LengthSettings
 from morphguard.detectors.focus import focus
+from morphguard.detectors.judgments import judgment_probabilities, parse_judgment
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import statements
-from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
 from morphguard.llm.fair import in_thread
 from morphguard.models import (
@@ -26,9 +26,9 @@ from morphguard.models import (
     Detection,
     DetectionStats,
     Factoid,
+    Judgment,
     RagInput,
     StageCost,
-    Verdict,
 )
 
 
@@ -83,15 +83,15 @@ class DirectJudge:
         }
         reply = await self.llm.complete(messages, model=self.model, max_tokens=384, json_schema=schema,
                                         top_logprobs=5 if self.soft_verdicts else 0)
-        parsed = parse_verdict(reply.text)
-        probabilities = verdict_probabilities(reply.logprobs) if self.soft_verdicts else None
+        parsed = parse_judgment(reply.text)
+        probabilities = judgment_probabilities(reply.logprobs) if self.soft_verdicts else None
         if probabilities and parsed.parsed:
-            yes, no = probabilities[Verdict.YES], probabilities[Verdict.NO]
+            yes, no = probabilities[Judgment.YES], probabilities[Judgment.NO]
             score = no / (yes + no) if yes + no > 0 else 0.5
         else:
-            score = {Verdict.YES: 0.0, Verdict.NO: 1.0}.get(parsed.verdict, 0.5)
+            score = {Judgment.YES: 0.0, Judgment.NO: 1.0}.get(parsed.verdict, 0.5)
         factoids = []
-        if parsed.verdict is not Verdict.YES:
+        if parsed.verdict is not Judgment.YES:
             for text in strings(json_list(reply.text, "unsupported")):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from morphguard.config import HierarchicalSettings
+from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.replies import json_list, json_object, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import sentences
-from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient, together
 from morphguard.models import (
     Cost,
@@ -53,7 +53,7 @@ class Sentence:
 
 
 @dataclass
-class Verdict:
+class ClaimJudgment:
     label: str
     evidence: list[int]  # indexes into the context sentences
     probabilities: dict[str, float] | None = None
@@ -96,7 +96,7 @@ class HierarchicalVerifier:
         claims = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         spans = windows(len(context), self.options.window, self.options.overlap)
 
-        async def verify_claim(claim: str) -> Verdict:
+        async def verify_claim(claim: str) -> ClaimJudgment:
             local = await together(self._verify(context, w, claim, None, meter) for w in spans)
             label = or_join([v.label for v in local])
             if len(spans) == 1:  # the one window is the whole context: the local label is the global one
@@ -159,9 +159,9 @@ class HierarchicalVerifier:
         return [claim for claims in per_sentence for claim in claims]
 
     async def _verify(self, context: list[Sentence], window: range, claim: str, hint: str | None,
-                      meter: Meter) -> Verdict:
+                      meter: Meter) -> ClaimJudgment:
         if not context:
-            return Verdict(BASELESS, [])
+            return ClaimJudgment(BASELESS, [])
         listed = "\n".join(f"[{i + 1}] {as_data(context[i].text)}" for i in window)
         messages = [{"role": "system", "content": render("hier_verify_system")},
                     {"role": "user", "content": render("hier_verify_user", sentences=listed,
@@ -177,7 +177,7 @@ class HierarchicalVerifier:
             if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
         probabilities = (label_probabilities(reply.logprobs, "label", LABELS)
                          if self.options.soft_verdicts else None)
-        return Verdict(label, cited if label != BASELESS else [], probabilities)
+        return ClaimJudgment(label, cited if label != BASELESS else [], probabilities)
 
 
 SPEC = register(DetectorSpec(

@@ -16,9 +16,9 @@ import time
 from morphguard.config import RestatementSettings
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts
+from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
-from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost

@@ -30,11 +30,11 @@ from morphguard.config import SentencesSettings
 from morphguard.detectors.focus import Focus
 from morphguard.detectors.grounding import ungrounded
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.logistic import log_odds
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list
-from morphguard.detectors.verdicts import label_probabilities
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve, together
 from morphguard.llm.fair import in_thread

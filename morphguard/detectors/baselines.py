@@ -89,9 +89,9 @@ class DirectJudge:
             yes, no = probabilities[Judgment.YES], probabilities[Judgment.NO]
             score = no / (yes + no) if yes + no > 0 else 0.5
         else:
-            score = {Judgment.YES: 0.0, Judgment.NO: 1.0}.get(parsed.verdict, 0.5)
+            score = {Judgment.YES: 0.0, Judgment.NO: 1.0}.get(parsed.judgment, 0.5)
         factoids = []
-        if parsed.verdict is not Judgment.YES:
+        if parsed.judgment is not Judgment.YES:
             for text in strings(json_list(reply.text, "unsupported")):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,

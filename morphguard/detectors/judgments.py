@@ -19,7 +19,7 @@ _LEADING_VERDICT = re.compile(r"^\W*(not\s*sure|not_sure|unsure|yes|no)\b[\s.:,\
 
 @dataclass(frozen=True)
 class ParsedJudgment:
-    verdict: Judgment
+    judgment: Judgment
     reason: str
     parsed: bool  # False: unreadable reply, counted as NOT SURE
 

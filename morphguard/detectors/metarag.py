@@ -326,8 +326,8 @@ class MetaRAG:
         if probabilities and parsed.parsed:
             penalty = scoring.expected_penalty(kind, probabilities)
         else:
-            penalty = scoring.penalty(kind, parsed.verdict)
-        return Variant(kind=kind, text=statement, verdict=parsed.verdict, reason=parsed.reason, penalty=penalty,
+            penalty = scoring.penalty(kind, parsed.judgment)
+        return Variant(kind=kind, text=statement, verdict=parsed.judgment, reason=parsed.reason, penalty=penalty,
                        probabilities=({v.value: round(p, 4) for v, p in probabilities.items()}
                                       if probabilities else None),
                        verifier=verifier, parsed=parsed.parsed)

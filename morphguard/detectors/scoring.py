@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from morphguard.models import Judgment, VariantKind
 
-# What a verdict costs a variant: a synonym (or the factoid itself) should be entailed,
+# What a judgment costs a variant: a synonym (or the factoid itself) should be entailed,
 # an antonym should be contradicted; NOT SURE costs half either way.
 PENALTY: dict[VariantKind, dict[Judgment, float]] = {
     VariantKind.SYNONYM: {Judgment.YES: 0.0, Judgment.NOT_SURE: 0.5, Judgment.NO: 1.0},

@@ -19,7 +19,7 @@ from morphguard.models import Judgment as V
 def test_readable_replies_give_their_verdict_and_reason(text, verdict, reason):
     parsed = parse_judgment(text)
     assert parsed.parsed
-    assert parsed.verdict is verdict
+    assert parsed.judgment is verdict
     assert parsed.reason == reason
 
 
@@ -27,7 +27,7 @@ def test_readable_replies_give_their_verdict_and_reason(text, verdict, reason):
 def test_unreadable_replies_count_as_not_sure_and_are_marked(text):
     parsed = parse_judgment(text)
     assert not parsed.parsed
-    assert parsed.verdict is V.NOT_SURE
+    assert parsed.judgment is V.NOT_SURE
 
 
 def _tokens(*pieces: str, alternatives: dict[int, list[tuple[str, float]]]) -> list[TokenChoice]:

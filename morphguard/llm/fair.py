@@ -97,22 +97,29 @@ class FairLimit:
             if not queue:
                 del self._waiting[client]
 
+    async def acquire(self, client: str) -> None:
+        """Wait for a place for `client`; the caller must `release(client)` it once done."""
+        if not self._waiting and self._may(client):
+            self._take(client)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(client, deque()).append(waiter)
+        self._grant()  # a free place the clients ahead cannot take (at their own bound) is this one's
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # given a place as it was cancelled: pass it on
+                self._release(client)
+            raise
+
+    def release(self, client: str) -> None:
+        self._release(client)
+
     @asynccontextmanager
     async def slot(self, client: str | None = None) -> AsyncIterator[None]:
         """A place for `client` (None: the client the current check runs for), held while inside."""
         name = current_client() if client is None else client
-        if not self._waiting and self._may(name):
-            self._take(name)
-        else:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.setdefault(name, deque()).append(waiter)
-            self._grant()  # a free place the clients ahead cannot take (at their own bound) is this one's
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():  # given a place as it was cancelled: pass it on
-                    self._release(name)
-                raise
+        await self.acquire(name)
         try:
             yield
         finally:
@@ -147,8 +154,23 @@ def _threads() -> tuple[ThreadPoolExecutor, FairLimit]:
 
 async def in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """`func` run in a text-reading thread once the current client's turn comes (as `asyncio.to_thread`, with the
-    context carried over)."""
+    context carried over). The place is held until the thread is done, also when the caller stops waiting: a
+    thread cannot be stopped, so a client that gives up on its checks does not get more threads by it."""
     executor, limit = _threads()
-    async with limit.slot():
+    name = current_client()
+    await limit.acquire(name)
+    loop = asyncio.get_running_loop()
+    try:
         call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(executor, call)
+        running = executor.submit(call)
+    except BaseException:
+        limit.release(name)
+        raise
+    # Released when the thread is done (or the work was cancelled before it started), not when the caller stops.
+    running.add_done_callback(lambda _: _call_soon(loop, limit.release, name))
+    return await asyncio.wrap_future(running)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[str], None], arg: str) -> None:
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(func, arg)

@@ -120,3 +120,30 @@ def test_text_work_runs_in_a_thread_as_the_current_clients():
     name, thread = asyncio.run(run())
     assert name == "abc" and thread != threading.get_ident()
     assert client_id("sk-secret") != "sk-secret" and len(client_id("sk-secret")) == 16 and client_id(None) == ""
+
+
+def test_a_client_that_stops_waiting_keeps_its_thread_place_until_the_thread_is_done():
+    """A thread cannot be stopped: giving up on a check must not free a place for more of the same client's work."""
+    async def run() -> list[str]:
+        order: list[str] = []
+        started, finish = threading.Event(), threading.Event()
+
+        def long() -> None:
+            started.set()
+            finish.wait(5)
+            order.append("first done")
+
+        with on_behalf_of("heavy"):
+            first = asyncio.ensure_future(in_thread(long))
+            await asyncio.to_thread(started.wait, 5)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            second = asyncio.ensure_future(in_thread(lambda: order.append("second ran")))
+            await asyncio.sleep(0.05)
+            assert not second.done()  # waits for the first thread, which still runs
+            finish.set()
+            await second
+        return order
+
+    assert asyncio.run(run()) == ["first done", "second ran"]

@@ -44,6 +44,10 @@ class RagInput(BaseModel):
     def _valid_passages(cls, value: list[str]) -> list[str]:
         return [utf8(p) for p in value]
 
+    def size(self, answer: str = "") -> int:
+        """How much text a check of `answer` reads, in characters: the answer, the passages and the question."""
+        return len(answer) + len(self.question) + sum(map(len, self.passages))
+
 
 class Judgment(StrEnum):
     """What a judge says about one statement, given the passages. (A verdict is what a client is told of a whole

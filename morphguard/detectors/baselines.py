@@ -69,7 +69,8 @@ class DirectJudge:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Pure Python over the whole context (seconds for a hostile multi-megabyte one): off the event loop.
-        passages = numbered(await in_thread(focus, statements(answer), rag.passages, self.context_budget))
+        passages = numbered(await in_thread(focus, statements(answer), rag.passages, self.context_budget,
+                                             size=rag.size(answer)))
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),

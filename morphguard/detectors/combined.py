@@ -366,7 +366,7 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await in_thread(read_text, rag, answer, self.short_context)
+        evidence = await in_thread(read_text, rag, answer, self.short_context, size=rag.size(answer))
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)

@@ -124,7 +124,7 @@ class Grounding:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         # Milliseconds for a usual context, seconds of pure Python for a hostile multi-megabyte one: off the
         # event loop, so that one such request cannot stall the proxy's others.
-        return await in_thread(self.measure, rag, answer)
+        return await in_thread(self.measure, rag, answer, size=rag.size(answer))
 
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()

@@ -44,7 +44,7 @@ class RestatementJudge:
         started = time.perf_counter()
         # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the event
         # loop, as in grounding, so that one such request cannot stall the proxy's others.
-        found = await in_thread(conflicts, answer, rag.passages)
+        found = await in_thread(conflicts, answer, rag.passages, size=rag.size(answer))
         changed = {c.start: c for c in reversed(found)}  # one per sentence
         closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
         stage = StageCost()

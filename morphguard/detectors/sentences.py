@@ -120,15 +120,16 @@ class Sentences:
         started = time.perf_counter()
         # Everything that reads the text grows with the answer and the context (a 4 MB check is seconds of pure
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
-        chosen = await in_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer, size=rag.size(answer))
         size = self.settings.batch
         batches = [chosen[i:i + size] for i in range(0, len(chosen), size)]
         reserve(len(batches))  # past the check's cap of judge calls: fail before sending any
-        asks = await in_thread(self.prompts, rag, answer, batches)
+        asks = await in_thread(self.prompts, rag, answer, batches, size=rag.size(answer))
         stage = StageCost()
         judged = await together(self._judge(messages, batch, stage)
                                 for messages, batch in zip(asks, batches, strict=True))
-        return await in_thread(self._detection, answer, chosen, judged, stage, len(batches), started)
+        return await in_thread(self._detection, answer, chosen, judged, stage, len(batches), started,
+                               size=len(answer))
 
     def _detection(self, answer: str, chosen: Batch, judged: list[tuple[list[tuple[float | None, list[str]]],
                                                                         float | None]],

@@ -68,7 +68,7 @@ class SpotCheck:
         started = time.perf_counter()
         # Pure Python over the whole context, seconds for a hostile multi-megabyte one: off the event loop, so that
         # one such request cannot stall the proxy's others (as in grounding).
-        chosen = await in_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer, size=rag.size(answer))
         stage = StageCost()
         factoids = []
         for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time

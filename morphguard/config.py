@@ -52,7 +52,7 @@ class JudgeSettings(Section):
     reasoning: bool | None = None  # it thinks before answering (o-series, gpt-5, Gemini 2.5): no temperature
     reasoning_tokens: int = Field(2048, ge=0)  # a reasoning judge's room to think, beside the answer's tokens
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = "low"
-    # Without log-probabilities a yes/no verdict is a hard 0 or 1; with votes > 1 it is the share of NO among
+    # Without log-probabilities a yes/no judgment is a hard 0 or 1; with votes > 1 it is the share of NO among
     # that many samples (temperature 1), at that many times the calls.
     votes: int = Field(1, ge=1, le=15)
     # One probe call per judge model at start (serve, worker, check): "required" refuses to start with a judge
@@ -151,7 +151,7 @@ class ClaimsSettings(Section):
 # `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
 # little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
 # parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
-# without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
+# without it), lies in [low, high); elsewhere that probability is the answer's. The band is the one that skips
 # `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
 # always asking it (benchmarks/combined_designs.py; docs/evaluation-log.md, 2026-11-24, "the cascade").
 CASCADE = (0.225, 0.3)
@@ -259,7 +259,7 @@ class SentencesSettings(Section):
     batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
     context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
     hints: bool = True  # show the judge each sentence's words the context never uses
-    # The whole-answer verdict's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
+    # The whole-answer judgment's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
     # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
     whole_weight: float = Field(0.6, ge=0.0, le=1.0)
     # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
@@ -554,7 +554,7 @@ class StoreSettings(Section):
 
 
 class QueueSettings(Section):
-    """The async check queue and the fleet's verdict cache."""
+    """The async check queue and the fleet's detection cache."""
 
     url: str | None = None  # None: the embedded SQLite queue beside the audit trail; redis://host:6379/0: Redis
     stream: str = "morphguard:checks"
@@ -563,7 +563,7 @@ class QueueSettings(Section):
     # worker renews its claims every 2 s, however long its check or the store it waits for takes.
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
-    cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long
+    cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: detections shared across the fleet for this long
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
@@ -643,7 +643,7 @@ class Config(Section):
         if self.review.mount_in_serve and not self.review.reviewers:
             raise ValueError("review.mount_in_serve: configure review.reviewers (the proxy prints no one-time key)")
         if self.queue.cache_ttl_s and self.queue.url is None:
-            raise ValueError("queue.cache_ttl_s: the shared verdict cache needs queue.url (Redis)")
+            raise ValueError("queue.cache_ttl_s: the shared detection cache needs queue.url (Redis)")
         return self
 
     @model_validator(mode="after")

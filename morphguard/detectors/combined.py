@@ -10,10 +10,11 @@ detail it finds plausible. Their signals are the features of five channels, each
 `morphguard eval --fit` (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile), joined by
 noisy-OR and calibrated into the probability that the answer is hallucinated.
 
-Beside the weights, `combined.json` holds the constants chosen on the fit halves for its judge (`Tuning`): the
-cascade's band and short-context limit, which decide when `direct` is asked, and two floors, which raise an answer
-that addresses its checker or a short answer that is a changed copy. Every step that moves the score (the cascade's
-branch, the calibration, a floor) is recorded in the detection's `explanation` with the score before and after.
+Beside the weights, `combined.json` holds the floors chosen on the fit halves for its judge (`Tuning`), which raise an
+answer that addresses its checker or a short answer that is a changed copy. The cascade's band and short-context
+limit, which decide when `direct` is asked, are the `combined` settings' defaults (`config.CombinedSettings`). Every
+step that moves the score (the cascade's branch, the calibration, a floor) is recorded in the detection's
+`explanation` with the score before and after.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
-from morphguard.config import Section
+# CASCADE and SHORT_CONTEXT are the settings' defaults; eval and the benchmarks read them from here too.
+from morphguard.config import CASCADE, SHORT_CONTEXT, CombinedSettings  # noqa: F401
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
@@ -155,19 +157,12 @@ class ChangedCopyFloor(BaseModel):
 
 
 class Tuning(BaseModel):
-    """The constants chosen on the fit halves beside the weights, for the judge named in `judge`. The floors are read
-    from the weights file that scores the answer (the shipped default's where it has none); the band and the
-    short-context limit are the `combined` settings' defaults, read from the shipped default."""
+    """The floors chosen on the fit halves beside the weights, for the judge named in `judge`: read from the weights
+    file that scores the answer (the shipped default's where it has none)."""
 
     judge: dict[str, Any]
     instruction_floor: float = Field(ge=0, le=1)  # the least score of an answer that addresses its checker
     changed_copy: ChangedCopyFloor
-    # `direct` is asked after the other parts, and only when their probability (by the fast weights) lies in
-    # [low, high): elsewhere `direct` rarely changes which side of a threshold the answer falls
-    cascade: tuple[float, float]
-    # contexts of at most this many characters: `direct` reads them in seconds, so it is asked at once with the other
-    # parts, and the weights' `short_calibration` reads the answer
-    short_context: int = Field(ge=0)
 
 
 class Weights(BaseModel):
@@ -182,7 +177,7 @@ class Weights(BaseModel):
     # scored by the channels that need no judge, with this calibration, and the judge is not asked. None: every
     # answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
-    # Answers over a short context (`Tuning.short_context`: a paragraph, not a retrieved page), where every part reads
+    # Answers over a short context (`combined.short_context`: a paragraph, not a retrieved page), where every part reads
     # the whole context and the channels' verdict means more than over a long one (`eval --fit --recalibrate`).
     # None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
@@ -300,7 +295,6 @@ def _shipped_tuning() -> Tuning:
 
 # The constants chosen with the shipped default weights: those of any weights file without its own `tuning`.
 TUNING = _shipped_tuning()
-CASCADE, SHORT_CONTEXT = TUNING.cascade, TUNING.short_context  # the defaults of `CombinedSettings`
 
 
 @dataclass(frozen=True)
@@ -371,7 +365,7 @@ def fusion(weights: Weights, evidence: TextEvidence, values: Mapping[str, float]
 
 
 def short_context(passages: Sequence[str], limit: int) -> bool:
-    """Whether the context is short (`Tuning.short_context`): the cascade then asks `direct` at once, and the
+    """Whether the context is short (`combined.short_context`): the cascade then asks `direct` at once, and the
     weights' `short_calibration` reads the answer."""
     return sum(len(p) for p in passages) <= limit
 
@@ -379,35 +373,6 @@ def short_context(passages: Sequence[str], limit: int) -> bool:
 def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:
     """Whether the cascade asks `direct` after its first stage gave this probability."""
     return band[0] <= first_stage < band[1]
-
-
-class CombinedSettings(Section):
-    """The `combined` config section."""
-
-    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
-    model: str | None = None  # the judge's model for every judge part; None: the judge's default
-    profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
-    # where `direct` is asked (`Tuning.cascade`, default combined.json's); None: always, at once with the other parts
-    # (an API judge answers them side by side, so there the cascade trades latency for a call saved)
-    cascade: tuple[float, float] | None = CASCADE
-    # characters of context up to which the cascade asks `direct` at once with the other parts (`Tuning.short_context`,
-    # default combined.json's) and the weights' `short_calibration` reads the answer; 0: the band alone decides, and
-    # one calibration reads all
-    short_context: int = Field(SHORT_CONTEXT, ge=0)
-    # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
-    # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
-    cascade_weights: str | None = None
-
-    @property
-    def cascaded(self) -> bool:
-        """Whether `direct` waits for the other parts (where the weights read it at all)."""
-        return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
-
-    @model_validator(mode="after")
-    def _band(self) -> CombinedSettings:
-        if self.cascade is not None and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
-            raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
-        return self
 
 
 class Combined:
@@ -440,7 +405,8 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await in_thread(read_text, rag, answer, self.short_context, self.changed_copy)
+        evidence = await in_thread(read_text, rag, answer, self.short_context, self.changed_copy,
+                                   size=rag.size(answer))
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)
@@ -555,4 +521,5 @@ register(DetectorSpec(
                               "spotcheck_system", "spotcheck_user",
                               "decompose_system", "decompose_user", "verify_system", "verify_user"],
     fingerprint=_fingerprint,
+    fitted_judge=lambda settings: load_weights(settings.weights, settings.profile).fitted_on.get("judge"),
     build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

@@ -12,6 +12,7 @@ from morphguard.demo import run_demo
 pytestmark = pytest.mark.model
 
 
+@pytest.mark.timeout(3600)  # five rounds of the demo, each two answers written and checked by the model on CPU
 def test_the_demo_passes_the_honest_answer_and_flags_the_careless_one_in_five_rounds(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = Config.model_validate({"judge": {"cache": {"enabled": False}},

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -133,6 +134,16 @@ class AuditStore:
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
         self._outbox_sql = str(self._outbox)
+        # SQLite: one connection of its own for `record_at_once`, which never waits for the write lock
+        # (busy_timeout 0) and never checkpoints on commit.
+        self._at_once: Any = None
+        self._at_once_lock = threading.Lock()
+        if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
+            connection = self.engine.raw_connection()
+            connection.detach()  # out of the pool: held for the life of the store
+            connection.dbapi_connection.execute("PRAGMA busy_timeout=0")
+            connection.dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+            self._at_once = connection.dbapi_connection
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -152,29 +163,63 @@ class AuditStore:
 
     def record_many(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written]:
         """Write decisions in one transaction (one commit for a burst), each escalated one with its outbox row,
-        claimed by `owner`: a decision is never recorded without its escalation, nor the reverse."""
-        rows = [self._args(r) for r in records]
-        # The driver's own connection and cursor: SQLAlchemy's execution layer cost ten times the insert.
+        claimed by `owner`: a decision is never recorded without its escalation, nor the reverse. Waits for the
+        database's write lock (up to its timeout) while another connection holds it."""
         connection = self.engine.raw_connection()
         try:
-            cursor = connection.cursor()
-            written = []
-            for record, args in zip(records, rows, strict=True):
-                cursor.execute(self._sql, args)
-                returned = cursor.fetchone()
-                if returned is None:  # recorded already
-                    written.append(Written(None, None))
-                    continue
-                outbox_id = None
-                if record.escalated:
-                    cursor.execute(self._outbox_sql, self._outbox_args(record, owner))
-                    (outbox_id,) = cursor.fetchone() or (None,)
-                written.append(Written(int(returned[0]), outbox_id and int(outbox_id)))
-            cursor.close()
-            connection.commit()
-            return written
+            return self._write(connection, records, owner)
         finally:
             connection.close()  # back to the pool, rolled back if it did not commit
+
+    @property
+    def writes_at_once(self) -> bool:
+        """Whether `record_at_once` can write here (SQLite on a file)."""
+        return self._at_once is not None
+
+    def record_at_once(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written] | None:
+        """`record_many` on SQLite without ever waiting: None, nothing written, when another connection holds the
+        write lock (or this one is in use from another thread) or the store is not SQLite. A commit writes the WAL
+        and does not flush it to disk (synchronous=NORMAL) and runs no checkpoint (`checkpoint` does), so an event
+        loop may call it: it costs the insert and nothing more. Raises what the database said of a refused row."""
+        if self._at_once is None or not self._at_once_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._write(self._at_once, records, owner)
+        except BaseException as exc:
+            self._at_once.rollback()
+            if self.unavailable(exc):  # locked by another connection: the caller writes them where it may wait
+                return None
+            raise
+        finally:
+            self._at_once_lock.release()
+
+    def checkpoint(self) -> None:
+        """SQLite: copy the write-ahead log back into the database, without blocking writers (PASSIVE), so the
+        log stays small. The connection `record_at_once` uses leaves this to the writer's thread."""
+        if self._at_once is not None:
+            with self.engine.connect() as db:
+                db.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+
+    def _write(self, connection: Any, records: Sequence[DecisionRecord], owner: str | None) -> list[Written]:
+        rows = [self._args(r) for r in records]
+        # The driver's own connection and cursor (its statement cache keeps the two statements prepared):
+        # SQLAlchemy's execution layer cost ten times the insert.
+        cursor = connection.cursor()
+        written = []
+        for record, args in zip(records, rows, strict=True):
+            cursor.execute(self._sql, args)
+            returned = cursor.fetchone()
+            if returned is None:  # recorded already
+                written.append(Written(None, None))
+                continue
+            outbox_id = None
+            if record.escalated:
+                cursor.execute(self._outbox_sql, self._outbox_args(record, owner))
+                (outbox_id,) = cursor.fetchone() or (None,)
+            written.append(Written(int(returned[0]), outbox_id and int(outbox_id)))
+        cursor.close()
+        connection.commit()
+        return written
 
     def _outbox_args(self, record: DecisionRecord, owner: str | None) -> Any:
         row = {"time": now(), "request_id": _sql(record.request_id), "state": "pending",
@@ -326,6 +371,10 @@ class AuditStore:
         return [_row(dict(r)) for r in rows]
 
     def close(self) -> None:
+        if self._at_once is not None:
+            with self._at_once_lock:
+                self._at_once.close()
+                self._at_once = None
         self.engine.dispose()
 
 

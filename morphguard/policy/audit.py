@@ -139,11 +139,12 @@ class AuditStore:
         self._at_once: Any = None
         self._at_once_lock = threading.Lock()
         if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
-            connection = self.engine.raw_connection()
-            connection.detach()  # out of the pool: held for the life of the store
-            connection.dbapi_connection.execute("PRAGMA busy_timeout=0")
-            connection.dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
-            self._at_once = connection.dbapi_connection
+            pooled = self.engine.raw_connection()
+            pooled.detach()  # out of the pool: held for the life of the store
+            connection: Any = pooled.dbapi_connection
+            connection.execute("PRAGMA busy_timeout=0")
+            connection.execute("PRAGMA wal_autocheckpoint=0")
+            self._at_once = connection
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -181,12 +182,15 @@ class AuditStore:
         write lock (or this one is in use from another thread) or the store is not SQLite. A commit writes the WAL
         and does not flush it to disk (synchronous=NORMAL) and runs no checkpoint (`checkpoint` does), so an event
         loop may call it: it costs the insert and nothing more. Raises what the database said of a refused row."""
-        if self._at_once is None or not self._at_once_lock.acquire(blocking=False):
+        if not self._at_once_lock.acquire(blocking=False):
             return None
+        connection = self._at_once
         try:
-            return self._write(self._at_once, records, owner)
+            if connection is None:  # not SQLite, or closed
+                return None
+            return self._write(connection, records, owner)
         except BaseException as exc:
-            self._at_once.rollback()
+            connection.rollback()
             if self.unavailable(exc):  # locked by another connection: the caller writes them where it may wait
                 return None
             raise
@@ -194,11 +198,12 @@ class AuditStore:
             self._at_once_lock.release()
 
     def checkpoint(self) -> None:
-        """SQLite: copy the write-ahead log back into the database, without blocking writers (PASSIVE), so the
-        log stays small. The connection `record_at_once` uses leaves this to the writer's thread."""
-        if self._at_once is not None:
-            with self.engine.connect() as db:
-                db.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        """SQLite: copy the write-ahead log back into the database (PASSIVE: never waiting for a reader) so that
+        the log is written from its start again. `record_at_once` writes nothing meanwhile (its rows go to a
+        thread and wait): a checkpoint that new commits kept overtaking would never end the log, which would grow."""
+        with self._at_once_lock:
+            if self._at_once is not None:
+                self._at_once.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _write(self, connection: Any, records: Sequence[DecisionRecord], owner: str | None) -> list[Written]:
         rows = [self._args(r) for r in records]
@@ -371,8 +376,8 @@ class AuditStore:
         return [_row(dict(r)) for r in rows]
 
     def close(self) -> None:
-        if self._at_once is not None:
-            with self._at_once_lock:
+        with self._at_once_lock:
+            if self._at_once is not None:
                 self._at_once.close()
                 self._at_once = None
         self.engine.dispose()

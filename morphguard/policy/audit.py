@@ -32,6 +32,7 @@ from morphguard.policy.record import DecisionRecord, now
 from morphguard.store import database
 
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
+RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
 def _column_type(annotation: Any) -> sa.types.TypeEngine[Any]:
@@ -198,12 +199,22 @@ class AuditStore:
             self._at_once_lock.release()
 
     def checkpoint(self) -> None:
-        """SQLite: copy the write-ahead log back into the database (PASSIVE: never waiting for a reader) so that
-        the log is written from its start again. `record_at_once` writes nothing meanwhile (its rows go to a
-        thread and wait): a checkpoint that new commits kept overtaking would never end the log, which would grow."""
+        """SQLite: copy the write-ahead log back into the database, so that it is written from its start again.
+        `record_at_once` writes nothing meanwhile (its rows go to a thread and wait): commits that kept overtaking
+        the checkpoint would keep the log from ever restarting. PASSIVE waits for nobody; where other processes'
+        commits kept it from finishing and the log has grown past `RESTART_FRAMES`, RESTART holds their commits
+        off for up to a second (they wait in their writers' threads) until the log is copied."""
         with self._at_once_lock:
-            if self._at_once is not None:
-                self._at_once.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            connection = self._at_once
+            if connection is None:
+                return
+            _, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > RESTART_FRAMES and copied < frames:
+                connection.execute("PRAGMA busy_timeout=1000")
+                try:
+                    connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                finally:
+                    connection.execute("PRAGMA busy_timeout=0")
 
     def _write(self, connection: Any, records: Sequence[DecisionRecord], owner: str | None) -> list[Written]:
         rows = [self._args(r) for r in records]

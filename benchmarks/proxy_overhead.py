@@ -255,7 +255,8 @@ def release_tree(ref: str, folder: Path) -> Path:
 def ab(args: argparse.Namespace, levels: list[int], near: list[int] | None, far: list[int] | None) -> None:
     """This tree against `--baseline-ref` in the same run: checks off with and without the audit trail, for
     each, in alternating rounds (A B B A ...), each round beside a direct measurement of the upstream.
-    Medians over the rounds; the audit row's cost is a round's `checks off` minus its `no audit`."""
+    Medians over the rounds; the audit row's cost is a round's `checks off` minus its `no audit`; the ratios
+    are each round's candidate over its baseline, their median."""
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         folder = Path(tmp)
         trees = {"candidate": ROOT, "baseline": release_tree(args.baseline_ref, folder)}
@@ -303,17 +304,21 @@ def ab(args: argparse.Namespace, levels: list[int], near: list[int] | None, far:
             summary.append(row)
             lines.append(f"{name:<32} {row['p50']:>7.3f} {row['added_p50_ms']:>8.3f} {row['rps']:>7.0f} "
                          f"{row['cpu_ms']:>10.3f}")
-        at = {str(r["target"]): r for r in summary if r["concurrency"] == concurrency}
         audit_row = {who: statistics.median(o["p50"] - b["p50"] for o, b in zip(
             measured[(f"{who}, checks off", concurrency)], measured[(f"{who}, no audit", concurrency)], strict=True))
             for who in trees}
-        ratio = {key: float(at["candidate, checks off"][key]) / float(at["baseline, checks off"][key])  # type: ignore[arg-type]
-                 for key in ("added_p50_ms", "rps", "cpu_ms")}
+        # Ratios round by round (candidate and baseline measured minutes apart at most), then their median.
+        rounds = list(zip(direct, measured[("candidate, checks off", concurrency)],
+                          measured[("baseline, checks off", concurrency)], strict=True))
+        ratio = {"added_p50_ms": statistics.median((c["p50"] - d["p50"]) / (b["p50"] - d["p50"]) for d, c, b in rounds),
+                 "rps": statistics.median(c["rps"] / b["rps"] for _, c, b in rounds),
+                 "cpu_ms": statistics.median(c["cpu_ms"] / b["cpu_ms"] for _, c, b in rounds)}
         lines += [f"audit row (checks off minus no audit, p50): candidate {audit_row['candidate']:.3f} ms, "
                   f"baseline {audit_row['baseline']:.3f} ms",
-                  f"candidate / baseline, checks off: added p50 x{ratio['added_p50_ms']:.2f}, req/s "
-                  f"x{ratio['rps']:.2f}, CPU per request x{ratio['cpu_ms']:.2f}"]
-        summary.append({"concurrency": concurrency, "audit_row_p50_ms": audit_row, "candidate_over_baseline": ratio})
+                  f"candidate / baseline, checks off, median of the rounds' ratios: added p50 "
+                  f"x{ratio['added_p50_ms']:.2f}, req/s x{ratio['rps']:.2f}, CPU per request x{ratio['cpu_ms']:.2f}"]
+        summary.append({"concurrency": concurrency, "audit_row_p50_ms": audit_row, "candidate_over_baseline": ratio,
+                        "rounds": {name: measured[(name, concurrency)] for name in ["direct", *names]}})
     print("\n".join(lines))
     out = args.out.with_name(args.out.stem + "_ab.json")
     out.parent.mkdir(parents=True, exist_ok=True)

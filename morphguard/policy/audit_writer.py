@@ -3,15 +3,17 @@
 A row is committed before the answer it records goes out (an accepted request is never left unaudited by a
 crash), so its cost lies on every request's path. Two ways to commit, both in group commits:
 
-- On SQLite, the rows handed over during one turn of the event loop are committed together on the loop, at
-  the start of its next turn (`AuditStore.record_at_once`), when SQLite's write lock is free at that moment.
-  That costs the insert alone: no lock is waited for, nothing is flushed to disk (WAL, synchronous=NORMAL),
-  no checkpoint runs. Handing a row to a thread and back cost more than the insert.
+- On SQLite, while traffic is light, the rows handed over during one turn of the event loop are committed
+  together on the loop, at the start of its next turn (`AuditStore.record_at_once`), when SQLite's write lock
+  is free at that moment. That costs the insert alone: no lock is waited for, nothing is flushed to disk (WAL,
+  synchronous=NORMAL), no checkpoint runs. Handing a row to a thread and back cost more than the insert.
 - Otherwise one long-lived thread commits every row waiting at the moment in one transaction, and it is the
   thread that waits on the database, never the loop: PostgreSQL (a round trip over the network), a SQLite
   lock another connection holds, a row whose texts are large (hashing them would hold the loop up), a batch
-  SQLite refused. A batch that fails there is written again row by row: one row the database refuses fails
-  alone. The thread also checkpoints SQLite's write-ahead log every `CHECKPOINT_ROWS` rows written on a loop.
+  SQLite refused, and a busy loop (more than `AT_ONCE_MAX_ROWS` rows in a turn, or rows still in the thread:
+  there the thread's commits run beside the loop's work, in larger groups). A batch that fails there is
+  written again row by row: one row the database refuses fails alone. The thread also checkpoints SQLite's
+  write-ahead log every `CHECKPOINT_ROWS` rows written on a loop.
 
 An escalated decision's outbox row is written in the same transaction as the decision.
 """
@@ -33,6 +35,7 @@ _Pending = tuple[DecisionRecord, "asyncio.Future[Written]"]
 _STOP = "stop"
 _CHECKPOINT = "checkpoint"
 AT_ONCE_MAX_CHARS = 64 * 1024  # question, answer and context together; a larger row is written by the thread
+AT_ONCE_MAX_ROWS = 4  # more rows in one turn of the loop: a busy loop, whose rows the thread commits beside it
 CHECKPOINT_ROWS = 200  # about 1,000 pages of log: SQLite's own checkpoint interval
 
 
@@ -46,6 +49,8 @@ class AuditWriter:
         self._lock = threading.Lock()
         self._gathered: dict[asyncio.AbstractEventLoop, list[_Pending]] = {}  # each loop's rows of this turn
         self._uncheckpointed = 0
+        self._in_thread = 0  # rows handed to the thread and not committed yet
+        self._counting = threading.Lock()
 
     async def write(self, record: DecisionRecord) -> Written:
         """The row's and its escalation's ids once committed (None, None: recorded before); the database's error
@@ -73,6 +78,9 @@ class AuditWriter:
         batch = self._gathered.pop(loop, [])
         if not batch:
             return
+        if len(batch) > AT_ONCE_MAX_ROWS or self._in_thread:  # busy: the thread commits beside the loop
+            self._hand_over(batch)
+            return
         try:
             outcomes = self.store.record_at_once([record for record, _ in batch], self.owner)
         except Exception:  # a row refused: the thread writes the batch again, row by row
@@ -89,6 +97,8 @@ class AuditWriter:
 
     def _hand_over(self, batch: list[_Pending]) -> None:
         self._start()
+        with self._counting:
+            self._in_thread += len(batch)
         for pending in batch:
             self._pending.put(pending)
 
@@ -118,6 +128,8 @@ class AuditWriter:
                     break
             if batch:
                 self._settle(batch, self._commit([record for record, _ in batch]))
+                with self._counting:
+                    self._in_thread -= len(batch)
             if signals:
                 self._checkpoint()
             if _STOP in signals:

@@ -18,8 +18,8 @@ def engine(action: str = "block", **policy) -> PolicyEngine:
         {"profiles": {"general": {"action": action, "threshold": 0.5, "escalate": True, "topics": {}}}, **policy}))
 
 
-def decide(e: PolicyEngine, finding: Finding, holds: Holds = Holds(), reach: Reach = Reach.REWRITE):
-    return e.decide("general", "general", finding, holds, reach)
+def decide(e: PolicyEngine, finding: Finding, holds: Holds | None = None, reach: Reach = Reach.REWRITE):
+    return e.decide("general", "general", finding, holds or Holds(), reach)
 
 
 @pytest.mark.parametrize("action", ["highlight", "cite", "regenerate", "block"])

@@ -79,10 +79,12 @@ class Answer:
 
 @dataclass(frozen=True)
 class Found:
-    """What the check found in an answer, and how long it took."""
+    """What the check found in an answer, and how long it took; `error`: a failed check's error, for the log
+    (secrets masked)."""
 
     finding: Finding
     latency_ms: float = 0.0
+    error: str = ""
 
 
 @dataclass(frozen=True)

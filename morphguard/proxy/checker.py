@@ -77,8 +77,7 @@ class Checker:
             reason = _reason(exc)
             _record_masked(exc)
             telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
-            log.warning("request %s unchecked (%s): %s", request.request_id, reason, exc)
-            return Found(Finding(failed=reason), (time.perf_counter() - started) * 1000)
+            return Found(Finding(failed=reason), (time.perf_counter() - started) * 1000, mask_secrets(str(exc)))
         return Found(Finding(detection=detection), (time.perf_counter() - started) * 1000)
 
     def _within_size(self, request: CheckRequest, answer: str) -> None:

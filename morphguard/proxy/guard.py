@@ -80,6 +80,9 @@ class Guard:
     def decide(self, request: CheckRequest, answer: Answer, found: Found, reach: Reach) -> CheckOutcome:
         """Policy's one decision on what the check found in this answer, as far as `reach` lets it act."""
         decision = self.engine.decide(request.profile, request.topic, found.finding, answer.holds(), reach)
+        if found.finding.failed is not None:
+            log.warning("request %s %s unchecked (%s): %s", request.request_id,
+                        "passed" if decision.action == "pass" else "blocked", decision.reason, found.error)
         return CheckOutcome(decision, found.finding.detection, found.latency_ms)
 
     def checked_text(self, answer: Answer) -> str:

@@ -143,3 +143,59 @@ def _changes_action(module: str) -> bool:
                         isinstance(k, ast.Constant) and k.value == "action" for k in keyword.value.keys):
                     return True
     return False
+
+
+def _imported_by(code: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `code` (which prints nothing)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    run = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    return set(json.loads(run.stdout.splitlines()[-1]))
+
+
+# What a check needs and a config does not: slow to import, so never loaded by reading a config.
+_HEAVY = ("litellm", "numpy", "opentelemetry", "httpx", "aiohttp", "starlette", "sqlalchemy", "redis", "yaml", "rich",
+          "asyncio")
+
+
+def test_importing_the_config_loads_no_other_layer_and_nothing_heavy():
+    modules = _imported_by("import morphguard.config")
+    ours = {m for m in modules if m.startswith("morphguard")}
+    assert ours == {"morphguard", "morphguard.config", "morphguard.errors"}
+    assert not {m for m in modules if m.split(".")[0] in _HEAVY}
+
+
+def test_the_packages_public_names_load_on_first_use():
+    modules = _imported_by("import morphguard\nfrom morphguard import Config, Detection, RagInput, detect, adetect")
+    assert "morphguard.models" in modules and "morphguard.detectors" not in modules and "litellm" not in modules
+    import morphguard as package
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert "Detection" in dir(package)
+
+
+def test_the_old_names_of_a_judgment_and_of_the_detection_cache_still_work_and_warn():
+    import importlib
+    import sys
+
+    import pytest
+
+    import morphguard
+    from morphguard.models import Judgment
+    from morphguard.store.detections import DetectionCache
+
+    with pytest.warns(DeprecationWarning, match="Judgment"):
+        assert morphguard.Verdict is Judgment
+    with pytest.warns(DeprecationWarning, match="Judgment"):
+        from morphguard.models import Verdict
+    assert Verdict.NOT_SURE is Judgment.NOT_SURE
+    sys.modules.pop("morphguard.store.verdicts", None)
+    with pytest.warns(DeprecationWarning, match="store.detections"):
+        old = importlib.import_module("morphguard.store.verdicts")
+    assert old.VerdictCache is DetectionCache

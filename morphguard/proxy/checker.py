@@ -25,9 +25,9 @@ from morphguard.policy import answers
 from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine
 from morphguard.proxy.check import Answer, CheckRequest, Found
 from morphguard.proxy.errors import mask_secrets
-from morphguard.store import verdicts
+from morphguard.store import detections
+from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import Entry, WorkerPool
-from morphguard.store.verdicts import VerdictCache
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ SWITCH_INTERVAL_S = 0.0005
 
 
 class Checker:
-    def __init__(self, detector: Detector, engine: PolicyEngine, config: Config, cache: VerdictCache | None = None,
+    def __init__(self, detector: Detector, engine: PolicyEngine, config: Config, cache: DetectionCache | None = None,
                  pool: WorkerPool | None = None) -> None:
         self.detector = detector
         self._named: dict[str, Detector] = {}
@@ -102,7 +102,7 @@ class Checker:
         name = request.detector or self.config.detector.name
         if name not in self._fingerprints:
             self._fingerprints[name] = fingerprint(self.config, name)
-        key = verdicts.key_of(self._fingerprints[name], request.rag.question, request.rag.passages, answer)
+        key = detections.key_of(self._fingerprints[name], request.rag.question, request.rag.passages, answer)
         cached = await self.cache.get(key)
         if cached is not None:
             return Detection.model_validate(cached)

@@ -40,9 +40,9 @@ from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.journal import Journal
 from morphguard.proxy.outage import Outage
 from morphguard.store import open_queue
+from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import CheckQueue, QueueUnavailable
 from morphguard.store.redis_queue import RedisCheckQueue
-from morphguard.store.verdicts import VerdictCache
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     budgets = [p.latency_budget_s or 0.0 for p in policy.profiles.values()]
     queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size,
                        max([config.judge.timeout_s, *budgets]))
-    cache = VerdictCache(config.queue.url, config.queue.cache_ttl_s) \
+    cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s) \
         if config.queue.url and config.queue.cache_ttl_s else None
     shared = queue if isinstance(queue, RedisCheckQueue) else None
     checker = Checker(detector, engine, config, cache, shared if config.proxy.inline_via == "workers" else None)

@@ -7,10 +7,11 @@
 - `incremental` (`AsItFlows`): events go out once the answer up to their text passed the whole-answer check
   (`proxy.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
   answer.
-- `auto` (`AsItFlows` too): incremental where the request's rule can change the answer, else passthrough (async under
-  `proxy.mode: async`).
+- `auto` is no mode of its own: `stream_mode` picks one of these per request (incremental where policy can change the
+  answer, else passthrough, or async under `proxy.mode: async`).
 
-A stream that breaks after its 200 ends with the dialect's error event; one a client leaves is still audited.
+Each mode names itself in the response's `x-morphguard-stream` header, and runs the request path only through the
+`Steps` it is given (`proxy.exchange`). A stream that breaks after its 200 ends with the dialect's error event; one a client leaves is still audited.
 """
 
 from __future__ import annotations

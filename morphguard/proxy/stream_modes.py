@@ -11,7 +11,8 @@
   answer, else passthrough, or async under `proxy.mode: async`).
 
 Each mode names itself in the response's `x-morphguard-stream` header, and runs the request path only through the
-`Steps` it is given (`proxy.exchange`). A stream that breaks after its 200 ends with the dialect's error event; one a client leaves is still audited.
+`Steps` it is given (`proxy.exchange`). A stream that breaks after its 200 ends with the dialect's error event; one a
+client leaves is still audited.
 """
 
 from __future__ import annotations

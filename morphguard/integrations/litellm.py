@@ -40,11 +40,11 @@ from morphguard.detectors import build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.masking import mask_config_secrets
 from morphguard.policy.answers import prose
-from morphguard.policy.engine import PolicyEngine
+from morphguard.policy.engine import PolicyEngine, Reach
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
 from morphguard.proxy.dialects.messages import Messages
@@ -152,7 +152,8 @@ class MorphguardGuardrail(CustomGuardrail):
 
         async def settle(request: CheckRequest, answer: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
             try:
-                return await guard.settle(request, answer)
+                settled = await guard.settle(request, Answer(answer), Reach.REWRITE)
+                return settled.answer.completion, settled.record
             except Exception:
                 await guard.account(request, "internal_error")
                 raise

@@ -29,6 +29,7 @@ from morphguard.models import RagInput
 from morphguard.policy.answers import prose
 from morphguard.proxy import portkey
 from morphguard.proxy.body import parse_object
+from morphguard.proxy.check import Answer
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key
 from morphguard.proxy.errors import JSON, bad_request, unauthorized
@@ -73,7 +74,8 @@ class CheckApi:
         facts = replace(request_facts(request.headers, model=model, policy=_text(body, "policy"),
                                       topic=_text(body, "topic")), model_named=True)
         intake = accept(flow.engine, flow.config, Extraction(chat, rag, "explicit"), facts)
-        completion, record = await flow.settle(intake, completion_of(answer, model))
+        settled = await flow.settle(intake, Answer(completion_of(answer, model)))
+        completion, record = settled.answer.completion, settled.record
         return JSON({"object": "morphguard.check", **record.payload(), "answer": prose(completion)},
                     headers=record.headers())
 

@@ -29,7 +29,7 @@ from morphguard.policy.answers import prose
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes
@@ -69,9 +69,9 @@ async def webhook(flow: Flow, request: Request, hook: dict[str, Any], flagged_is
     # One reading of the request for every choice; each choice is its own audited answer, under its own id.
     first = _intake(flow, request, chat, metadata)
     intakes = [first, *(replace(first, request_id=uuid.uuid4().hex) for _ in answers[1:])]
-    settled = await asyncio.gather(*(flow.settle(i, a) for i, a in zip(intakes, answers, strict=True)))
-    records = [record for _, record in settled]
-    reviewed = [completion for completion, _ in settled]
+    settled = await asyncio.gather(*(flow.settle(i, Answer(a)) for i, a in zip(intakes, answers, strict=True)))
+    records = [s.record for s in settled]
+    reviewed = [s.answer.completion for s in settled]
     changed = None
     if any(r != a for r, a in zip(reviewed, answers, strict=True)):
         changed = _written(kind, answer, reviewed, any(r.action == "block" for r in records))

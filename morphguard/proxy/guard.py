@@ -222,6 +222,17 @@ class Guard:
         """One commit through the writer; while the store is unreachable, again with backoff if `retry`."""
         assert self._rows is not None and self.audit is not None
         rows, audit = self._rows, self.audit
+        try:  # the first attempt without the retrying machinery: it is on every request's path
+            written = await rows.write(record)
+        except Exception as exc:
+            if not audit.unavailable(exc):
+                raise
+            self._store.failed(exc)
+            if not retry:
+                raise
+        else:
+            self._store.ok()
+            return written
         async for attempt in AsyncRetrying(retry=retry_if_exception(audit.unavailable),
                                            stop=stop_never if retry else stop_after_attempt(1),
                                            wait=wait_exponential_jitter(initial=0.2, max=5.0), reraise=True):

@@ -190,7 +190,7 @@ class MorphguardGuardrail(CustomGuardrail):
                                                       request_data: dict[str, Any]) -> AsyncGenerator[Any, None]:
         chunks = [chunk async for chunk in response]
         built = _built(chunks)
-        if not isinstance(built, litellm.ModelResponse):
+        if built is None:
             # A stream this guardrail cannot put together (Responses, Messages events): not checked, decided as the
             # profile's `on_error` says, and audited, whether or not the request was read before the call.
             call_type = _stream_call_type(chunks)
@@ -199,8 +199,7 @@ class MorphguardGuardrail(CustomGuardrail):
             for chunk in chunks:
                 yield chunk
             return
-        completion = built.model_dump()
-        answers = choices.each(completion)
+        answers = [choices.each(choice.model_dump())[0] for choice in built]
         verdict = await self._review(request_data, answers, "acompletion")
         changed = {i: prose(reviewed) for i, (reviewed, answer) in enumerate(zip(verdict.answers, answers,
                                                                                   strict=True))
@@ -242,12 +241,20 @@ def _chat_view(data: dict[str, Any], call_type: Any) -> dict[str, Any]:
     return {k: data[k] for k in ("model", "messages", "stream", OUR_FIELD) if data.get(k) is not None}
 
 
-def _built(chunks: list[Any]) -> Any:
-    """A chat stream's chunks as one response; None for no chunks or the events of another API (Responses,
-    Messages), which LiteLLM's builder cannot read."""
+def _built(chunks: list[Any]) -> list[Any] | None:
+    """A chat stream's chunks as one response per choice; None for no chunks or the events of another API
+    (Responses, Messages), which LiteLLM's builder cannot read. LiteLLM's builder reads every chunk as choice 0's, so
+    the chunks of each choice (`n > 1`) are put together apart."""
     if not chunks or not all(isinstance(c, litellm.ModelResponseStream) for c in chunks):
         return None
-    return litellm.stream_chunk_builder(chunks)
+    indices = sorted({getattr(choice, "index", 0) or 0 for chunk in chunks for choice in chunk.choices or []})
+    if not indices:
+        return None
+    return [litellm.stream_chunk_builder([c.model_copy(update={"choices": [x for x in c.choices
+                                                                          if (getattr(x, "index", 0) or 0) == i]})
+                                          for c in chunks if any((getattr(x, "index", 0) or 0) == i
+                                                                 for x in c.choices or [])])
+            for i in indices]
 
 
 def _metadata_key(data: dict[str, Any]) -> str:
@@ -272,6 +279,8 @@ def _call_type(response: Any) -> str | None:
 def _stream_call_type(chunks: list[Any]) -> str:
     """The API of a stream LiteLLM's chat builder cannot read, by its events: Responses events are LiteLLM's
     `response.*` objects, text completion chunks its `TextCompletionResponse`; the rest are Messages events."""
+    if chunks and all(isinstance(c, litellm.ModelResponseStream) for c in chunks):
+        return "acompletion"  # a chat stream with no choice in it
     for chunk in chunks:
         if isinstance(chunk, litellm.TextCompletionResponse):
             return "atext_completion"

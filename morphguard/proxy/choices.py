@@ -132,7 +132,7 @@ async def settle(guard: Guard, first: CheckRequest, answers: list[dict[str, Any]
                                            failed=True))
     deciding = next((r for r in records if _fails(r, flagged_fails)), None) \
         or next((r for r in records if r.flagged), records[0])
-    blocked = next((c for c, r in zip(reviewed, records, strict=False) if r.action == "block"), None)
+    blocked = next((c for c, r in settled if r.action == "block"), None)  # a checked choice, as policy withheld it
     refusal = prose(blocked) if blocked is not None else None
     if refusal is None and rest is not None and rest.action == "block":
         refusal = rest.safe_message or guard.config.policy.safe_message

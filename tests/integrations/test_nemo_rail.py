@@ -72,6 +72,8 @@ def test_a_flagged_answer_is_annotated_and_a_blocked_one_replaced_by_the_safe_me
     assert blocked["content"] == SAFE and blocked["output"]["morphguard_passed"] is False
     row = rows(folder)[blocked["output"]["morphguard"]["request_id"]]
     assert (row["profile"], row["action"], row["answer"]) == ("strict", "block", HALLUCINATED)
+    assert row["gateway"] == "nemo:deny"  # the rail names itself: the row says what NeMo was told
+    assert rows(folder)[flagged["output"]["morphguard"]["request_id"]]["gateway"] == "nemo:pass"
 
 
 def test_without_relevant_chunks_the_answer_passes_unchecked(webhook, provider, tmp_path):

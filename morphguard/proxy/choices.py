@@ -108,23 +108,21 @@ async def settle(guard: Guard, first: CheckRequest, answers: list[dict[str, Any]
                  max_choices: int, flagged_fails: bool = False) -> Verdict:
     """Each answer (a choice) checked as its own request under its own id (`first`'s for the first), at most
     `max_choices` of them; the verdict formed; then every record written, saying what the gateway was told. A bug
-    in a check leaves each choice's row (`internal_error`, told `failed`) and raises."""
+    in a check or its settling still leaves each choice its row (`internal_error`, told `failed`), then raises."""
     checked = answers[:max_choices]
     requests = [first, *(replace(first, request_id=uuid.uuid4().hex) for _ in checked[1:])]
     outcomes = await asyncio.gather(*(guard.checker.check(r, a) for r, a in zip(requests, checked, strict=True)),
                                     return_exceptions=True)
-    broken = next((o for o in outcomes if isinstance(o, BaseException)), None)
-    if broken is not None:
-        for request in requests:
-            await guard.account(replace(request, gateway=label(gateway, FAILED)), _code(broken))
-        raise broken
+    await _unless_broken(guard, requests, outcomes, gateway, written=False)
     done = [o for o in outcomes if isinstance(o, CheckOutcome)]
     rest = guard.engine.failed(first.profile, first.topic, TOO_MANY) if len(answers) > max_choices else None
     decisions = [o.decision for o in done] + ([rest] if rest is not None else [])
     fails = any(_fails(d, flagged_fails) for d in decisions)
     told = label(gateway, DENY if fails else PASS)
-    settled = await asyncio.gather(*(guard.settle(replace(r, gateway=told), a, outcome=o)
-                                     for r, a, o in zip(requests, checked, done, strict=True)))
+    results = await asyncio.gather(*(guard.settle(replace(r, gateway=told), a, outcome=o)
+                                     for r, a, o in zip(requests, checked, done, strict=True)), return_exceptions=True)
+    await _unless_broken(guard, requests, results, gateway, written=True)
+    settled = [r for r in results if isinstance(r, tuple)]
     reviewed = [c for c, _ in settled] + answers[max_choices:]
     records = [r for _, r in settled]
     if rest is not None:
@@ -149,6 +147,19 @@ async def unread(guard: Guard, request: CheckRequest, reason: str, *, gateway: s
                                  failed=True)
     refusal = (decision.safe_message or guard.config.policy.safe_message) if fails else None
     return Verdict([], [record], fails, record, refusal)
+
+
+async def _unless_broken(guard: Guard, requests: list[CheckRequest], results: list[Any], gateway: str | None, *,
+                         written: bool) -> None:
+    """Where a step failed by a bug (an exception in `results`), the first exception raised once each request has its
+    row (told `failed`): every request's, or, `written` (the others' rows are written), the failed ones'."""
+    broken = [r for r in results if isinstance(r, BaseException)]
+    if not broken:
+        return
+    for request, result in zip(requests, results, strict=True):
+        if not written or isinstance(result, BaseException):
+            await guard.account(replace(request, gateway=label(gateway, FAILED)), _code(broken[0]))
+    raise broken[0]
 
 
 def _code(exc: BaseException) -> str:

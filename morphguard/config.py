@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,11 +23,15 @@ from pydantic import (
 
 from morphguard.errors import ConfigError
 
+if TYPE_CHECKING:
+    import yaml
+
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors."""
+    """A config section: unknown keys are errors. Its validator is built when a config is first read, not when this
+    module is imported."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class CacheSettings(Section):
@@ -49,7 +52,7 @@ class JudgeSettings(Section):
     reasoning: bool | None = None  # it thinks before answering (o-series, gpt-5, Gemini 2.5): no temperature
     reasoning_tokens: int = Field(2048, ge=0)  # a reasoning judge's room to think, beside the answer's tokens
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = "low"
-    # Without log-probabilities a yes/no verdict is a hard 0 or 1; with votes > 1 it is the share of NO among
+    # Without log-probabilities a yes/no judgment is a hard 0 or 1; with votes > 1 it is the share of NO among
     # that many samples (temperature 1), at that many times the calls.
     votes: int = Field(1, ge=1, le=15)
     # One probe call per judge model at start (serve, worker, check): "required" refuses to start with a judge
@@ -77,12 +80,6 @@ class LocalModelSettings(Section):
     base_url: str | None = None
 
 
-# Every detector declares its name and settings model in its own module (`detectors/registry.py`); its
-# settings are read from the top-level section of that name. Filled when `morphguard.detectors` is imported,
-# which importing the `morphguard` package does, before any config can be parsed.
-DETECTOR_SECTIONS: dict[str, type[BaseModel]] = {}
-
-
 # The policy's default thresholds suit the default detector, `combined`, whose score is a probability. Both come from
 # one rule on the fit halves (RAGTruth QA and Summary, the QA contrast set and its short form, the 512 answers of prose
 # the judge has read, and RAGTruth Data2txt's 192 answers about records; benchmarks/combined_designs.py): the sensitive
@@ -100,8 +97,8 @@ AUTO_DETECTOR = "auto"
 
 
 class DetectorSettings(Section):
-    # A registered detector, or "auto": `combined` with the judge its weights were fitted with (the embedded one),
-    # `sentences` with any other judge (detectors/judges.py).
+    # A detector of DETECTOR_SECTIONS, or "auto": `combined` with the judge its weights were fitted with (the embedded
+    # one), `sentences` with any other judge (`detectors.registry.resolve_auto`).
     name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     # The most judge calls one check of the proxy may make (`sentences` makes one per `sentences.batch` sentences,
@@ -119,6 +116,177 @@ class DetectorSettings(Section):
         if name != AUTO_DETECTOR and name not in DETECTOR_SECTIONS:
             raise ValueError(f"unknown detector {name!r}; choose from {', '.join(sorted(DETECTOR_SECTIONS))}")
         return name
+
+
+# The settings of each detector, read from the top-level section of its name. Here, beside the rest of config.yaml,
+# so that a config reads the same whatever else has been imported; `detectors/registry.py` refuses a detector whose
+# name or settings are not in this table.
+
+
+class LengthSettings(Section):
+    """The `length` config section."""
+
+    scale_words: float = Field(100.0, gt=0)
+
+
+class DirectSettings(Section):
+    """The `direct` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    soft_verdicts: bool = True
+    context_budget: int = Field(0, ge=0)  # characters of context sent, the most relevant first; 0: all of it
+
+
+class ClaimsSettings(Section):
+    """The `claims` config section."""
+
+    aggregate: Literal["max", "rate"] = "max"  # score: max (any unsupported claim) or the unsupported share
+    samples: int = Field(1, ge=1, le=9)  # k > 1: majority vote over k samples
+    sample_temperature: float = Field(0.7, ge=0.0)
+    resplit_compound: bool = True  # re-ask once when a claim joins several facts
+    max_context_chars: int = Field(12000, ge=500)  # longer contexts are judged one passage at a time
+    model: str | None = None  # None: the judge's default model
+
+
+# `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
+# little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
+# parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
+# without it), lies in [low, high); elsewhere that probability is the answer's. The band is the one that skips
+# `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
+# always asking it (benchmarks/combined_designs.py; docs/evaluation-log.md, 2026-11-24, "the cascade").
+CASCADE = (0.225, 0.3)
+# The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
+# Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
+# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters), read by weights not fitted on
+# it, the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (docs/evaluation-log.md,
+# 2026-11-24, "`direct` asked at once over a short context").
+# No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
+# than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
+# short-context calibration reads (`Weights.short_calibration`).
+SHORT_CONTEXT = 700
+
+
+class CombinedSettings(Section):
+    """The `combined` config section."""
+
+    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
+    model: str | None = None  # the judge's model for every judge part; None: the judge's default
+    profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
+    # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
+    # by side, so there the cascade trades latency for a call saved)
+    cascade: tuple[float, float] | None = CASCADE
+    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`) and
+    # the weights' `short_calibration` reads the answer; 0: the band alone decides, and one calibration reads all
+    short_context: int = Field(SHORT_CONTEXT, ge=0)
+    # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
+    # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
+    cascade_weights: str | None = None
+
+    @property
+    def cascaded(self) -> bool:
+        """Whether `direct` waits for the other parts (where the weights read it at all)."""
+        return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
+
+    @model_validator(mode="after")
+    def _band(self) -> CombinedSettings:
+        if self.cascade is not None and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
+            raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
+        return self
+
+
+class GroundingSettings(Section):
+    """The `grounding` config section. The answer's weight of evidence is a sum, and its score
+    1 - exp(-weight / scale): unsupported words count 1 each (numbers and names more), a sentence that
+    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, each claim a
+    rule finds stated against a fact of the context (detectors/rules) `conflict_weight`, and an instruction to the
+    checker `instruction_weight`."""
+
+    scale: float = Field(4.0, gt=0)
+    number_weight: float = Field(2.0, ge=0)  # an unsupported number counts this many words
+    name_weight: float = Field(1.5, ge=0)  # an unsupported name (capitalised, not sentence-initial)
+    conflict_weight: float = Field(4.0, ge=0)
+    instruction_weight: float = Field(8.0, ge=0)
+
+
+class HierarchicalSettings(Section):
+    """The `hierarchical` config section."""
+
+    window: int = Field(25, ge=1)  # W: context sentences per window
+    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
+    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
+    soft_verdicts: bool = True
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def _overlap_below_window(self) -> HierarchicalSettings:
+        if self.overlap >= self.window:
+            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
+        return self
+
+
+class MetaRAGSettings(Section):
+    """The `metarag` config section: a named profile plus any field to override in it."""
+
+    profile: Literal["paper", "embedded", "batched", "factoids"] = "embedded"
+    n_mutations: int | None = Field(None, ge=0)
+    mutation_temperature: float | None = Field(None, ge=0.0)
+    decompose_model: str | None = None
+    mutate_model: str | None = None
+    verify_models: list[str] | None = None
+    identity: bool | None = None
+    soft_verdicts: bool | None = None
+    reasons: bool | None = None
+    max_factoids: int | None = Field(None, ge=1)
+    batch_mutations: bool | None = None
+    batch_verify: Literal["none", "factoid", "all"] | None = None
+    rule_antonyms: bool | None = None
+    verdict_cache: int | None = Field(None, ge=0)
+    decompose: Literal["llm", "sentences"] | None = None
+    context_budget: int | None = Field(None, ge=0)
+
+
+class RestatementSettings(Section):
+    """The `restatement` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    max_calls: int = Field(3, ge=1)  # changed copies judged per answer, the closest copies first
+
+
+class SentencesSettings(Section):
+    """The `sentences` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
+    context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
+    hints: bool = True  # show the judge each sentence's words the context never uses
+    # The whole-answer judgment's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
+    # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
+    whole_weight: float = Field(0.6, ge=0.0, le=1.0)
+    # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
+    # the score into a probability. None: the weight above, the score as it is.
+    calibration: str | None = None
+
+
+class SpotCheckSettings(Section):
+    """The `spotcheck` config section."""
+
+    model: str | None = None  # None: the judge's default model
+    max_calls: int = Field(1, ge=1)  # sentences judged per answer, the least grounded first
+    context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
+
+
+DETECTOR_SECTIONS: dict[str, type[Section]] = {
+    "claims": ClaimsSettings,
+    "combined": CombinedSettings,
+    "direct": DirectSettings,
+    "grounding": GroundingSettings,
+    "hierarchical": HierarchicalSettings,
+    "length": LengthSettings,
+    "metarag": MetaRAGSettings,
+    "restatement": RestatementSettings,
+    "sentences": SentencesSettings,
+    "spotcheck": SpotCheckSettings,
+}
 
 
 class UpstreamSettings(Section):
@@ -389,7 +557,7 @@ class StoreSettings(Section):
 
 
 class QueueSettings(Section):
-    """The async check queue and the fleet's verdict cache."""
+    """The async check queue and the fleet's detection cache."""
 
     url: str | None = None  # None: the embedded SQLite queue beside the audit trail; redis://host:6379/0: Redis
     stream: str = "morphguard:checks"
@@ -398,7 +566,7 @@ class QueueSettings(Section):
     # worker renews its claims every 2 s, however long its check or the store it waits for takes.
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
-    cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: verdicts shared across the fleet for this long
+    cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: detections shared across the fleet for this long
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
@@ -456,7 +624,7 @@ S = TypeVar("S", bound=BaseModel)
 
 
 class Config(Section):
-    # Besides these sections, one per detector that has settings (DETECTOR_SECTIONS), kept as extras.
+    # Besides these sections, one per detector (DETECTOR_SECTIONS), kept as extras.
     model_config = ConfigDict(extra="allow")
 
     judge: JudgeSettings = Field(default_factory=JudgeSettings)
@@ -478,7 +646,7 @@ class Config(Section):
         if self.review.mount_in_serve and not self.review.reviewers:
             raise ValueError("review.mount_in_serve: configure review.reviewers (the proxy prints no one-time key)")
         if self.queue.cache_ttl_s and self.queue.url is None:
-            raise ValueError("queue.cache_ttl_s: the shared verdict cache needs queue.url (Redis)")
+            raise ValueError("queue.cache_ttl_s: the shared detection cache needs queue.url (Redis)")
         return self
 
     @model_validator(mode="after")
@@ -518,6 +686,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
+    import yaml  # here: only a config file needs it
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -583,6 +753,8 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 def _where(root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> str:
     """`file:line` of the deepest node on the path `loc` that exists in the YAML tree."""
+    import yaml
+
     node, line = root, None
     for part in loc:
         if isinstance(node, yaml.MappingNode):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -43,9 +44,14 @@ class RagInput(BaseModel):
     def _valid_passages(cls, value: list[str]) -> list[str]:
         return [utf8(p) for p in value]
 
+    def size(self, answer: str = "") -> int:
+        """How much text a check of `answer` reads, in characters: the answer, the passages and the question."""
+        return len(answer) + len(self.question) + sum(map(len, self.passages))
 
-class Verdict(StrEnum):
-    """What a verifier says about one statement, given the passages."""
+
+class Judgment(StrEnum):
+    """What a judge says about one statement, given the passages. (A verdict is what a client is told of a whole
+    answer: the `morphguard` object.)"""
 
     YES = "YES"  # entailed by the passages
     NO = "NO"  # contradicted by the passages
@@ -63,7 +69,7 @@ class VariantKind(StrEnum):
 class Variant(BaseModel):
     kind: VariantKind
     text: str
-    verdict: Verdict
+    verdict: Judgment  # the field keeps its name in stored and returned detections
     reason: str = ""
     penalty: float
     # P(YES), P(NO), P(NOT SURE) when the verifier returned log-probabilities (soft verdicts).
@@ -135,7 +141,7 @@ class DetectionStats(BaseModel):
 
 
 class Detection(BaseModel):
-    """The verdict on one answer: H (the highest factoid score), the threshold and the evidence."""
+    """What a detector finds in one answer: H (the highest factoid score), the threshold and the evidence."""
 
     detector: str
     score: float
@@ -159,3 +165,11 @@ class Decision(BaseModel):
     escalate: bool = False
     safe_message: str = ""
     reason: str | None = None  # set when the answer was not checked: no_context, fail_open: ..., fail_closed: ...
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Verdict":
+        warnings.warn("morphguard.models.Verdict is deprecated; use Judgment (the judge's YES / NO / NOT SURE)",
+                      DeprecationWarning, stacklevel=2)
+        return Judgment
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,3 +79,49 @@ def test_missing_file_is_a_config_error(tmp_path):
 
 def test_empty_file_gives_defaults():
     assert parse_config("") == Config()
+
+
+_READ_CONFIGS = r'''
+import json, sys
+from morphguard.config import DETECTOR_SECTIONS, ConfigError, parse_config
+
+texts = ["detector: {name: sentences}\ncombined: {profile: fast, cascade: null}\nmetarag: {profile: paper}\n",
+         "detector: {name: restatement}\nrestatement: {max_calls: 2}\nspotcheck: {context_budget: 400}\n",
+         "detector: {name: nosuch}\n", "claims: {samples: 40}\n", "combinedd: {}\n"]
+out = []
+for text in texts:
+    try:
+        config = parse_config(text, source="cfg.yaml")
+        out.append(config.model_dump(mode="json"))
+    except ConfigError as exc:
+        out.append(str(exc))
+print(json.dumps({"read": out, "sections": sorted(DETECTOR_SECTIONS),
+                  "imported": sorted(m for m in sys.modules if m.startswith("morphguard"))}))
+'''
+
+
+def test_a_config_reads_the_same_whatever_else_was_imported():
+    """A fresh interpreter that imports only `morphguard.config` reads configs as this one, which has imported every
+    detector: the sections are declared with the config, not filled by the detectors' modules."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import morphguard.detectors  # noqa: F401  (every detector module, in this process)
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", _READ_CONFIGS], capture_output=True, text=True, env=env, timeout=120,
+                         check=True)
+    fresh = json.loads(run.stdout)
+    assert fresh["imported"] == ["morphguard", "morphguard.config", "morphguard.errors"]
+    here: dict[str, object] = {}
+    exec(_READ_CONFIGS.replace("print(", "here['out'] = ("), {"here": here})
+    assert json.loads(str(here["out"])) == {**fresh, "imported": json.loads(str(here["out"]))["imported"]}
+    read = fresh["read"]
+    assert read[0]["detector"]["name"] == "sentences" and read[0]["combined"]["cascade"] is None
+    assert read[1]["restatement"]["max_calls"] == 2 and read[1]["spotcheck"]["context_budget"] == 400
+    assert "unknown detector 'nosuch'" in read[2]
+    assert "cfg.yaml:1: claims.samples" in read[3]
+    assert "unknown key 'combinedd'" in read[4]
+    assert set(fresh["sections"]) == set(morphguard.detectors.SPECS)

@@ -9,8 +9,8 @@ from morphguard.detectors.scoring import (
     penalty,
     response_score,
 )
+from morphguard.models import Judgment as V
 from morphguard.models import VariantKind as K
-from morphguard.models import Verdict as V
 
 
 @pytest.mark.parametrize(("kind", "verdict", "expected"), [

@@ -11,16 +11,14 @@ import math
 import time
 from typing import Any
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import DirectSettings, LengthSettings
 from morphguard.detectors.focus import focus
+from morphguard.detectors.judgments import judgment_probabilities, parse_judgment
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import statements
-from morphguard.detectors.verdicts import parse_verdict, verdict_probabilities
 from morphguard.llm.client import LLMClient
 from morphguard.llm.fair import in_thread
 from morphguard.models import (
@@ -28,16 +26,10 @@ from morphguard.models import (
     Detection,
     DetectionStats,
     Factoid,
+    Judgment,
     RagInput,
     StageCost,
-    Verdict,
 )
-
-
-class LengthSettings(Section):
-    """The `length` config section."""
-
-    scale_words: float = Field(100.0, gt=0)
 
 
 class LengthBaseline:
@@ -55,14 +47,6 @@ class LengthBaseline:
         score = 1.0 - math.exp(-words / self.scale_words)
         return Detection(detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
                          settings={"scale_words": self.scale_words, "words": words})
-
-
-class DirectSettings(Section):
-    """The `direct` config section."""
-
-    model: str | None = None  # None: the judge's default model
-    soft_verdicts: bool = True
-    context_budget: int = Field(0, ge=0)  # characters of context sent, the most relevant first; 0: all of it
 
 
 class DirectJudge:
@@ -85,7 +69,8 @@ class DirectJudge:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Pure Python over the whole context (seconds for a hostile multi-megabyte one): off the event loop.
-        passages = numbered(await in_thread(focus, statements(answer), rag.passages, self.context_budget))
+        passages = numbered(await in_thread(focus, statements(answer), rag.passages, self.context_budget,
+                                             size=rag.size(answer)))
         messages = [
             {"role": "system", "content": render("direct_system")},
             {"role": "user", "content": render("direct_user", passages=passages, question=as_data(rag.question),
@@ -99,15 +84,15 @@ class DirectJudge:
         }
         reply = await self.llm.complete(messages, model=self.model, max_tokens=384, json_schema=schema,
                                         top_logprobs=5 if self.soft_verdicts else 0)
-        parsed = parse_verdict(reply.text)
-        probabilities = verdict_probabilities(reply.logprobs) if self.soft_verdicts else None
+        parsed = parse_judgment(reply.text)
+        probabilities = judgment_probabilities(reply.logprobs) if self.soft_verdicts else None
         if probabilities and parsed.parsed:
-            yes, no = probabilities[Verdict.YES], probabilities[Verdict.NO]
+            yes, no = probabilities[Judgment.YES], probabilities[Judgment.NO]
             score = no / (yes + no) if yes + no > 0 else 0.5
         else:
-            score = {Verdict.YES: 0.0, Verdict.NO: 1.0}.get(parsed.verdict, 0.5)
+            score = {Judgment.YES: 0.0, Judgment.NO: 1.0}.get(parsed.judgment, 0.5)
         factoids = []
-        if parsed.verdict is not Verdict.YES:
+        if parsed.judgment is not Judgment.YES:
             for text in strings(json_list(reply.text, "unsupported")):
                 span = locate(text, answer)
                 factoids.append(Factoid(text=text, start=span[0] if span else None, end=span[1] if span else None,

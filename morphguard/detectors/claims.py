@@ -19,11 +19,9 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import ClaimsSettings
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.replies import json_list
@@ -44,17 +42,6 @@ LABELS: tuple[Label, ...] = ("supported", "unsupported", "contradicted")
 _COMPOUND = re.compile(r";|,? (?:and|but|while|whereas) (?:it |they |he |she |the |this |that )?\w+(?:s|ed)\b", re.I)
 _ATOMIC = ("\nYour last split left claims that join several facts. Every claim must state exactly one fact: "
            "split at every 'and', 'but' or ';' that joins two facts.\n")
-
-
-class ClaimsSettings(Section):
-    """The `claims` config section."""
-
-    aggregate: Literal["max", "rate"] = "max"  # score: max (any unsupported claim) or the unsupported share
-    samples: int = Field(1, ge=1, le=9)  # k > 1: majority vote over k samples
-    sample_temperature: float = Field(0.7, ge=0.0)
-    resplit_compound: bool = True  # re-ask once when a claim joins several facts
-    max_context_chars: int = Field(12000, ge=500)  # longer contexts are judged one passage at a time
-    model: str | None = None  # None: the judge's default model
 
 
 @dataclass

@@ -28,11 +28,12 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel
 
-from morphguard.config import Section
+# CASCADE and SHORT_CONTEXT are the settings' defaults; eval and the benchmarks read them from here too.
+from morphguard.config import CASCADE, SHORT_CONTEXT, CombinedSettings  # noqa: F401
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
@@ -325,24 +326,6 @@ def fused(weights: Weights, evidence: TextEvidence, values: Mapping[str, float],
                               evidence.short if short is None else short)
 
 
-# `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
-# little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
-# parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
-# without it), lies in [low, high); elsewhere that probability is the verdict. The band is the one that skips
-# `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py; docs/evaluation-log.md, 2026-11-24, "the cascade").
-CASCADE = (0.225, 0.3)
-# The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
-# Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
-# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters), read by weights not fitted on
-# it, the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (docs/evaluation-log.md,
-# 2026-11-24, "`direct` asked at once over a short context").
-# No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
-# than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
-# short-context calibration reads (`Weights.short_calibration`).
-SHORT_CONTEXT = 700
-
-
 def short_context(passages: Sequence[str], limit: int) -> bool:
     """Whether the context is short (`SHORT_CONTEXT`): the cascade then asks `direct` at once, and the weights'
     `short_calibration` reads the answer."""
@@ -352,34 +335,6 @@ def short_context(passages: Sequence[str], limit: int) -> bool:
 def asks_direct(first_stage: float, band: tuple[float, float]) -> bool:
     """Whether the cascade asks `direct` after its first stage gave this probability."""
     return band[0] <= first_stage < band[1]
-
-
-class CombinedSettings(Section):
-    """The `combined` config section."""
-
-    weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
-    model: str | None = None  # the judge's model for every judge part; None: the judge's default
-    profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
-    # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
-    # by side, so there the cascade trades latency for a call saved)
-    cascade: tuple[float, float] | None = CASCADE
-    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`) and
-    # the weights' `short_calibration` reads the answer; 0: the band alone decides, and one calibration reads all
-    short_context: int = Field(SHORT_CONTEXT, ge=0)
-    # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
-    # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
-    cascade_weights: str | None = None
-
-    @property
-    def cascaded(self) -> bool:
-        """Whether `direct` waits for the other parts (where the weights read it at all)."""
-        return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
-
-    @model_validator(mode="after")
-    def _band(self) -> CombinedSettings:
-        if self.cascade is not None and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
-            raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
-        return self
 
 
 class Combined:
@@ -411,7 +366,7 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await in_thread(read_text, rag, answer, self.short_context)
+        evidence = await in_thread(read_text, rag, answer, self.short_context, size=rag.size(answer))
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)
@@ -518,4 +473,5 @@ register(DetectorSpec(
                               "spotcheck_system", "spotcheck_user",
                               "decompose_system", "decompose_user", "verify_system", "verify_user"],
     fingerprint=_fingerprint,
+    fitted_judge=lambda settings: load_weights(settings.weights, settings.profile).fitted_on.get("judge"),
     build=lambda settings, threshold, llm: Combined(llm, settings, threshold)))

@@ -6,8 +6,9 @@ sharing rare words with the answer reads a fraction of the context and loses lit
 that shares no content word with a statement can rarely confirm or refute it.
 
 `Focus` reads a context once (its sentences, each word's rarity, which sentences hold it) for the many
-selections a check makes of it: a claim is scored only against the sentences sharing a word with it, so the
-work grows with the context and the claims, not with their product.
+selections a check makes of it: a claim is scored only against the sentences sharing a word with it, its rarest
+words first and at most `CANDIDATES` sentences, so the work grows with the context and the claims, not with their
+product.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from morphguard.detectors.text import content_words, sentences
+
+CANDIDATES = 2_000  # the most context sentences one claim is scored against (`Focus._candidates`)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,20 @@ class Focus:
                 holding.setdefault(word, []).append(i)
         return holding
 
+    def _candidates(self, wanted: set[str] | frozenset[str]) -> set[int]:
+        """The sentences a claim is scored against: those holding its words, rarest word first, until adding the next
+        word's would pass `CANDIDATES` (the rarest word's first ones at least). A word most sentences hold ranks
+        little, and a claim made of common words would otherwise be scored against the whole context: with
+        thousands of claims, the square of the length."""
+        held = sorted((w for w in wanted if w in self.holding), key=lambda w: (len(self.holding[w]), w))
+        found: set[int] = set()
+        for word in held:
+            sentences_holding = self.holding[word]
+            if found and len(found) + len(sentences_holding) > CANDIDATES:
+                break
+            found.update(sentences_holding[:CANDIDATES])
+        return found
+
     def select(self, claims: list[str], budget: int) -> list[str]:
         """The passages cut down to the sentences most relevant to `claims`, at most `budget` characters in all
         (`focus`)."""
@@ -65,7 +82,7 @@ class Focus:
         best_score: dict[int, float] = {}
         for claim in claims:
             wanted = content_words(claim)
-            candidates = sorted({i for w in wanted for i in self.holding.get(w, ())})
+            candidates = sorted(self._candidates(wanted))
             # fsum: exact, so a tie stays a tie whatever order the process's hash seed gives the set
             scores = {i: math.fsum(idf[w] for w in wanted & pool[i].words) for i in candidates}
             ranked = sorted((i for i in candidates if scores[i] > 0), key=lambda i: -scores[i])

@@ -21,9 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import GroundingSettings
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
 from morphguard.detectors.injection import instructions
@@ -108,20 +106,6 @@ def unsupported_claim(report: SentenceReport) -> tuple[int, int] | None:
     return (facts[0].start, facts[-1].end) if facts else None
 
 
-class GroundingSettings(Section):
-    """The `grounding` config section. The answer's weight of evidence is a sum, and its score
-    1 - exp(-weight / scale): unsupported words count 1 each (numbers and names more), a sentence that
-    copies a context sentence but changes it counts `conflict_weight` times the closeness of the copy, each claim a
-    rule finds stated against a fact of the context (detectors/rules) `conflict_weight`, and an instruction to the
-    checker `instruction_weight`."""
-
-    scale: float = Field(4.0, gt=0)
-    number_weight: float = Field(2.0, ge=0)  # an unsupported number counts this many words
-    name_weight: float = Field(1.5, ge=0)  # an unsupported name (capitalised, not sentence-initial)
-    conflict_weight: float = Field(4.0, ge=0)
-    instruction_weight: float = Field(8.0, ge=0)
-
-
 class Grounding:
     name = "grounding"
 
@@ -140,7 +124,7 @@ class Grounding:
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         # Milliseconds for a usual context, seconds of pure Python for a hostile multi-megabyte one: off the
         # event loop, so that one such request cannot stall the proxy's others.
-        return await in_thread(self.measure, rag, answer)
+        return await in_thread(self.measure, rag, answer, size=rag.size(answer))
 
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()

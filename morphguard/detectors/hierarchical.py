@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
-
-from morphguard.config import Section
+from morphguard.config import HierarchicalSettings
+from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.replies import json_list, json_object, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import sentences
-from morphguard.detectors.verdicts import label_probabilities
 from morphguard.llm.client import Completion, LLMClient, together
 from morphguard.models import (
     Cost,
@@ -46,22 +44,6 @@ LABELS = (ENTAILED, CONTRADICTED, BASELESS)
 AS_LABEL: dict[str, Label] = {ENTAILED: "supported", CONTRADICTED: "contradicted", BASELESS: "unsupported"}
 
 
-class HierarchicalSettings(Section):
-    """The `hierarchical` config section."""
-
-    window: int = Field(25, ge=1)  # W: context sentences per window
-    overlap: int = Field(10, ge=0)  # O: sentences shared by neighbouring windows
-    decompose: Literal["llm", "sentences"] = "llm"  # claims per answer sentence by the judge, or the sentences
-    soft_verdicts: bool = True
-    model: str | None = None
-
-    @model_validator(mode="after")
-    def _overlap_below_window(self) -> HierarchicalSettings:
-        if self.overlap >= self.window:
-            raise ValueError(f"hierarchical.overlap ({self.overlap}) must be smaller than window ({self.window})")
-        return self
-
-
 @dataclass(frozen=True)
 class Sentence:
     passage: int  # 1-based
@@ -71,7 +53,7 @@ class Sentence:
 
 
 @dataclass
-class Verdict:
+class ClaimJudgment:
     label: str
     evidence: list[int]  # indexes into the context sentences
     probabilities: dict[str, float] | None = None
@@ -114,7 +96,7 @@ class HierarchicalVerifier:
         claims = await meter.run("decompose", lambda: self._decompose(rag.question, answer, meter))
         spans = windows(len(context), self.options.window, self.options.overlap)
 
-        async def verify_claim(claim: str) -> Verdict:
+        async def verify_claim(claim: str) -> ClaimJudgment:
             local = await together(self._verify(context, w, claim, None, meter) for w in spans)
             label = or_join([v.label for v in local])
             if len(spans) == 1:  # the one window is the whole context: the local label is the global one
@@ -177,9 +159,9 @@ class HierarchicalVerifier:
         return [claim for claims in per_sentence for claim in claims]
 
     async def _verify(self, context: list[Sentence], window: range, claim: str, hint: str | None,
-                      meter: Meter) -> Verdict:
+                      meter: Meter) -> ClaimJudgment:
         if not context:
-            return Verdict(BASELESS, [])
+            return ClaimJudgment(BASELESS, [])
         listed = "\n".join(f"[{i + 1}] {as_data(context[i].text)}" for i in window)
         messages = [{"role": "system", "content": render("hier_verify_system")},
                     {"role": "user", "content": render("hier_verify_user", sentences=listed,
@@ -195,7 +177,7 @@ class HierarchicalVerifier:
             if isinstance(data, dict) and isinstance(data.get("evidence"), list) else []
         probabilities = (label_probabilities(reply.logprobs, "label", LABELS)
                          if self.options.soft_verdicts else None)
-        return Verdict(label, cited if label != BASELESS else [], probabilities)
+        return ClaimJudgment(label, cited if label != BASELESS else [], probabilities)
 
 
 SPEC = register(DetectorSpec(

@@ -1,4 +1,4 @@
-"""The judges a check calls: which check suits the configured judge, and whether each judge can be called,
+"""The judges a check calls: whether each can be called,
 asked once at start (`serve`, `worker`, `check`, `doctor`) rather than found out on every request, where a
 refused call would pass the answer unchecked."""
 
@@ -7,49 +7,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
 
 from morphguard.config import Config
-from morphguard.detectors.registry import choose_auto_with, resolve, stage_models
+from morphguard.detectors.registry import judge_identity, resolve, stage_models
 from morphguard.errors import MorphguardError
 from morphguard.llm import LLMClient
 from morphguard.llm.local import LOCAL_MODEL
 from morphguard.llm.providers import Abilities
 
 log = logging.getLogger(__name__)
-
-
-def judge_identity(config: Config, model: str | None = None) -> dict[str, Any]:
-    """What tells one judge from another: its model and where it is served (the weights' hash, embedded)."""
-    name = model or config.judge.model
-    if name == LOCAL_MODEL:
-        return {"model": name, "sha256": config.local.sha256}
-    return {"model": name, "api_base": config.judge.api_base}
-
-
-def chosen_detector(config: Config) -> str:
-    """What `detector.name: auto` runs: `combined` with the judge its weights were fitted with, else `sentences`,
-    which leaves the verdict to the judge instead of to weights and rules fitted around another one."""
-    from morphguard.detectors.combined import CombinedSettings, load_weights
-
-    settings = config.section("combined", CombinedSettings)
-    judge = judge_identity(config, settings.model)
-    fitted = load_weights(settings.weights, settings.profile).fitted_on.get("judge")
-    if fitted == judge:
-        return "combined"
-    _say_once(repr(fitted), repr(judge))
-    return "sentences"
-
-
-choose_auto_with(chosen_detector)
-
-
-@cache
-def _say_once(fitted: str, judge: str) -> None:
-    # The recommended set-up (an API judge) takes this path: information, not a warning.
-    log.info("detector auto: sentences, because the combined check's weights were fitted with the judge %s, not %s; "
-             "sentences leaves each verdict to the judge (set detector.name to choose)", fitted, judge)
 
 
 @dataclass(frozen=True)

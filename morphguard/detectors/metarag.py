@@ -20,34 +20,32 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import MetaRAGSettings
 from morphguard.detectors import focus, scoring, text
+from morphguard.detectors.judgments import (
+    ParsedJudgment,
+    judgment_probabilities,
+    parse_judgment,
+)
 from morphguard.detectors.meter import Meter
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.relations import negate
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import align_evidence, locate
-from morphguard.detectors.verdicts import (
-    ParsedVerdict,
-    parse_verdict,
-    verdict_probabilities,
-)
 from morphguard.llm.client import LLMClient, together
 from morphguard.models import (
     Cost,
     Detection,
     DetectionStats,
     Factoid,
+    Judgment,
     Label,
     RagInput,
     Variant,
     VariantKind,
-    Verdict,
 )
 
 T = TypeVar("T")
@@ -92,27 +90,6 @@ PROFILES: dict[str, MetaRAGOptions] = {
 }
 
 
-class MetaRAGSettings(Section):
-    """The `metarag` config section: a named profile plus any field to override in it."""
-
-    profile: Literal["paper", "embedded", "batched", "factoids"] = "embedded"
-    n_mutations: int | None = Field(None, ge=0)
-    mutation_temperature: float | None = Field(None, ge=0.0)
-    decompose_model: str | None = None
-    mutate_model: str | None = None
-    verify_models: list[str] | None = None
-    identity: bool | None = None
-    soft_verdicts: bool | None = None
-    reasons: bool | None = None
-    max_factoids: int | None = Field(None, ge=1)
-    batch_mutations: bool | None = None
-    batch_verify: Literal["none", "factoid", "all"] | None = None
-    rule_antonyms: bool | None = None
-    verdict_cache: int | None = Field(None, ge=0)
-    decompose: Literal["llm", "sentences"] | None = None
-    context_budget: int | None = Field(None, ge=0)
-
-
 def resolve_options(settings: MetaRAGSettings) -> MetaRAGOptions:
     """The named profile with every field the config sets explicitly laid over it."""
     options = PROFILES[settings.profile]
@@ -134,7 +111,7 @@ class MetaRAG:
         self.llm = llm
         self.options = options
         self.threshold = threshold
-        self._verdicts: OrderedDict[str, tuple[ParsedVerdict, dict[Verdict, float] | None, str]] = OrderedDict()
+        self._verdicts: OrderedDict[str, tuple[ParsedJudgment, dict[Judgment, float] | None, str]] = OrderedDict()
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -310,16 +287,16 @@ class MetaRAG:
             ]
             schema = {"type": "object", "required": ["verdicts"], "properties": {"verdicts": {
                 "type": "array", "minItems": len(todo), "maxItems": len(todo),
-                "items": {"type": "string", "enum": [v.value for v in Verdict]}}}}
+                "items": {"type": "string", "enum": [v.value for v in Judgment]}}}}
             reply = meter.count("verify", await self.llm.complete(
                 messages, model=model, max_tokens=16 * len(todo) + 32, json_schema=schema,
                 top_logprobs=5 if self.options.soft_verdicts else 0))
             verdicts = json_list(reply.text, "verdicts") or []
             for n, i in enumerate(todo):
                 raw = json.dumps({"verdict": verdicts[n]}) if n < len(verdicts) else ""
-                probabilities = (verdict_probabilities(reply.logprobs, occurrence=n, listed=True)
+                probabilities = (judgment_probabilities(reply.logprobs, occurrence=n, listed=True)
                                  if self.options.soft_verdicts and n < len(verdicts) else None)
-                results[i] = self._scored(model, passages, items[i][0], items[i][1], parse_verdict(raw),
+                results[i] = self._scored(model, passages, items[i][0], items[i][1], parse_judgment(raw),
                                           probabilities, reply.model)
         return [r for r in results if r is not None]
 
@@ -334,8 +311,8 @@ class MetaRAG:
         parsed, probabilities, verifier = hit
         return self._variant(kind, statement, parsed, probabilities, verifier)
 
-    def _scored(self, model: str | None, passages: str, kind: VariantKind, statement: str, parsed: ParsedVerdict,
-                probabilities: dict[Verdict, float] | None, verifier: str) -> Variant:
+    def _scored(self, model: str | None, passages: str, kind: VariantKind, statement: str, parsed: ParsedJudgment,
+                probabilities: dict[Judgment, float] | None, verifier: str) -> Variant:
         if self.options.verdict_cache and parsed.parsed:
             self._verdicts[_cache_key(model, passages, statement, self.options.soft_verdicts)] = (
                 parsed, probabilities, verifier)
@@ -344,13 +321,13 @@ class MetaRAG:
         return self._variant(kind, statement, parsed, probabilities, verifier)
 
     @staticmethod
-    def _variant(kind: VariantKind, statement: str, parsed: ParsedVerdict,
-                 probabilities: dict[Verdict, float] | None, verifier: str) -> Variant:
+    def _variant(kind: VariantKind, statement: str, parsed: ParsedJudgment,
+                 probabilities: dict[Judgment, float] | None, verifier: str) -> Variant:
         if probabilities and parsed.parsed:
             penalty = scoring.expected_penalty(kind, probabilities)
         else:
-            penalty = scoring.penalty(kind, parsed.verdict)
-        return Variant(kind=kind, text=statement, verdict=parsed.verdict, reason=parsed.reason, penalty=penalty,
+            penalty = scoring.penalty(kind, parsed.judgment)
+        return Variant(kind=kind, text=statement, verdict=parsed.judgment, reason=parsed.reason, penalty=penalty,
                        probabilities=({v.value: round(p, 4) for v, p in probabilities.items()}
                                       if probabilities else None),
                        verifier=verifier, parsed=parsed.parsed)
@@ -372,15 +349,15 @@ class MetaRAG:
                                                  reason_field=', "reason": "<one short sentence>"' if reasons else "")},
             {"role": "user", "content": render("verify_user", passages=passages, statement=as_data(statement))},
         ]
-        properties: dict[str, Any] = {"verdict": {"type": "string", "enum": [v.value for v in Verdict]}}
+        properties: dict[str, Any] = {"verdict": {"type": "string", "enum": [v.value for v in Judgment]}}
         if reasons:
             properties["reason"] = {"type": "string", "maxLength": 200}
         schema = {"type": "object", "properties": properties, "required": list(properties)}
         reply = meter.count("verify", await self.llm.complete(
             messages, model=model, max_tokens=80 if reasons else 16, json_schema=schema,
             top_logprobs=5 if self.options.soft_verdicts else 0))
-        probabilities = verdict_probabilities(reply.logprobs) if self.options.soft_verdicts else None
-        return self._scored(model, passages, kind, statement, parse_verdict(reply.text), probabilities, reply.model)
+        probabilities = judgment_probabilities(reply.logprobs) if self.options.soft_verdicts else None
+        return self._scored(model, passages, kind, statement, parse_judgment(reply.text), probabilities, reply.model)
 
 
 def _explanation(variants: list[Variant]) -> str:
@@ -396,9 +373,9 @@ def _label(variants: list[Variant], score: float, threshold: float) -> Label:
     refuted = doubted = 0.0
     for v in variants:
         p = v.probabilities or {v.verdict.value: 1.0}
-        against = Verdict.YES.value if v.kind is VariantKind.ANTONYM else Verdict.NO.value
+        against = Judgment.YES.value if v.kind is VariantKind.ANTONYM else Judgment.NO.value
         refuted += p.get(against, 0.0)
-        doubted += p.get(Verdict.NOT_SURE.value, 0.0)
+        doubted += p.get(Judgment.NOT_SURE.value, 0.0)
     return "contradicted" if refuted >= doubted else "unsupported"
 
 

@@ -1,15 +1,16 @@
 """The one declaration of each detector, and everything read from it.
 
-A detector module ends with `register(DetectorSpec(...))`: its name, its settings model (read from the
-config section of the same name), the prompts and models it uses, how to build it. The config's
-validation, `stage_models`, `build_detector`, the proxy's per-request choice and the eval fingerprints
-all read these specs, so adding a detector is one new module in this package and nothing else.
+A detector module ends with `register(DetectorSpec(...))`: its name, its settings model (the config
+section of the same name, declared in `config.DETECTOR_SECTIONS`), the prompts and models it uses, how
+to build it. `stage_models`, `build_detector`, the proxy's per-request choice and the eval fingerprints
+all read these specs. `detector.name: auto` is resolved by `resolve_auto`, one rule over the config.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -19,9 +20,12 @@ from pydantic import BaseModel
 from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config
 from morphguard.detectors.prompts import template
 from morphguard.llm import LLMClient, build_client
+from morphguard.llm.local import LOCAL_MODEL
 from morphguard.models import Detection, RagInput
 
 S = TypeVar("S", bound=BaseModel)
+
+log = logging.getLogger(__name__)
 
 
 class Detector(Protocol):
@@ -52,6 +56,8 @@ class DetectorSpec(Generic[S]):
     # What of the settings decides the output, for eval fingerprints (results under other settings are stale).
     fingerprint: Callable[[S], dict[str, Any]] = _whole
     profiles: Collection[str] = ()  # `name:PROFILE` sets the settings' `profile` field
+    # The judge its fitted numbers were fitted with (`judge_identity`), None where it has none or they name none.
+    fitted_judge: Callable[[S], dict[str, Any] | None] = lambda settings: None
 
     def settings_of(self, config: Config, profile: str = "") -> S:
         settings = config.section(self.name, self.settings)
@@ -64,8 +70,9 @@ SPECS: dict[str, DetectorSpec[Any]] = {}
 def register(spec: DetectorSpec[S]) -> DetectorSpec[S]:
     if spec.name in SPECS:
         raise ValueError(f"detector {spec.name!r} is registered twice")
+    if DETECTOR_SECTIONS.get(spec.name) is not spec.settings:
+        raise ValueError(f"detector {spec.name!r}: its settings model must be config.DETECTOR_SECTIONS[{spec.name!r}]")
     SPECS[spec.name] = spec
-    DETECTOR_SECTIONS[spec.name] = spec.settings
     return spec
 
 
@@ -77,18 +84,37 @@ def is_known(name: object) -> bool:
     return base in SPECS and (not profile or profile in SPECS[base].profiles)
 
 
-# What `detector.name: auto` runs, as `detectors.judges` chooses it (set when the package imports it).
-_AUTO: list[Callable[[Config], str]] = []
+def judge_identity(config: Config, model: str | None = None) -> dict[str, Any]:
+    """What tells one judge from another: its model and where it is served (the weights' hash, embedded)."""
+    name = model or config.judge.model
+    if name == LOCAL_MODEL:
+        return {"model": name, "sha256": config.local.sha256}
+    return {"model": name, "api_base": config.judge.api_base}
 
 
-def choose_auto_with(chooser: Callable[[Config], str]) -> None:
-    _AUTO[:] = [chooser]
+# `detector.name: auto` runs FITTED_CHOICE where its weights were fitted with the configured judge, else OTHER_CHOICE.
+FITTED_CHOICE = "combined"
+OTHER_CHOICE = "sentences"
+
+
+def resolve_auto(config: Config) -> tuple[str, str]:
+    """What `detector.name: auto` runs with this config, and why. `combined` where its weights were fitted with the
+    configured judge (the shipped ones: the embedded judge), else `sentences`, which leaves each sentence's call to
+    the judge instead of to weights fitted around another one."""
+    spec = SPECS[FITTED_CHOICE]
+    settings = spec.settings_of(config)
+    judge = judge_identity(config, getattr(settings, "model", None))
+    fitted = spec.fitted_judge(settings)
+    if fitted == judge:
+        return FITTED_CHOICE, f"its weights were fitted with this judge ({judge['model']})"
+    return OTHER_CHOICE, (f"the {FITTED_CHOICE} check's weights were fitted with the judge {fitted}, not {judge}; "
+                          f"{OTHER_CHOICE} leaves each sentence to the judge")
 
 
 def configured(config: Config) -> str:
-    """The detector the config runs: `detector.name`, with `auto` resolved for the configured judge."""
+    """The detector the config runs: `detector.name`, with `auto` resolved (`resolve_auto`)."""
     name = config.detector.name
-    return _AUTO[0](config) if name == AUTO_DETECTOR else name
+    return resolve_auto(config)[0] if name == AUTO_DETECTOR else name
 
 
 def resolve(config: Config, name: str | None = None) -> tuple[DetectorSpec[Any], Any]:
@@ -111,6 +137,10 @@ def stage_models(config: Config, name: str | None = None) -> list[str | None]:
 
 
 def build_detector(config: Config, llm: LLMClient | None = None, name: str | None = None) -> Detector:
+    """The detector `name` (default: the configured one, `auto` resolved here and logged with its reason)."""
+    if (name or config.detector.name) == AUTO_DETECTOR:
+        name, why = resolve_auto(config)
+        log.info("detector auto: %s, because %s (set detector.name to choose)", name, why)
     spec, settings = resolve(config, name)
     models = spec.models(settings)
     if llm is None and models:

@@ -13,24 +13,15 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import RestatementSettings
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.alignment import Conflict, conflicts
+from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
-from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
-
-
-class RestatementSettings(Section):
-    """The `restatement` config section."""
-
-    model: str | None = None  # None: the judge's default model
-    max_calls: int = Field(3, ge=1)  # changed copies judged per answer, the closest copies first
 
 
 class RestatementJudge:
@@ -53,7 +44,7 @@ class RestatementJudge:
         started = time.perf_counter()
         # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the event
         # loop, as in grounding, so that one such request cannot stall the proxy's others.
-        found = await in_thread(conflicts, answer, rag.passages)
+        found = await in_thread(conflicts, answer, rag.passages, size=rag.size(answer))
         changed = {c.start: c for c in reversed(found)}  # one per sentence
         closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
         stage = StageCost()

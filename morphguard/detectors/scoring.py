@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from morphguard.models import VariantKind, Verdict
+from morphguard.models import Judgment, VariantKind
 
-# What a verdict costs a variant: a synonym (or the factoid itself) should be entailed,
+# What a judgment costs a variant: a synonym (or the factoid itself) should be entailed,
 # an antonym should be contradicted; NOT SURE costs half either way.
-PENALTY: dict[VariantKind, dict[Verdict, float]] = {
-    VariantKind.SYNONYM: {Verdict.YES: 0.0, Verdict.NOT_SURE: 0.5, Verdict.NO: 1.0},
-    VariantKind.IDENTITY: {Verdict.YES: 0.0, Verdict.NOT_SURE: 0.5, Verdict.NO: 1.0},
-    VariantKind.ANTONYM: {Verdict.YES: 1.0, Verdict.NOT_SURE: 0.5, Verdict.NO: 0.0},
+PENALTY: dict[VariantKind, dict[Judgment, float]] = {
+    VariantKind.SYNONYM: {Judgment.YES: 0.0, Judgment.NOT_SURE: 0.5, Judgment.NO: 1.0},
+    VariantKind.IDENTITY: {Judgment.YES: 0.0, Judgment.NOT_SURE: 0.5, Judgment.NO: 1.0},
+    VariantKind.ANTONYM: {Judgment.YES: 1.0, Judgment.NOT_SURE: 0.5, Judgment.NO: 0.0},
 }
 
 
-def penalty(kind: VariantKind, verdict: Verdict) -> float:
+def penalty(kind: VariantKind, verdict: Judgment) -> float:
     return PENALTY[kind][verdict]
 
 
-def expected_penalty(kind: VariantKind, probabilities: Mapping[Verdict, float]) -> float:
+def expected_penalty(kind: VariantKind, probabilities: Mapping[Judgment, float]) -> float:
     """The penalty averaged over the verifier's belief in each verdict (soft verdicts)."""
     total = sum(probabilities.values())
     if total <= 0:
-        return penalty(kind, Verdict.NOT_SURE)
+        return penalty(kind, Judgment.NOT_SURE)
     return sum(PENALTY[kind][v] * p for v, p in probabilities.items()) / total
 
 

@@ -26,17 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import SentencesSettings
 from morphguard.detectors.focus import Focus
 from morphguard.detectors.grounding import ungrounded
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.logistic import log_odds
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list
-from morphguard.detectors.verdicts import label_probabilities
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve, together
 from morphguard.llm.fair import in_thread
@@ -48,21 +46,6 @@ LABELS = ("SUPPORTED", "UNSUPPORTED")
 # read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
 SCORE_CLIP = 1e-4
 Batch = list[tuple[int, int, list[str], bool]]  # sentences: start, end, words the context never uses, addresses
-
-
-class SentencesSettings(Section):
-    """The `sentences` config section."""
-
-    model: str | None = None  # None: the judge's default model
-    batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
-    context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
-    hints: bool = True  # show the judge each sentence's words the context never uses
-    # The whole-answer verdict's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
-    # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
-    whole_weight: float = Field(0.6, ge=0.0, le=1.0)
-    # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
-    # the score into a probability. None: the weight above, the score as it is.
-    calibration: str | None = None
 
 
 class Sentences:
@@ -137,15 +120,16 @@ class Sentences:
         started = time.perf_counter()
         # Everything that reads the text grows with the answer and the context (a 4 MB check is seconds of pure
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
-        chosen = await in_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer, size=rag.size(answer))
         size = self.settings.batch
         batches = [chosen[i:i + size] for i in range(0, len(chosen), size)]
         reserve(len(batches))  # past the check's cap of judge calls: fail before sending any
-        asks = await in_thread(self.prompts, rag, answer, batches)
+        asks = await in_thread(self.prompts, rag, answer, batches, size=rag.size(answer))
         stage = StageCost()
         judged = await together(self._judge(messages, batch, stage)
                                 for messages, batch in zip(asks, batches, strict=True))
-        return await in_thread(self._detection, answer, chosen, judged, stage, len(batches), started)
+        return await in_thread(self._detection, answer, chosen, judged, stage, len(batches), started,
+                               size=len(answer))
 
     def _detection(self, answer: str, chosen: Batch, judged: list[tuple[list[tuple[float | None, list[str]]],
                                                                         float | None]],

@@ -19,29 +19,19 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field
-
-from morphguard.config import Section
+from morphguard.config import SpotCheckSettings
 from morphguard.detectors.focus import focus
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
 from morphguard.detectors.grounding import Grounding, GroundingSettings, ungrounded
+from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.text import statements
-from morphguard.detectors.verdicts import ask_yes_no
 from morphguard.llm.client import LLMClient
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 PLAN_VERSION = 2  # of `SpotCheck.plan`'s choice of sentences: a change makes earlier eval results stale
-
-
-class SpotCheckSettings(Section):
-    """The `spotcheck` config section."""
-
-    model: str | None = None  # None: the judge's default model
-    max_calls: int = Field(1, ge=1)  # sentences judged per answer, the least grounded first
-    context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
 
 
 class SpotCheck:
@@ -78,7 +68,7 @@ class SpotCheck:
         started = time.perf_counter()
         # Pure Python over the whole context, seconds for a hostile multi-megabyte one: off the event loop, so that
         # one such request cannot stall the proxy's others (as in grounding).
-        chosen = await in_thread(self.plan, rag, answer)
+        chosen = await in_thread(self.plan, rag, answer, size=rag.size(answer))
         stage = StageCost()
         factoids = []
         for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time

@@ -128,7 +128,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
 
 def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[float, float], fingerprint: str,
             threshold: float, detector: str = "combined", at_once: Collection[str] = ()) -> list[Outcome]:
-    """The cascade's outcomes (`detectors/combined.CASCADE`) for every answer that has both a `whole` outcome (every
+    """The cascade's outcomes (`config.CASCADE`) for every answer that has both a `whole` outcome (every
     part asked, the same weights) and a `first` one (the first stage's own: `combined:fast`, its weights and parts).
     Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
     cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
@@ -136,7 +136,7 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths).
     An answer about a structured record asks no judge part: the whole outcome's, as the cascade scores it with the
     default's weights. So is an answer in `at_once`: item ids whose context is short
-    (`detectors/combined.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
+    (`config.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
     context (asked nothing). None of these has a first stage, so none needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []

@@ -5,7 +5,8 @@ the request presented, `client_id`), and every judge call and text-reading threa
 in a `FairLimit` under that client's name. While places are taken, a freed one goes to the waiting client served
 longest ago (round robin), each client's own waiters first come first served: a client sending many large checks at
 once waits behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also
-limited per client, so that one client's checks cannot take every thread of the pool.
+shared in turn, in two lanes: work on long texts in one thread, work on short ones in a few beside it, one per
+client, so that one client's large checks neither take every thread nor slow the event loop by their number.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
-from typing import ParamSpec, TypeVar
+from typing import TypeVar
 
 _CLIENT: ContextVar[str] = ContextVar("morphguard_client", default="")
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -97,22 +97,29 @@ class FairLimit:
             if not queue:
                 del self._waiting[client]
 
+    async def acquire(self, client: str) -> None:
+        """Wait for a place for `client`; the caller must `release(client)` it once done."""
+        if not self._waiting and self._may(client):
+            self._take(client)
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(client, deque()).append(waiter)
+        self._grant()  # a free place the clients ahead cannot take (at their own bound) is this one's
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # given a place as it was cancelled: pass it on
+                self._release(client)
+            raise
+
+    def release(self, client: str) -> None:
+        self._release(client)
+
     @asynccontextmanager
     async def slot(self, client: str | None = None) -> AsyncIterator[None]:
         """A place for `client` (None: the client the current check runs for), held while inside."""
         name = current_client() if client is None else client
-        if not self._waiting and self._may(name):
-            self._take(name)
-        else:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiting.setdefault(name, deque()).append(waiter)
-            self._grant()  # a free place the clients ahead cannot take (at their own bound) is this one's
-            try:
-                await waiter
-            except BaseException:
-                if waiter.done() and not waiter.cancelled():  # given a place as it was cancelled: pass it on
-                    self._release(name)
-                raise
+        await self.acquire(name)
         try:
             yield
         finally:
@@ -126,29 +133,49 @@ def _live(queue: deque[asyncio.Future[None]]) -> bool:
     return bool(queue)
 
 
-# Threads that read text: enough that each of many clients has one at once (the GIL shares the cores among them),
-# one per client.
-THREADS = 16
-THREADS_PER_CLIENT = 1
+# Threads that read text, in two lanes by how much text the work reads. Python runs one thread at a time (the GIL),
+# and each thread that wants to run delays the event loop's every step by a switch interval: so long work runs in
+# one thread, in turn by client, and short work beside it, one thread per client. A client's large checks then cost
+# another client's small one at most one long thread's share of the interpreter, not one share per large check.
+SHORT_CHARS = 20_000  # work reading less text than this (answer, passages and question) is short
+SHORT_THREADS = 4
+LONG_THREADS = 1
 _executor: ThreadPoolExecutor | None = None
-_thread_limits: dict[int, FairLimit] = {}
+_lanes: dict[int, tuple[FairLimit, FairLimit]] = {}
 
 
-def _threads() -> tuple[ThreadPoolExecutor, FairLimit]:
+def _lane(size: int) -> tuple[ThreadPoolExecutor, FairLimit]:
     global _executor
     if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="morphguard-text")
+        _executor = ThreadPoolExecutor(max_workers=SHORT_THREADS + LONG_THREADS, thread_name_prefix="morphguard-text")
     loop = id(asyncio.get_running_loop())
-    if loop not in _thread_limits:
-        _thread_limits.clear()  # one loop at a time in a process that serves; sync callers run one after another
-        _thread_limits[loop] = FairLimit(THREADS, THREADS_PER_CLIENT)
-    return _executor, _thread_limits[loop]
+    if loop not in _lanes:
+        _lanes.clear()  # one loop at a time in a process that serves; sync callers run one after another
+        _lanes[loop] = (FairLimit(SHORT_THREADS, per_client=1), FairLimit(LONG_THREADS, per_client=1))
+    short, long = _lanes[loop]
+    return _executor, short if size < SHORT_CHARS else long
 
 
-async def in_thread(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`func` run in a text-reading thread once the current client's turn comes (as `asyncio.to_thread`, with the
-    context carried over)."""
-    executor, limit = _threads()
-    async with limit.slot():
-        call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(executor, call)
+async def in_thread(func: Callable[..., T], *args: object, size: int) -> T:
+    """`func(*args)` run in a text-reading thread once the current client's turn comes in the lane for work that
+    reads `size` characters (as `asyncio.to_thread`, with the context carried over). The place is held until the
+    thread is done, also when the caller stops waiting: a thread cannot be stopped, so a client that gives up on its
+    checks does not get more threads by it."""
+    executor, limit = _lane(size)
+    name = current_client()
+    await limit.acquire(name)
+    loop = asyncio.get_running_loop()
+    try:
+        call = functools.partial(contextvars.copy_context().run, func, *args)
+        running = executor.submit(call)
+    except BaseException:
+        limit.release(name)
+        raise
+    # Released when the thread is done (or the work was cancelled before it started), not when the caller stops.
+    running.add_done_callback(lambda _: _call_soon(loop, limit.release, name))
+    return await asyncio.wrap_future(running)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, func: Callable[[str], None], arg: str) -> None:
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(func, arg)

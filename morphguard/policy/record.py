@@ -2,7 +2,7 @@
 
 The client's `morphguard` object (`payload`), the `x-morphguard-*` headers (`headers`) and the audit
 row (`row`, whose columns are this model's fields) all come from `DecisionRecord`, so they cannot drift
-apart. ("Verdict" is kept for what the judge says of one statement: YES, NO, NOT SURE.)
+apart. The verdict is this record as the client sees it; what the judge says of one statement is a judgment.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""What one check is about (`CheckRequest`) and what came of it (`CheckOutcome`)."""
+"""What one check is about (`CheckRequest`), the answer it reads (`Answer`), what the check found (`Found`), policy's
+decision on it (`CheckOutcome`) and the answer as the guard leaves it (`Settled`): the typed values the request path
+hands from one step to the next."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Any
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 from morphguard.models import Decision, Detection, RagInput
+from morphguard.policy import answers
+from morphguard.policy.engine import Finding, Holds
 from morphguard.policy.record import DecisionRecord
+from morphguard.proxy.dialects.base import as_completion
 
 
 @dataclass
@@ -55,8 +60,39 @@ class CheckRequest:
                               context_source=self.source)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Answer:
+    """The provider's answer as the dialect reads it: `completion`, the chat completion every field that carries
+    the model's words is translated into (what the check reads and the actions rewrite), and `response`, the
+    answer in its API's own shape (None where there is none: an answer a caller hands in, a stream's prefix)."""
+
+    completion: dict[str, Any]
+    response: dict[str, Any] | None = None
+
+    @classmethod
+    def of_text(cls, text: str) -> Answer:
+        """An answer of this text alone (a prefix of a stream)."""
+        return cls(as_completion({"role": "assistant", "content": text}))
+
+    def holds(self) -> Holds:
+        """What it holds beside the text the check reads."""
+        return Holds(tuple(answers.unreadable(self.completion)), answers.has_tool_calls(self.completion))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the check found in an answer, and how long it took; `error`: a failed check's error, for the log
+    (secrets masked)."""
+
+    finding: Finding
+    latency_ms: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class CheckOutcome:
+    """Policy's one decision on an answer, with the detection it was made from."""
+
     decision: Decision
     detection: Detection | None
     latency_ms: float
@@ -70,3 +106,12 @@ class CheckOutcome:
             context_source=request.source, route=request.route or None, model=request.model,
             question=rag.question if rag else None, answer=answer,
             context="\n\n".join(rag.passages) if rag else None, gateway=request.gateway)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """An answer as the guard left it (the action carried out; in the API's shape where it has one), and the
+    record of its decision."""
+
+    answer: Answer
+    record: DecisionRecord

@@ -9,7 +9,8 @@ writes what policy made of each back in its place.
 flags any), and the decision it is shown is that of the first failing choice, else the first flagged, else the
 first. At most `proxy.max_choices` choices are checked; the rest are decided together by the profile's `on_error`
 (reason `too_many_choices`, one audit row). Every audit row says what the gateway was told (`DecisionRecord.gateway`):
-the checks run first, the verdict is formed, then each row is written with it.
+each choice is checked and decided first (`Guard.find`, `Guard.decide`), the verdict is formed, then each decision is
+carried out and its row written with it (`Guard.carry_out`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import Any
 
 from morphguard.models import Decision
 from morphguard.policy.answers import prose
+from morphguard.policy.engine import Finding, Reach
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy.body import check_content
-from morphguard.proxy.check import CheckOutcome, CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest, Found, Settled
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import ProxyError, bad_request
 from morphguard.proxy.guard import Guard
@@ -96,8 +98,8 @@ class Verdict:
 
 
 def _fails(decision: Decision | DecisionRecord, flagged_fails: bool) -> bool:
-    # A gateway cannot re-ask the model: `regenerate` is carried out as `block` there (`Guard.settle`, no re-ask).
-    return decision.action in ("block", "regenerate") or (flagged_fails and decision.flagged)
+    # Decided with `Reach.REWRITE`, a `regenerate` rule has already become `block` (a gateway cannot re-ask).
+    return decision.action == "block" or (flagged_fails and decision.flagged)
 
 
 def label(gateway: str | None, told: str) -> str | None:
@@ -107,31 +109,35 @@ def label(gateway: str | None, told: str) -> str | None:
 async def settle(guard: Guard, first: CheckRequest, answers: list[dict[str, Any]], *, gateway: str | None,
                  max_choices: int, flagged_fails: bool = False) -> Verdict:
     """Each answer (a choice) checked as its own request under its own id (`first`'s for the first), at most
-    `max_choices` of them; the verdict formed; then every record written, saying what the gateway was told. A bug
-    in a check or its settling still leaves each choice its row (`internal_error`, told `failed`), then raises."""
-    checked = answers[:max_choices]
+    `max_choices` of them, and decided by policy (`Guard.decide`: a gateway cannot ask the model again, so
+    `regenerate` withholds); the verdict formed; then each decision carried out and every record written, saying
+    what the gateway was told. A bug in a check or its settling still leaves each choice its row (`internal_error`,
+    told `failed`), then raises."""
+    checked = [Answer(a) for a in answers[:max_choices]]
     requests = [first, *(replace(first, request_id=uuid.uuid4().hex) for _ in checked[1:])]
-    outcomes = await asyncio.gather(*(guard.checker.check(r, a) for r, a in zip(requests, checked, strict=True)),
-                                    return_exceptions=True)
-    await _unless_broken(guard, requests, outcomes, gateway, written=False)
-    done = [o for o in outcomes if isinstance(o, CheckOutcome)]
-    rest = guard.engine.failed(first.profile, first.topic, TOO_MANY) if len(answers) > max_choices else None
-    decisions = [o.decision for o in done] + ([rest] if rest is not None else [])
+    found = await asyncio.gather(*(guard.find(r, a) for r, a in zip(requests, checked, strict=True)),
+                                 return_exceptions=True)
+    await _unless_broken(guard, requests, found, gateway, written=False)
+    outcomes = [guard.decide(r, a, f, Reach.REWRITE) for r, a, f in zip(requests, checked, found, strict=True)
+                if isinstance(f, Found)]
+    rest = _unchecked(guard, first, TOO_MANY) if len(answers) > max_choices else None
+    decisions = [o.decision for o in outcomes] + ([rest] if rest is not None else [])
     fails = any(_fails(d, flagged_fails) for d in decisions)
     told = label(gateway, DENY if fails else PASS)
-    results = await asyncio.gather(*(guard.settle(replace(r, gateway=told), a, outcome=o)
-                                     for r, a, o in zip(requests, checked, done, strict=True)), return_exceptions=True)
+    results = await asyncio.gather(*(guard.carry_out(replace(r, gateway=told), a, o)
+                                     for r, a, o in zip(requests, checked, outcomes, strict=True)),
+                                   return_exceptions=True)
     await _unless_broken(guard, requests, results, gateway, written=True)
-    settled = [r for r in results if isinstance(r, tuple)]
-    reviewed = [c for c, _ in settled] + answers[max_choices:]
-    records = [r for _, r in settled]
+    settled = [r for r in results if isinstance(r, Settled)]
+    reviewed = [s.answer.completion for s in settled] + answers[max_choices:]
+    records = [s.record for s in settled]
     if rest is not None:
         records.append(await guard.account(replace(first, request_id=uuid.uuid4().hex, gateway=told), TOO_MANY,
                                            failed=True))
     deciding = next((r for r in records if _fails(r, flagged_fails)), None) \
         or next((r for r in records if r.flagged), records[0])
-    blocked = next((c for c, r in settled if r.action == "block"), None)  # a checked choice, as policy withheld it
-    refusal = prose(blocked) if blocked is not None else None
+    blocked = next((s.answer for s in settled if s.record.action == "block"), None)  # as policy withheld it
+    refusal = prose(blocked.completion) if blocked is not None else None
     if refusal is None and rest is not None and rest.action == "block":
         refusal = rest.safe_message or guard.config.policy.safe_message
     return Verdict(reviewed, records, fails, deciding, refusal)
@@ -141,12 +147,17 @@ async def unread(guard: Guard, request: CheckRequest, reason: str, *, gateway: s
                  flagged_fails: bool = False) -> Verdict:
     """An answer a gateway asked about that cannot be checked (a stream it relays without its text, an API morphguard
     cannot read): decided as the profile's `on_error` says, audited with `reason` and what the gateway was told."""
-    decision = guard.engine.failed(request.profile, request.topic, reason)
+    decision = _unchecked(guard, request, reason)
     fails = _fails(decision, flagged_fails)
     record = await guard.account(replace(request, gateway=label(gateway, DENY if fails else PASS)), reason,
                                  failed=True)
     refusal = (decision.safe_message or guard.config.policy.safe_message) if fails else None
     return Verdict([], [record], fails, record, refusal)
+
+
+def _unchecked(guard: Guard, request: CheckRequest, reason: str) -> Decision:
+    """Policy's decision on an answer not checked for `reason`, as `Guard.account(failed=True)` will record it."""
+    return guard.engine.decide(request.profile, request.topic, Finding(failed=reason))
 
 
 async def _unless_broken(guard: Guard, requests: list[CheckRequest], results: list[Any], gateway: str | None, *,

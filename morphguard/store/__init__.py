@@ -4,7 +4,7 @@
   schema migrations with Alembic); the tables themselves belong to `policy.audit`.
 - `queue`: the async check queue's interface (`CheckQueue`, and `WorkerPool` for inline checks a fleet's workers
   run); `sqlite_queue` for one process, `redis_queue` (Redis Streams) for a fleet, chosen by `open_queue`.
-- `verdicts`: the verdict cache a fleet shares (Redis, with a TTL).
+- `detections`: the detection cache a fleet shares (Redis, with a TTL).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The fast check's front ends: statements without an LLM, and the context cut to what they are about."""
 
-from morphguard.detectors.focus import focus
-from morphguard.detectors.text import statements
+from morphguard.detectors import focus as focusing
+from morphguard.detectors.focus import Focus, focus
+from morphguard.detectors.text import content_words, statements
 
 
 def test_statements_are_sentences_and_list_items_that_state_something():
@@ -36,3 +37,16 @@ def test_focus_marks_gaps_between_kept_sentences():
     assert focus(["Alpha and Gamma rise early."], [passage], budget=45) == [
         "Alpha rises early. … Gamma rises early too."]
     assert focus(["Gamma rises early."], [passage], budget=25) == ["… Gamma rises early too."]
+
+
+def test_a_claim_of_common_words_is_scored_against_a_bounded_number_of_sentences_and_its_rare_word_still_leads():
+    """Thousands of sentences share a claim's common words; the one holding its rare word is still kept, and the
+    claim is scored against no more than `CANDIDATES` sentences, not the whole context."""
+    filler = [f"The ward opens early on day {n % 7} for the patients who wait." for n in range(3 * focusing.CANDIDATES)]
+    needle = "The ward of Dr Okonkwo opens early for the patients."
+    passages = [" ".join(filler[:4000]) + " " + needle + " " + " ".join(filler[4000:])]
+    context = Focus(passages)
+    claim = "Dr Okonkwo's ward opens early for the patients."
+    assert len(context._candidates(content_words(claim))) <= focusing.CANDIDATES
+    assert len(context._candidates(content_words("The ward opens early for the patients."))) == focusing.CANDIDATES
+    assert needle in context.select([claim], budget=200)[0]

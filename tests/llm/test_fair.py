@@ -115,8 +115,60 @@ def test_the_judge_serves_a_second_client_before_the_rest_of_the_first_ones_call
 def test_text_work_runs_in_a_thread_as_the_current_clients():
     async def run() -> tuple[str, int]:
         with on_behalf_of("abc"):
-            return await in_thread(lambda: (fair.current_client(), threading.get_ident()))
+            return await in_thread(lambda: (fair.current_client(), threading.get_ident()), size=0)
 
     name, thread = asyncio.run(run())
     assert name == "abc" and thread != threading.get_ident()
     assert client_id("sk-secret") != "sk-secret" and len(client_id("sk-secret")) == 16 and client_id(None) == ""
+
+
+def test_a_client_that_stops_waiting_keeps_its_thread_place_until_the_thread_is_done():
+    """A thread cannot be stopped: giving up on a check must not free a place for more of the same client's work."""
+    async def run() -> list[str]:
+        order: list[str] = []
+        started, finish = threading.Event(), threading.Event()
+
+        def long() -> None:
+            started.set()
+            finish.wait(5)
+            order.append("first done")
+
+        with on_behalf_of("heavy"):
+            first = asyncio.ensure_future(in_thread(long, size=10))
+            await asyncio.to_thread(started.wait, 5)
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            second = asyncio.ensure_future(in_thread(order.append, "second ran", size=10))
+            await asyncio.sleep(0.05)
+            assert not second.done()  # waits for the first thread, which still runs
+            finish.set()
+            await second
+        return order
+
+    assert asyncio.run(run()) == ["first done", "second ran"]
+
+
+def test_long_text_work_runs_one_at_a_time_and_short_work_goes_past_it():
+    async def run() -> list[str]:
+        order: list[str] = []
+        started, finish = threading.Event(), threading.Event()
+
+        def long_work() -> None:
+            started.set()
+            finish.wait(5)
+            order.append("long a")
+
+        with on_behalf_of("a"):
+            first = asyncio.ensure_future(in_thread(long_work, size=fair.SHORT_CHARS))
+        await asyncio.to_thread(started.wait, 5)
+        with on_behalf_of("b"):
+            second = asyncio.ensure_future(in_thread(order.append, "long b", size=10 * fair.SHORT_CHARS))
+            await in_thread(order.append, "short b", size=100)  # not behind the long work of either client
+        await asyncio.sleep(0.05)
+        assert not second.done()  # the long lane is taken by a's work
+        finish.set()
+        await asyncio.gather(first, second)
+        return order
+
+    assert asyncio.run(run()) == ["short b", "long a", "long b"]

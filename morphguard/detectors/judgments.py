@@ -1,5 +1,6 @@
-"""Reading a verifier's reply: the verdict, its one-line reason, and (when the backend returns
-log-probabilities) how much the model believed in each verdict.
+"""Reading a judge's reply: its judgment (YES, NO, NOT SURE), its one-line reason, and (when the backend
+returns log-probabilities) how much the model believed in each judgment. The replies write it under the
+JSON key "verdict", the word the prompts ask for.
 """
 
 from __future__ import annotations
@@ -11,24 +12,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from morphguard.llm.client import LLMClient, TokenChoice, together
-from morphguard.models import StageCost, Verdict
+from morphguard.models import Judgment, StageCost
 
 _LEADING_VERDICT = re.compile(r"^\W*(not\s*sure|not_sure|unsure|yes|no)\b[\s.:,\-–]*(.*)$", re.I | re.S)
 
 
 @dataclass(frozen=True)
-class ParsedVerdict:
-    verdict: Verdict
+class ParsedJudgment:
+    judgment: Judgment
     reason: str
     parsed: bool  # False: unreadable reply, counted as NOT SURE
 
 
-def _normalise(word: str) -> Verdict | None:
+def _normalise(word: str) -> Judgment | None:
     word = re.sub(r"[\s_]+", " ", word.strip().upper())
-    return {"YES": Verdict.YES, "NO": Verdict.NO, "NOT SURE": Verdict.NOT_SURE, "UNSURE": Verdict.NOT_SURE}.get(word)
+    return {"YES": Judgment.YES, "NO": Judgment.NO, "NOT SURE": Judgment.NOT_SURE,
+            "UNSURE": Judgment.NOT_SURE}.get(word)
 
 
-def parse_verdict(text: str) -> ParsedVerdict:
+def parse_judgment(text: str) -> ParsedJudgment:
     """Accepts the JSON we ask for, or a reply that starts with YES / NO / NOT SURE."""
     stripped = text.strip()
     try:
@@ -38,24 +40,24 @@ def parse_verdict(text: str) -> ParsedVerdict:
     if isinstance(data, dict) and isinstance(data.get("verdict"), str):
         verdict = _normalise(data["verdict"])
         if verdict is not None:
-            return ParsedVerdict(verdict, str(data.get("reason") or "").strip(), True)
+            return ParsedJudgment(verdict, str(data.get("reason") or "").strip(), True)
     match = _LEADING_VERDICT.match(stripped)
     if match:
         verdict = _normalise(match.group(1))
         if verdict is not None:
             reason = match.group(2).strip()
-            return ParsedVerdict(verdict, reason.splitlines()[0] if reason else "", True)
-    return ParsedVerdict(Verdict.NOT_SURE, stripped[:200], False)
+            return ParsedJudgment(verdict, reason.splitlines()[0] if reason else "", True)
+    return ParsedJudgment(Judgment.NOT_SURE, stripped[:200], False)
 
 
-def _token_verdict(token: str) -> Verdict | None:
+def _token_judgment(token: str) -> Judgment | None:
     word = token.strip().strip('"').upper()
     if word in {"YES", "YE"}:
-        return Verdict.YES
+        return Judgment.YES
     if word == "NO":
-        return Verdict.NO
+        return Judgment.NO
     if word in {"NOT", "NOT SURE", "UNSURE", "UN"}:
-        return Verdict.NOT_SURE
+        return Judgment.NOT_SURE
     return None
 
 
@@ -63,8 +65,8 @@ _VERDICT_KEY = re.compile(r'"verdict"\s*:\s*"')
 _LIST_ITEM = re.compile(r'[\[,]\s*"')
 
 
-def verdict_probabilities(tokens: Sequence[TokenChoice] | None, occurrence: int = 0,
-                          listed: bool = False) -> dict[Verdict, float] | None:
+def judgment_probabilities(tokens: Sequence[TokenChoice] | None, occurrence: int = 0,
+                          listed: bool = False) -> dict[Judgment, float] | None:
     """P(YES), P(NO), P(NOT SURE) at the token where the verdict is written, renormalised over the three.
 
     The verdict's position is found in the generated tokens (after the `occurrence`-th `"verdict": "`
@@ -97,9 +99,9 @@ async def ask_yes_no(llm: LLMClient, messages: list[dict[str, str]], model: str 
     reply = await llm.complete(messages, model=model, max_tokens=2, top_logprobs=5)
     stage.count(reply)
     stage.seconds += reply.seconds
-    probabilities = verdict_probabilities(reply.logprobs)
-    if probabilities and probabilities[Verdict.YES] + probabilities[Verdict.NO] > 0:
-        return probabilities[Verdict.NO] / (probabilities[Verdict.YES] + probabilities[Verdict.NO])
+    probabilities = judgment_probabilities(reply.logprobs)
+    if probabilities and probabilities[Judgment.YES] + probabilities[Judgment.NO] > 0:
+        return probabilities[Judgment.NO] / (probabilities[Judgment.YES] + probabilities[Judgment.NO])
     return _said_no(reply.text)
 
 
@@ -118,11 +120,11 @@ def _token_at(tokens: Sequence[TokenChoice], position: int) -> TokenChoice | Non
     return None
 
 
-def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
-    mass: dict[Verdict, float] = {}
+def _distribution(choice: TokenChoice) -> dict[Judgment, float] | None:
+    mass: dict[Judgment, float] = {}
     seen: set[str] = set()
     for token, logprob in (*choice.alternatives, (choice.token, choice.logprob)):  # the pick is often listed too
-        verdict = _token_verdict(token)
+        verdict = _token_judgment(token)
         if verdict is None or token in seen:
             continue
         seen.add(token)
@@ -130,7 +132,7 @@ def _distribution(choice: TokenChoice) -> dict[Verdict, float] | None:
     total = sum(mass.values())
     if total <= 0:
         return None
-    return {v: mass.get(v, 0.0) / total for v in Verdict}
+    return {v: mass.get(v, 0.0) / total for v in Judgment}
 
 
 def label_probabilities(tokens: Sequence[TokenChoice] | None, key: str,

@@ -32,6 +32,7 @@ class CheckRequest:
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
     client: str = ""  # who asked, for fair shares of the judge and the threads (`llm.fair.client_id`: never the key)
+    gateway: str | None = None  # the gateway that asked and what it was told (`DecisionRecord.gateway`)
 
     def to_dict(self) -> dict[str, Any]:
         """What the durable queue keeps; the chat span survives as the context a check links to."""
@@ -39,6 +40,7 @@ class CheckRequest:
         return {"body": self.body, "rag": self.rag.model_dump() if self.rag else None, "source": self.source,
                 "profile": self.profile, "topic": self.topic, "model": self.model, "route": self.route,
                 "request_id": self.request_id, "detector": self.detector, "client": self.client,
+                "gateway": self.gateway,
                 "link": [link.trace_id, link.span_id] if link is not None and link.is_valid else None}
 
     @classmethod
@@ -50,7 +52,7 @@ class CheckRequest:
         return cls(body=data["body"], rag=rag, source=data.get("source"), profile=data["profile"],
                    topic=data["topic"], model=data.get("model"), route=data.get("route") or "",
                    request_id=data["request_id"], chat_span=span, detector=data.get("detector"),
-                   client=data.get("client") or "")
+                   client=data.get("client") or "", gateway=data.get("gateway"))
 
     def pending(self, reason: str) -> DecisionRecord:
         """The record sent at once when the check runs later (`queued`) or not at all."""
@@ -103,7 +105,7 @@ class CheckOutcome:
             latency_ms=self.latency_ms, regenerations=regenerations, trace_id=trace_id,
             context_source=request.source, route=request.route or None, model=request.model,
             question=rag.question if rag else None, answer=answer,
-            context="\n\n".join(rag.passages) if rag else None)
+            context="\n\n".join(rag.passages) if rag else None, gateway=request.gateway)
 
 
 @dataclass(frozen=True)

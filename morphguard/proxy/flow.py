@@ -80,12 +80,6 @@ class Flow:
             await self.guard.account(intake, "internal_error")
             raise
 
-    async def settle(self, intake: CheckRequest, answer: Answer) -> Settled:
-        """An answer the caller already has (`/v1/check`), checked inline whatever `proxy.mode` says, since the
-        caller waits for the verdict; accepted, so every way out leaves one audit row."""
-        async with self.accepted(intake, "check_error"):
-            return await self.guard.settle(intake, answer, Reach.REWRITE)
-
     async def read_body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with
         one log line: nothing was accepted yet (no audit row), and it is no server error (499)."""

@@ -113,12 +113,13 @@ class Guard:
         return settled
 
     async def carry_out(self, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
-                        released: Released) -> Settled:
-        """Carry out and audit a decision already made (a stream checked as it flows decides as it goes);
-        `released`: what of the answer the client has."""
+                        released: Released | None = None) -> Settled:
+        """Carry out and audit a decision already made (a stream checked as it flows decides as it goes; a gateway's
+        choices are decided together before any is recorded); `released`: what of the answer the client has, where
+        some of it went out before the verdict."""
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             settled = await self._carry_out(span, request, answer, outcome, None)
-        record = settled.record.model_copy(update=released.fields())
+        record = settled.record if released is None else settled.record.model_copy(update=released.fields())
         await self._record(record)
         return Settled(settled.answer, record)
 

@@ -35,8 +35,8 @@ parts, streamed so too), "done-only" (a Responses stream whose text comes only i
 "item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
 the text); "image" (Responses: only an image), "image-first" and "image-last" (Responses: an image, then the text
 message, or the other way round). Chat answers carry logprobs when asked for them.
-"two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, and
-POST /v1/completions, the legacy text completions API, which answers by model as chat does).
+"two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, streamed
+too, and POST /v1/completions, the legacy text completions API, which answers by model as chat does).
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
 input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
 of Responses and Messages stop before their last event.
@@ -203,6 +203,15 @@ async def _chat(request: Request) -> Response:
 async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    if model == "two-choices":  # n = 2, streamed: the grounded answer as choice 0, the ungrounded one as choice 1
+        for index, answer in enumerate((ANSWERS["faithful"], ANSWERS["hallucinated"])):
+            for word in re.findall(r"\S+\s*", answer):
+                piece = {"index": index, "delta": {"content": word}}
+                yield "data: " + json.dumps({**base, "choices": [piece]}) + "\n\n"
+            yield "data: " + json.dumps({**base, "choices": [{"index": index, "delta": {}, "finish_reason": "stop"}]})
+            yield "\n\n"
+        yield "data: [DONE]\n\n"
+        return
     if _field(model) == "tool":  # the call's name first, then its arguments in two pieces
         call = _tool_call(text)
         arguments = call["function"]["arguments"]

@@ -17,6 +17,14 @@ the rest of the stream takes, per chunk. Prints tables, writes benchmarks/result
 a plot, benchmarks/results/proxy_overhead.png.
 
     python benchmarks/proxy_overhead.py [--latency-ms 0] [--requests 2000] [--concurrency 1,16,64]
+
+A/B mode, so that a slower change shows before it lands: `--baseline-ref REF` serves this tree and REF's
+(unpacked with `git archive` into a temporary folder, run under its own PYTHONPATH) side by side, checks off
+with and without the audit trail, and measures them in alternating rounds; it prints each one's added
+latency, throughput and CPU per request, the audit row's cost in each, and the ratios
+(benchmarks/results/proxy_overhead_ab.json).
+
+    python benchmarks/proxy_overhead.py --baseline-ref e672b5b [--rounds 6] [--requests 800] [--concurrency 1,16]
 """
 
 from __future__ import annotations
@@ -65,9 +73,9 @@ def free_port() -> int:
 
 @contextmanager
 def process(cmd: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None,
-            timeout: float = 120) -> Iterator[subprocess.Popen[bytes]]:
+            timeout: float = 120, cwd: Path = ROOT) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -117,6 +125,7 @@ def pinned(cores: list[int] | None, cmd: list[str]) -> list[str]:
 
 def morphguard(folder: Path, upstream: str, name: str, processes: int = 1, audit: bool = True,
                **proxy: object) -> tuple[list[str], str, Path]:
+    """The command that serves morphguard with checks as `proxy` says, its base URL and its log."""
     port = free_port()
     config = {
         "judge": {"model": "openai/bench", "api_base": upstream, "api_key": "sk-bench"},
@@ -232,6 +241,92 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def release_tree(ref: str, folder: Path) -> Path:
+    """The source tree of `ref` in this repository, unpacked into `folder` (git archive: nothing is checked out
+    here, and nothing is left behind in the repository)."""
+    tree = folder / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", ref], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def ab(args: argparse.Namespace, levels: list[int], near: list[int] | None, far: list[int] | None) -> None:
+    """This tree against `--baseline-ref` in the same run: checks off with and without the audit trail, for
+    each, in alternating rounds (A B B A ...), each round beside a direct measurement of the upstream.
+    Medians over the rounds; the audit row's cost is a round's `checks off` minus its `no audit`; the ratios
+    are each round's candidate over its baseline, their median."""
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        folder = Path(tmp)
+        trees = {"candidate": ROOT, "baseline": release_tree(args.baseline_ref, folder)}
+        port = free_port()
+        upstream = f"http://127.0.0.1:{port}/v1"
+        started = stack.enter_context(process(
+            pinned(near, [sys.executable, str(HERE / "fixed_upstream.py"), str(port), str(args.latency_ms)]),
+            f"{upstream}/models", folder / "upstream.log"))
+        bases: dict[str, tuple[str, int]] = {"direct": (upstream.removesuffix("/v1"), started.pid)}
+        for who, tree in trees.items():
+            for name, audit in (("checks off", True), ("no audit", False)):
+                label = f"{who}, {name}"
+                cmd, base, log = morphguard(folder, upstream, label.replace(", ", "-").replace(" ", "_"),
+                                            audit=audit, context={"sources": []})
+                proc = stack.enter_context(process(pinned(far, cmd), f"{base}/healthz", log, timeout=180, cwd=tree,
+                                                   env={"PYTHONPATH": str(tree)}))
+                bases[label] = (base, proc.pid)
+        names = [n for n in bases if n != "direct"]
+        measured: dict[tuple[str, int], list[dict[str, float]]] = {}
+        for concurrency in levels:
+            requests = args.requests if concurrency > 1 else max(200, args.requests // 4)
+            for round_ in range(args.rounds):
+                order = ["direct", *(names if round_ % 2 == 0 else reversed(names))]
+                print(f"… concurrency {concurrency}, round {round_ + 1}/{args.rounds}", file=sys.stderr)
+                for name in order:
+                    base, pid = bases[name]
+                    measured.setdefault((name, concurrency), []).append(asyncio.run(load(base, concurrency,
+                                                                                        requests, pid)))
+    lines = [f"A/B: this tree against {args.baseline_ref}, upstream fixed at {args.latency_ms:.0f} ms, "
+             f"{args.rounds} alternating rounds, {platform.node()} ({os.cpu_count()} cores, "
+             f"proxies on core {far[0] if far else '-'}), medians over the rounds"]
+    summary: list[dict[str, object]] = []
+    for concurrency in levels:
+        direct = measured[("direct", concurrency)]
+        header = f"{'concurrency ' + str(concurrency):<32} {'p50 ms':>7} {'+p50 ms':>8} {'req/s':>7} {'CPU ms/req':>10}"
+        lines += ["", header, "-" * len(header)]
+        for name in ["direct", *names]:
+            runs = measured[(name, concurrency)]
+            row = {"target": name, "concurrency": concurrency, "requests": int(runs[0]["requests"]),
+                   "rounds": len(runs), "p50": statistics.median(r["p50"] for r in runs),
+                   "added_p50_ms": statistics.median(r["p50"] - d["p50"] for r, d in zip(runs, direct, strict=True)),
+                   "rps": statistics.median(r["rps"] for r in runs),
+                   "cpu_ms": statistics.median(r["cpu_ms"] for r in runs),
+                   "failures": sum(r["failures"] for r in runs)}
+            summary.append(row)
+            lines.append(f"{name:<32} {row['p50']:>7.3f} {row['added_p50_ms']:>8.3f} {row['rps']:>7.0f} "
+                         f"{row['cpu_ms']:>10.3f}")
+        audit_row = {who: statistics.median(o["p50"] - b["p50"] for o, b in zip(
+            measured[(f"{who}, checks off", concurrency)], measured[(f"{who}, no audit", concurrency)], strict=True))
+            for who in trees}
+        # Ratios round by round (candidate and baseline measured minutes apart at most), then their median.
+        rounds = list(zip(direct, measured[("candidate, checks off", concurrency)],
+                          measured[("baseline, checks off", concurrency)], strict=True))
+        ratio = {"added_p50_ms": statistics.median((c["p50"] - d["p50"]) / (b["p50"] - d["p50"]) for d, c, b in rounds),
+                 "rps": statistics.median(c["rps"] / b["rps"] for _, c, b in rounds),
+                 "cpu_ms": statistics.median(c["cpu_ms"] / b["cpu_ms"] for _, c, b in rounds)}
+        lines += [f"audit row (checks off minus no audit, p50): candidate {audit_row['candidate']:.3f} ms, "
+                  f"baseline {audit_row['baseline']:.3f} ms",
+                  f"candidate / baseline, checks off, median of the rounds' ratios: added p50 "
+                  f"x{ratio['added_p50_ms']:.2f}, req/s x{ratio['rps']:.2f}, CPU per request x{ratio['cpu_ms']:.2f}"]
+        summary.append({"concurrency": concurrency, "audit_row_p50_ms": audit_row, "candidate_over_baseline": ratio,
+                        "rounds": {name: measured[(name, concurrency)] for name in ["direct", *names]}})
+    print("\n".join(lines))
+    out = args.out.with_name(args.out.stem + "_ab.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"baseline_ref": args.baseline_ref, "latency_ms": args.latency_ms,
+                               "rounds": args.rounds, "summary": summary}, indent=2))
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the upstream's fixed delay")
@@ -239,12 +334,18 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--stream-requests", type=int, default=300)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "proxy_overhead.json")
+    parser.add_argument("--baseline-ref", help="A/B mode: this tree against that git ref (e.g. the last release), "
+                                               "checks off with and without the audit trail, in alternating rounds")
+    parser.add_argument("--rounds", type=int, default=6, help="A/B mode: rounds per concurrency")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     cores = sorted(os.sched_getaffinity(0))
     near, far = ([cores[0]], cores[1:2]) if len(cores) > 1 else (None, None)
     if near:
         os.sched_setaffinity(0, near)  # the load generator beside the upstream, away from the proxies
+    if args.baseline_ref:
+        ab(args, levels, near, far)
+        return
 
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:

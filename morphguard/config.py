@@ -361,6 +361,9 @@ class ProxySettings(Section):
     # as `unchecked_route`.
     unchecked_routes: list[str] = []
     portkey: PortkeySettings = Field(default_factory=PortkeySettings)
+    # The choices of one answer (`n > 1`) a gateway's check reads (Portkey's webhook, the LiteLLM guardrail), each a
+    # check of its own; those past it are not checked, decided together as the profile's `on_error` says.
+    max_choices: int = Field(8, ge=1, le=128)
 
 
 Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]

@@ -99,6 +99,53 @@ def test_no_module_imports_itself_back():
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
+def _attributes(module: str) -> set[str]:
+    """The attribute names `module` reads off any object (`x.engine` reads `engine`)."""
+    path = _modules()[module]
+    return {node.attr for node in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(node, ast.Attribute)}
+
+
+def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
+    """A stream mode asks the request path for its steps (`proxy.exchange.Steps`): it imports neither the guard nor
+    what the guard is made of, and reaches into no object for them."""
+    graph = _graph()
+    for module in ("morphguard.proxy.stream_modes", "morphguard.proxy.exchange"):
+        assert not graph[module] & {"morphguard.proxy.guard", "morphguard.proxy.checker",
+                                    "morphguard.proxy.flow"}, module
+    assert not _attributes("morphguard.proxy.stream_modes") & {"guard", "engine", "checker", "config", "settings",
+                                                               "backend"}
+
+
+def test_policy_decides_and_the_proxy_does_not():
+    """One decision: only the policy engine makes a `Decision` of a check, and the proxy's modules ask it
+    (`decide`) rather than carry a rule of their own."""
+    graph = _graph()
+    assert "morphguard.proxy.guard" not in graph["morphguard.proxy.checker"]
+    for module in ("morphguard.proxy.checker", "morphguard.proxy.stream_modes", "morphguard.proxy.incremental",
+                   "morphguard.proxy.flow", "morphguard.proxy.choices", "morphguard.proxy.portkey",
+                   "morphguard.proxy.check_api", "morphguard.integrations.litellm"):
+        path = _modules()[module]
+        calls = {node.func.id for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        assert "Decision" not in calls, module  # no Decision is built outside the engine
+        assert "rule" not in _attributes(module), module  # no rule read to act on, beside the engine's decision
+    assert not _attributes("morphguard.proxy.guard") & {"rule", "unreadable_output"}
+    changed = [name for name in _modules() if name != "morphguard.policy.engine" and _changes_action(name)]
+    assert changed == [], f"the action is changed after policy decided, in {changed}"
+
+
+def _changes_action(module: str) -> bool:
+    """Whether `module` copies a model with its `action` changed (`x.model_copy(update={"action": ...})`)."""
+    path = _modules()[module]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "model_copy":
+            for keyword in node.keywords:
+                if keyword.arg == "update" and isinstance(keyword.value, ast.Dict) and any(
+                        isinstance(k, ast.Constant) and k.value == "action" for k in keyword.value.keys):
+                    return True
+    return False
+
+
 def _imported_by(code: str) -> set[str]:
     """The modules a fresh interpreter holds after running `code` (which prints nothing)."""
     import json

@@ -63,7 +63,7 @@ _RESPONSES_CALLS = frozenset({"responses", "aresponses"})
 _MESSAGES_CALLS = frozenset({"anthropic_messages", "aanthropic_messages"})
 _CHECKED_CALLS = _CHAT_CALLS | _TEXT_CALLS | _RESPONSES_CALLS | _MESSAGES_CALLS
 _STATE = "morphguard_request"  # the key, in LiteLLM's request metadata, of this guardrail's state for the request
-_CALL = "morphguard_call_type"  # the API the request came in by, as LiteLLM named it before the call
+GATEWAY = "litellm"  # as the audit rows name it (`DecisionRecord.gateway`)
 _MAX_PENDING = 10_000  # requests read before the call and not yet answered; the oldest are forgotten past this
 
 
@@ -112,11 +112,10 @@ class MorphguardGuardrail(CustomGuardrail):
             data.pop(OUR_FIELD, None)
         return request
 
-    def _remember(self, data: dict[str, Any], request: CheckRequest, call_type: Any) -> None:
+    def _remember(self, data: dict[str, Any], request: CheckRequest) -> None:
         metadata = data.setdefault(_metadata_key(data), {})
         if not isinstance(metadata, dict):
             return
-        metadata[_CALL] = str(call_type)
         token = uuid.uuid4().hex  # ours, not the client's call id: a client cannot point at another's state
         metadata[_STATE] = token
         self._pending[token] = request
@@ -133,38 +132,30 @@ class MorphguardGuardrail(CustomGuardrail):
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
                                   call_type: Any) -> dict[str, Any]:
         if call_type in _CHECKED_CALLS:
-            self._remember(data, self._intake(data, strip=True, call_type=call_type), call_type)
+            self._remember(data, self._intake(data, strip=True, call_type=call_type))
         return data
 
     async def async_moderation_hook(self, data: dict[str, Any], user_api_key_dict: Any, call_type: Any) -> None:
         if call_type in _CHECKED_CALLS and self._recall(data, keep=True) is None:  # pre_call may have read it
-            self._remember(data, self._intake(data, strip=False, call_type=call_type), call_type)
+            self._remember(data, self._intake(data, strip=False, call_type=call_type))
 
     # --- the answer -------------------------------------------------------------------------------------------
 
     async def _review(self, data: dict[str, Any], answers: list[dict[str, Any]],
-                      call_type: Any) -> tuple[list[dict[str, Any]], list[DecisionRecord]]:
-        """Each answer (a choice of the response) checked as its own request, one audit row each; a 400 when policy
-        blocks any of them."""
+                      call_type: str) -> choices.Verdict:
+        """Each answer (a choice of the response) checked as its own request, one audit row each (`choices.settle`);
+        a 400 when policy blocks any of them."""
         first = self._recall(data) or self._intake(data, strip=False, call_type=call_type)
-        requests = [first, *(dataclasses.replace(first, request_id=uuid.uuid4().hex) for _ in answers[1:])]
-        guard = await self.guard()
+        verdict = await choices.settle(await self.guard(), first, answers, gateway=GATEWAY,
+                                       max_choices=self.config.proxy.max_choices)
+        self._refuse(verdict)
+        return verdict
 
-        async def settle(request: CheckRequest, answer: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
-            try:
-                return await guard.settle(request, answer)
-            except Exception:
-                await guard.account(request, "internal_error")
-                raise
-
-        settled = await asyncio.gather(*(settle(r, a) for r, a in zip(requests, answers, strict=True)))
-        reviewed, records = [c for c, _ in settled], [r for _, r in settled]
-        blocked = [(c, r) for c, r in settled if r.action == "block"]
-        if blocked:
-            completion, record = blocked[0]
-            raise _rejection(400, {"message": prose(completion), "type": "invalid_request_error", "param": None,
-                                   "code": "morphguard_blocked"}, record.payload())
-        return reviewed, records
+    @staticmethod
+    def _refuse(verdict: choices.Verdict) -> None:
+        if verdict.fails:
+            raise _rejection(400, {"message": verdict.refusal or "", "type": "invalid_request_error", "param": None,
+                                   "code": "morphguard_blocked"}, verdict.payload())
 
     def _keep_headers(self, data: dict[str, Any], record: DecisionRecord) -> None:
         self._headers[str(data.get("litellm_call_id"))] = record.headers()  # a stream's headers are sent already
@@ -172,73 +163,65 @@ class MorphguardGuardrail(CustomGuardrail):
             self._headers.popitem(last=False)
 
     async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> Any:
-        call_type = _call_type(data, response)
+        call_type = _call_type(response)  # LiteLLM's own object for the API, never what the client wrote
         if call_type is None:
             return response  # not an answer of an API the guard reads (embeddings, images, ...)
         body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
         if call_type in _RESPONSES_CALLS or call_type in _MESSAGES_CALLS:
             dialect = RESPONSES if call_type in _RESPONSES_CALLS else MESSAGES
-            reviewed, records = await self._review(data, [dialect.completion(body)], call_type)
-            written = dialect.written(body, reviewed[0], False)
+            verdict = await self._review(data, [dialect.completion(body)], call_type)
+            written = dialect.written(body, verdict.answers[0], False)
             _assign(response, {k: v for k, v in written.items() if k in ("output", "content")})
         else:
             text = call_type in _TEXT_CALLS
-            reviewed, records = await self._review(data, choices.each(body, text=text), call_type)
-            for choice, changed in zip(response.choices, choices.rejoined(body, reviewed, text=text)["choices"],
+            verdict = await self._review(data, choices.each(body, text=text), call_type)
+            for choice, changed in zip(response.choices, choices.rejoined(body, verdict.answers, text=text)["choices"],
                                        strict=False):
                 if text:
                     choice.text = changed["text"]
                 elif getattr(choice, "message", None) is not None and isinstance(changed["message"].get("content"),
                                                                                   str):
                     choice.message.content = changed["message"]["content"]
-        deciding = next((r for r in records if r.flagged), records[0])
-        self._keep_headers(data, deciding)
-        payload = deciding.payload()
-        if len(records) > 1:
-            payload["choices"] = [r.payload() for r in records]
-        _assign(response, {OUR_FIELD: payload})
+        self._keep_headers(data, verdict.deciding)
+        _assign(response, {OUR_FIELD: verdict.payload()})
         return response
 
     async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
                                                       request_data: dict[str, Any]) -> AsyncGenerator[Any, None]:
         chunks = [chunk async for chunk in response]
         built = _built(chunks)
-        if not isinstance(built, litellm.ModelResponse):
+        if built is None:
             # A stream this guardrail cannot put together (Responses, Messages events): not checked, decided as the
-            # profile's `on_error` says, and audited.
-            request = self._recall(request_data)
-            if request is not None:
-                guard = await self.guard()
-                record = await guard.account(request, "stream", failed=True)
-                if record.action == "block":
-                    safe = self.engine.rule(request.profile, request.topic).safe_message
-                    raise _rejection(400, {"message": safe, "type": "invalid_request_error",
-                                           "param": None, "code": "morphguard_blocked"}, record.payload())
+            # profile's `on_error` says, and audited, whether or not the request was read before the call.
+            call_type = _stream_call_type(chunks)
+            request = self._recall(request_data) or self._intake(request_data, strip=False, call_type=call_type)
+            self._refuse(await choices.unread(await self.guard(), request, "stream", gateway=GATEWAY))
             for chunk in chunks:
                 yield chunk
             return
-        completion = built.model_dump()
-        answers = choices.each(completion)
-        reviewed, records = await self._review(request_data, answers, "acompletion")
-        record = next((r for r in records if r.flagged), records[0])
-        rewritten = prose(reviewed[0])
-        if len(answers) == 1 and rewritten != prose(completion):  # an action changed the text: send what it left
-            chunks = _replaced(chunks, rewritten)
+        answers = [choices.each(choice.model_dump())[0] for choice in built]
+        verdict = await self._review(request_data, answers, "acompletion")
+        changed = {i: prose(reviewed) for i, (reviewed, answer) in enumerate(zip(verdict.answers, answers,
+                                                                                  strict=True))
+                   if prose(reviewed) != prose(answer)}
+        if changed:  # an action changed a choice's text: send what it left
+            chunks = _replaced(chunks, changed)
         for chunk in chunks:
             yield chunk
         # The verdict as one more chunk with no choices, as morphguard's proxy sends it; LiteLLM relays an SSE event
         # given as bytes unchanged (its serializer of plain text chunks would drop an extra field).
         last = chunks[-1]
-        verdict: dict[str, Any] = {"id": getattr(last, "id", None), "object": "chat.completion.chunk",
+        payload: dict[str, Any] = {"id": getattr(last, "id", None), "object": "chat.completion.chunk",
                                    "created": getattr(last, "created", None), "model": getattr(last, "model", None),
-                                   "choices": [], OUR_FIELD: record.payload()}
-        yield b"data: " + json_bytes(verdict) + b"\n\n"
+                                   "choices": [], OUR_FIELD: verdict.payload()}
+        yield b"data: " + json_bytes(payload) + b"\n\n"
 
     async def async_post_call_failure_hook(self, request_data: dict[str, Any], original_exception: Exception,
                                            user_api_key_dict: Any, traceback_str: str | None = None) -> None:
         request = self._recall(request_data)
         if request is not None:  # read before the call, never answered: still one audit row
-            await (await self.guard()).account(request, "upstream_error")
+            failed = dataclasses.replace(request, gateway=choices.label(GATEWAY, choices.FAILED))
+            await (await self.guard()).account(failed, "upstream_error")
 
     async def async_post_call_response_headers_hook(self, data: dict[str, Any], user_api_key_dict: Any,
                                                     response: Any, request_headers: dict[str, str] | None = None,
@@ -258,12 +241,20 @@ def _chat_view(data: dict[str, Any], call_type: Any) -> dict[str, Any]:
     return {k: data[k] for k in ("model", "messages", "stream", OUR_FIELD) if data.get(k) is not None}
 
 
-def _built(chunks: list[Any]) -> Any:
-    """A chat stream's chunks as one response; None for no chunks or the events of another API (Responses,
-    Messages), which LiteLLM's builder cannot read."""
+def _built(chunks: list[Any]) -> list[Any] | None:
+    """A chat stream's chunks as one response per choice; None for no chunks or the events of another API
+    (Responses, Messages), which LiteLLM's builder cannot read. LiteLLM's builder reads every chunk as choice 0's, so
+    the chunks of each choice (`n > 1`) are put together apart."""
     if not chunks or not all(isinstance(c, litellm.ModelResponseStream) for c in chunks):
         return None
-    return litellm.stream_chunk_builder(chunks)
+    indices = sorted({getattr(choice, "index", 0) or 0 for chunk in chunks for choice in chunk.choices or []})
+    if not indices:
+        return None
+    return [litellm.stream_chunk_builder([c.model_copy(update={"choices": [x for x in c.choices
+                                                                          if (getattr(x, "index", 0) or 0) == i]})
+                                          for c in chunks if any((getattr(x, "index", 0) or 0) == i
+                                                                 for x in c.choices or [])])
+            for i in indices]
 
 
 def _metadata_key(data: dict[str, Any]) -> str:
@@ -272,12 +263,8 @@ def _metadata_key(data: dict[str, Any]) -> str:
     return "litellm_metadata" if isinstance(data.get("litellm_metadata"), dict) else "metadata"
 
 
-def _call_type(data: dict[str, Any], response: Any) -> str | None:
-    """The API of an answer the guardrail reads: as the request was read before the call, else by its type."""
-    metadata = data.get(_metadata_key(data))
-    named = metadata.get(_CALL) if isinstance(metadata, dict) else None
-    if isinstance(named, str) and named in _CHECKED_CALLS:
-        return named
+def _call_type(response: Any) -> str | None:
+    """The API of an answer the guardrail reads, by the object LiteLLM built for it."""
     if isinstance(response, litellm.ModelResponse):
         return "acompletion"
     if isinstance(response, litellm.TextCompletionResponse):
@@ -287,6 +274,20 @@ def _call_type(data: dict[str, Any], response: Any) -> str | None:
     if isinstance(response, dict) and response.get("type") == "message":  # LiteLLM's Messages answer
         return "anthropic_messages"
     return None
+
+
+def _stream_call_type(chunks: list[Any]) -> str:
+    """The API of a stream LiteLLM's chat builder cannot read, by its events: Responses events are LiteLLM's
+    `response.*` objects, text completion chunks its `TextCompletionResponse`; the rest are Messages events."""
+    if chunks and all(isinstance(c, litellm.ModelResponseStream) for c in chunks):
+        return "acompletion"  # a chat stream with no choice in it
+    for chunk in chunks:
+        if isinstance(chunk, litellm.TextCompletionResponse):
+            return "atext_completion"
+        kind = getattr(chunk, "type", None)
+        if isinstance(kind, str) and kind.startswith("response."):
+            return "aresponses"
+    return "anthropic_messages"
 
 
 def _assign(response: Any, fields: dict[str, Any]) -> None:
@@ -305,16 +306,18 @@ def _rejection(status: int, error: dict[str, Any], decision: dict[str, Any] | No
     return HTTPException(status_code=status, detail=detail)
 
 
-def _replaced(chunks: list[Any], text: str) -> list[Any]:
-    """The stream with its text replaced: the first content chunk carries `text`, the others none."""
-    placed = False
+def _replaced(chunks: list[Any], texts: dict[int, str]) -> list[Any]:
+    """The stream with the text of each choice in `texts` (by index) replaced: that choice's first content chunk
+    carries its text, its others none."""
+    placed: set[int] = set()
     for chunk in chunks:
         for choice in getattr(chunk, "choices", None) or []:
+            index = getattr(choice, "index", 0) or 0
             delta = getattr(choice, "delta", None)
-            if delta is None or getattr(delta, "content", None) is None:
+            if index not in texts or delta is None or getattr(delta, "content", None) is None:
                 continue
-            delta.content = "" if placed else text
-            placed = True
+            delta.content = "" if index in placed else texts[index]
+            placed.add(index)
     return chunks
 
 

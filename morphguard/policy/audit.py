@@ -15,6 +15,7 @@ import io
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -31,6 +32,7 @@ from morphguard.policy.record import DecisionRecord, now
 from morphguard.store import database
 
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
+RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
 def _column_type(annotation: Any) -> sa.types.TypeEngine[Any]:
@@ -133,6 +135,17 @@ class AuditStore:
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
         self._outbox_sql = str(self._outbox)
+        # SQLite: one connection of its own for `record_at_once`, which never waits for the write lock
+        # (busy_timeout 0) and never checkpoints on commit.
+        self._at_once: Any = None
+        self._at_once_lock = threading.Lock()
+        if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
+            pooled = self.engine.raw_connection()
+            pooled.detach()  # out of the pool: held for the life of the store
+            connection: Any = pooled.dbapi_connection
+            connection.execute("PRAGMA busy_timeout=0")
+            connection.execute("PRAGMA wal_autocheckpoint=0")
+            self._at_once = connection
 
     def _text(self, value: str | None) -> str | None:
         if value is None or self.settings.store_text == "none":
@@ -152,29 +165,77 @@ class AuditStore:
 
     def record_many(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written]:
         """Write decisions in one transaction (one commit for a burst), each escalated one with its outbox row,
-        claimed by `owner`: a decision is never recorded without its escalation, nor the reverse."""
-        rows = [self._args(r) for r in records]
-        # The driver's own connection and cursor: SQLAlchemy's execution layer cost ten times the insert.
+        claimed by `owner`: a decision is never recorded without its escalation, nor the reverse. Waits for the
+        database's write lock (up to its timeout) while another connection holds it."""
         connection = self.engine.raw_connection()
         try:
-            cursor = connection.cursor()
-            written = []
-            for record, args in zip(records, rows, strict=True):
-                cursor.execute(self._sql, args)
-                returned = cursor.fetchone()
-                if returned is None:  # recorded already
-                    written.append(Written(None, None))
-                    continue
-                outbox_id = None
-                if record.escalated:
-                    cursor.execute(self._outbox_sql, self._outbox_args(record, owner))
-                    (outbox_id,) = cursor.fetchone() or (None,)
-                written.append(Written(int(returned[0]), outbox_id and int(outbox_id)))
-            cursor.close()
-            connection.commit()
-            return written
+            return self._write(connection, records, owner)
         finally:
             connection.close()  # back to the pool, rolled back if it did not commit
+
+    @property
+    def writes_at_once(self) -> bool:
+        """Whether `record_at_once` can write here (SQLite on a file)."""
+        return self._at_once is not None
+
+    def record_at_once(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written] | None:
+        """`record_many` on SQLite without ever waiting: None, nothing written, when another connection holds the
+        write lock (or this one is in use from another thread) or the store is not SQLite. A commit writes the WAL
+        and does not flush it to disk (synchronous=NORMAL) and runs no checkpoint (`checkpoint` does), so an event
+        loop may call it: it costs the insert and nothing more. Raises what the database said of a refused row."""
+        if not self._at_once_lock.acquire(blocking=False):
+            return None
+        connection = self._at_once
+        try:
+            if connection is None:  # not SQLite, or closed
+                return None
+            return self._write(connection, records, owner)
+        except BaseException as exc:
+            connection.rollback()
+            if self.unavailable(exc):  # locked by another connection: the caller writes them where it may wait
+                return None
+            raise
+        finally:
+            self._at_once_lock.release()
+
+    def checkpoint(self) -> None:
+        """SQLite: copy the write-ahead log back into the database, so that it is written from its start again.
+        `record_at_once` writes nothing meanwhile (its rows go to a thread and wait): commits that kept overtaking
+        the checkpoint would keep the log from ever restarting. PASSIVE waits for nobody; where other processes'
+        commits kept it from finishing and the log has grown past `RESTART_FRAMES`, RESTART holds their commits
+        off for up to a second (they wait in their writers' threads) until the log is copied."""
+        with self._at_once_lock:
+            connection = self._at_once
+            if connection is None:
+                return
+            _, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > RESTART_FRAMES and copied < frames:
+                connection.execute("PRAGMA busy_timeout=1000")
+                try:
+                    connection.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                finally:
+                    connection.execute("PRAGMA busy_timeout=0")
+
+    def _write(self, connection: Any, records: Sequence[DecisionRecord], owner: str | None) -> list[Written]:
+        rows = [self._args(r) for r in records]
+        # The driver's own connection and cursor (its statement cache keeps the two statements prepared):
+        # SQLAlchemy's execution layer cost ten times the insert.
+        cursor = connection.cursor()
+        written = []
+        for record, args in zip(records, rows, strict=True):
+            cursor.execute(self._sql, args)
+            returned = cursor.fetchone()
+            if returned is None:  # recorded already
+                written.append(Written(None, None))
+                continue
+            outbox_id = None
+            if record.escalated:
+                cursor.execute(self._outbox_sql, self._outbox_args(record, owner))
+                (outbox_id,) = cursor.fetchone() or (None,)
+            written.append(Written(int(returned[0]), outbox_id and int(outbox_id)))
+        cursor.close()
+        connection.commit()
+        return written
 
     def _outbox_args(self, record: DecisionRecord, owner: str | None) -> Any:
         row = {"time": now(), "request_id": _sql(record.request_id), "state": "pending",
@@ -326,6 +387,10 @@ class AuditStore:
         return [_row(dict(r)) for r in rows]
 
     def close(self) -> None:
+        with self._at_once_lock:
+            if self._at_once is not None:
+                self._at_once.close()
+                self._at_once = None
         self.engine.dispose()
 
 

@@ -1,4 +1,8 @@
-"""From a detection to a decision: the route's profile, the request's topic, that topic's threshold and action.
+"""Policy's one decision on an answer, and the choice of profile and topic it is made under.
+
+`PolicyEngine.decide` turns what the check found (`Finding`: a detection, a failed check, or none made), what
+the answer holds beside its text (`Holds`: parts the check cannot read, tool calls) and what the answer's way out
+can still change (`Reach`) into one `Decision`. Nothing after it changes the action: the guard carries it out.
 
 Several topics can match one request; the strictest rule among them applies (lowest threshold, then the
 strongest action), so a question about pregnancy and employment gets the care of the stricter one. A request
@@ -20,6 +24,7 @@ import hmac
 import logging
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from fnmatch import fnmatchcase
 
 from morphguard.config import Action, PolicySettings, RouteRule
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 
 ACTIONS: tuple[Action, ...] = ("pass", "annotate", "highlight", "cite", "regenerate", "block")  # weakest first
 GENERAL = "general"
+NO_CONTEXT = "no_context"  # nothing to check the answer against: what it holds is not noted either
+# Actions that change what the client receives: an answer already sent can only be annotated.
+_CHANGES_CONTENT = frozenset({"highlight", "cite", "regenerate", "block"})
 _NAME = re.compile(r"[^\w.-]+")
 
 
@@ -53,6 +61,39 @@ class RequestFacts:
     path_prefix: str = ""
     requested_profile: str | None = None
     requested_topic: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the check made of an answer's text: a detection, or the short code of a check that failed (`failed`:
+    `on_error` decides), or why none was made (`skipped`: no_context, no_answer)."""
+
+    detection: Detection | None = None
+    failed: str | None = None
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What an answer holds beside the text the check reads: the parts it cannot read (by type: an image, audio
+    with no transcript, an output item it does not know) and whether it calls tools."""
+
+    unreadable: tuple[str, ...] = ()
+    tool_calls: bool = False
+
+
+class Reach(Enum):
+    """What the answer's way to the client can still change when policy decides."""
+
+    ASK_AGAIN = "ask_again"  # nothing has gone out and the API can be asked again: every action
+    REWRITE = "rewrite"  # nothing has gone out: every action but asking again (`regenerate` withholds)
+    WITHHOLD = "withhold"  # a stream checked as it flows: what is still held can be withheld, nothing rewritten
+    NONE = "none"  # the answer has gone out: annotating only
+
+
+def flags(decision: Decision, detection: Detection) -> bool:
+    """Whether another answer to the same request (a regeneration) scores past the threshold `decision` applied."""
+    return detection.score >= decision.threshold
 
 
 def _clean(name: str | None) -> str | None:
@@ -121,25 +162,59 @@ class PolicyEngine:
         return min(candidates, key=lambda t: (self.rule(profile, t).threshold,
                                               -ACTIONS.index(self.rule(profile, t).action)))
 
-    def decide(self, profile: str, topic: str, detection: Detection) -> Decision:
+    def decide(self, profile: str, topic: str, finding: Finding, holds: Holds = Holds(),
+                reach: Reach = Reach.REWRITE) -> Decision:
+        """The one decision on an answer: the rule of its profile and topic applied to what the check found (a
+        failed check as `on_error` says), what the check could not read noted (and blocked where
+        `unreadable_output` says so), then the action the answer's way out can carry."""
         rule = self.rule(profile, topic)
-        flagged = detection.score >= rule.threshold
-        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=flagged,
-                        action=rule.action if flagged else "pass", escalate=flagged and rule.escalate,
-                        safe_message=rule.safe_message)
+        decision = Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False, action="pass",
+                            safe_message=rule.safe_message, reason=finding.skipped)
+        if finding.detection is not None:
+            flagged = finding.detection.score >= rule.threshold
+            decision = decision.model_copy(update={"flagged": flagged, "action": rule.action if flagged else "pass",
+                                                   "escalate": flagged and rule.escalate})
+        elif finding.failed is not None:
+            mode = self.settings.profiles[profile].on_error
+            decision = decision.model_copy(update={"action": "pass" if mode == "fail_open" else "block",
+                                                   "escalate": rule.escalate,
+                                                   "reason": f"{mode}: {finding.failed}"})
+        if finding.skipped != NO_CONTEXT:
+            decision = self._noted(decision, holds)
+        return _within(decision, reach)
 
-    def failed(self, profile: str, topic: str, reason: str) -> Decision:
-        """The check could not be made (error, timeout): fail open (pass unchecked) or closed (block)."""
-        rule = self.rule(profile, topic)
-        mode = self.settings.profiles[profile].on_error
-        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False,
-                        action="pass" if mode == "fail_open" else "block", escalate=rule.escalate,
-                        safe_message=rule.safe_message, reason=f"{mode}: {reason}")
+    def _noted(self, decision: Decision, holds: Holds) -> Decision:
+        """What the check did not read, noted for the audit row, and withheld where policy says so."""
+        if holds.unreadable:
+            note = "unreadable_output: " + ", ".join(sorted(set(holds.unreadable)))
+            if self.settings.unreadable_output == "block":
+                decision = decision.model_copy(update={"action": "block", "escalate": False})
+        elif holds.tool_calls and self.settings.tool_calls == "record":
+            note = "tool_calls_unchecked"
+        else:
+            return decision
+        return decision.model_copy(update={"reason": f"{decision.reason}; {note}" if decision.reason else note})
 
-    def unchecked(self, profile: str, topic: str, reason: str) -> Decision:
-        rule = self.rule(profile, topic)
-        return Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False, action="pass",
-                        safe_message=rule.safe_message, reason=reason)
+    def strongest(self, profile: str, topic: str) -> Action:
+        """The strongest action policy may take on this request's answers: its rule's, or `block` where
+        unreadable output is withheld."""
+        action = self.rule(profile, topic).action
+        return "block" if self.settings.unreadable_output == "block" else action
 
     def budget_s(self, profile: str) -> float | None:
         return self.settings.profiles[profile].latency_budget_s
+
+
+def _within(decision: Decision, reach: Reach) -> Decision:
+    """The decision with the action the answer's way out can carry: an answer already sent can only be annotated;
+    where the API cannot be asked again, or the stream has partly gone out, `regenerate` withholds instead."""
+    action = decision.action
+    if action in _CHANGES_CONTENT and (reach is Reach.NONE or reach is Reach.WITHHOLD and action != "block"
+                                       and action != "regenerate"):
+        return decision.model_copy(update={"action": "annotate",
+                                           "reason": f"{action} not possible: the answer was already sent"})
+    if action == "regenerate" and reach is Reach.REWRITE:
+        return decision.model_copy(update={"action": "block", "reason": "regenerate not possible on this API: blocked"})
+    if action == "regenerate" and reach is Reach.WITHHOLD:
+        return decision.model_copy(update={"action": "block", "reason": "regenerate not possible mid-stream: blocked"})
+    return decision

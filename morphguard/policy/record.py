@@ -95,13 +95,16 @@ class DecisionRecord(BaseModel):
     released_chars: int | None = None
     released_score: float | None = None
     released_flagged: bool | None = None
+    # An answer a gateway asked about: which gateway, and what morphguard told it, as `<gateway>:<told>`: `deny`
+    # (withhold the answer), `pass`, or `failed` (no verdict reached it; its own error setting decided)
+    gateway: str | None = None
     # each step that moved the check's score (a calibration, a cascade branch, a floor): its name, the score before
     # and after, and a line a reviewer reads (`Detection.settings["explanation"]`); None: the detector records none
     explanation: list[dict[str, Any]] | None = None
 
     # kept in the audit trail, never sent to the client
     AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",
-                                                      "context", "text_kept_until", "explanation"})
+                                                      "context", "text_kept_until", "gateway", "explanation"})
     TEXTS: ClassVar[tuple[str, ...]] = ("question", "answer", "context")  # stored as `store_text` says
 
     @classmethod

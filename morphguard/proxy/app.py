@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 
 CHAT, RESPONSES, MESSAGES = ChatCompletions(), Responses(), Messages()
 
-# Upstream routes that generate text. Only chat/completions is checked; the others are refused unless
-# `proxy.unchecked_routes` names them.
+# Upstream paths that generate text. Chat completions, Responses and Messages are checked on routes of their own;
+# a path under one of these that reaches `forward` instead (the legacy completions, audio, a Responses sub-path, ...)
+# is refused unless `proxy.unchecked_routes` names it.
 GENERATION_ROUTES = frozenset({"completions", "responses", "messages", "batches", "threads", "assistants",
                                "realtime", "chat", "audio", "images", "fine_tuning"})
 

@@ -1,10 +1,10 @@
 """The provider behind the proxy, for every dialect: the OpenAI-compatible upstream (aiohttp), Anthropic's
 (`proxy.anthropic`, for Messages) and, for chat completions, the litellm routes (other providers, chosen by
-model prefix). It owns each call's GenAI client span.
+model prefix). It owns each call's GenAI client span: `complete` and `stream` are context managers that open
+the span and end it when they exit, whoever holds them.
 
-The span stays open after the provider has answered, so that the check's evaluation event lands on it,
-and is ended by the caller at the moment the provider finished (`Call.end`): it measures the provider,
-not our check.
+The span stays open while the caller holds the call, so that the check's evaluation event lands on it and the
+check's span is its child; it ends with the time the provider finished: it measures the provider, not our check.
 """
 
 from __future__ import annotations
@@ -40,18 +40,23 @@ class Call:
     refused: Response | None = None
     kept: dict[str, str] = field(default_factory=dict)  # provider response headers worth passing on
     answered: int = 0  # time.time_ns() when the provider's answer was all in
-
-    def end(self) -> None:
-        if self.span.is_recording():
-            self.span.end(end_time=self.answered or None)
+    ended: bool = False  # what the provider answered, or how it failed, is recorded
 
     def failed(self, error_type: str) -> None:
         """The call failed (`error_type`: the provider's HTTP status, an exception's class or an error code):
-        its duration is recorded with it and the span ends."""
+        its duration is recorded with it, once; the span ends with the call's context."""
+        if self.ended:
+            return
         telemetry.record_chat(self.span, provider=self.provider, role="upstream", request_model=self.model,
                               response_model=None, input_tokens=None, output_tokens=None,
                               seconds=time.perf_counter() - self.started, error_type=error_type, server=self.server)
-        self.span.end()
+        self.answered = time.time_ns()
+        self.ended = True
+
+    def _end(self) -> None:
+        """The span's end, at the moment the provider finished (now, where it never did)."""
+        if self.span.is_recording():
+            self.span.end(end_time=self.answered or None)
 
 
 @dataclass
@@ -107,6 +112,7 @@ class Backend:
                               finish_reasons=list(usage.finish_reasons) if usage else [],
                               seconds=time.perf_counter() - call.started, output_text=text, server=call.server)
         call.answered = call.answered or time.time_ns()
+        call.ended = True
 
     def _refused(self, call: Call) -> None:
         assert call.refused is not None
@@ -116,28 +122,28 @@ class Backend:
                               seconds=time.perf_counter() - call.started, error=f"HTTP {status}",
                               error_type=str(status), server=call.server)
 
+    @asynccontextmanager
     async def complete(self, dialect: Dialect, body: dict[str, Any], headers: dict[str, str],
-                       messages: Any = None) -> Reply:
-        """The provider's answer, validated as the dialect's (502 otherwise); the span is left for the caller."""
+                       messages: Any = None) -> AsyncIterator[Reply]:
+        """The provider's answer, validated as the dialect's (502 otherwise), its span open until the context
+        exits."""
         reply = self._start(dialect, body, messages if messages is not None else body.get("messages"), Reply)
         assert isinstance(reply, Reply)
         try:
-            with trace.use_span(reply.span, end_on_exit=False, record_exception=True):
-                raw = await self._send(dialect, reply, body, headers)
-            if reply.refused is not None:
-                self._refused(reply)
-                return reply
-            reply.response = raw
-            completion = dialect.completion(raw)
-        except BaseException as exc:
-            telemetry.record_chat(reply.span, provider=reply.provider, role="upstream", request_model=reply.model,
-                                  response_model=None, input_tokens=None, output_tokens=None,
-                                  seconds=time.perf_counter() - reply.started, error_type=type(exc).__qualname__,
-                                  server=reply.server)
-            reply.end()
-            raise
-        self.record(dialect, reply, raw, prose(completion))
-        return reply
+            try:
+                with trace.use_span(reply.span, end_on_exit=False, record_exception=True):
+                    raw = await self._send(dialect, reply, body, headers)
+                if reply.refused is not None:
+                    self._refused(reply)
+                else:
+                    reply.response = raw
+                    self.record(dialect, reply, raw, prose(dialect.completion(raw)))
+            except BaseException as exc:
+                reply.failed(type(exc).__qualname__)
+                raise
+            yield reply
+        finally:
+            reply._end()
 
     async def _send(self, dialect: Dialect, reply: Reply, body: dict[str, Any], headers: dict[str, str]) -> Any:
         route = self.adapter.route_for(body.get("model")) if dialect.via_litellm else None
@@ -158,7 +164,7 @@ class Backend:
     @asynccontextmanager
     async def stream(self, dialect: Dialect, body: dict[str, Any], headers: dict[str, str],
                      messages: Any = None) -> AsyncIterator[Relay]:
-        """The provider's stream, open until the context exits (which also ends a span left open)."""
+        """The provider's stream and its span, open until the context exits."""
         relay = self._start(dialect, body, messages if messages is not None else body.get("messages"), Relay)
         assert isinstance(relay, Relay)
         async with AsyncExitStack() as opened:
@@ -183,8 +189,7 @@ class Backend:
                             relay.events = read_events(response.lines())
                 yield relay
             finally:
-                if relay.span.is_recording():  # a stream that ended in an error or a client that left
-                    relay.span.end()
+                relay._end()
 
 
 async def _unnamed(payloads: AsyncIterator[str]) -> AsyncIterator[Event]:

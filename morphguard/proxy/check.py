@@ -1,4 +1,6 @@
-"""What one check is about (`CheckRequest`) and what came of it (`CheckOutcome`)."""
+"""What one check is about (`CheckRequest`), the answer it reads (`Answer`), what the check found (`Found`), policy's
+decision on it (`CheckOutcome`) and the answer as the guard leaves it (`Settled`): the typed values the request path
+hands from one step to the next."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ from typing import Any
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 from morphguard.models import Decision, Detection, RagInput
+from morphguard.policy import answers
+from morphguard.policy.engine import Finding, Holds
 from morphguard.policy.record import DecisionRecord
+from morphguard.proxy.dialects.base import as_completion
 
 
 @dataclass
@@ -27,6 +32,7 @@ class CheckRequest:
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
     client: str = ""  # who asked, for fair shares of the judge and the threads (`llm.fair.client_id`: never the key)
+    gateway: str | None = None  # the gateway that asked and what it was told (`DecisionRecord.gateway`)
 
     def to_dict(self) -> dict[str, Any]:
         """What the durable queue keeps; the chat span survives as the context a check links to."""
@@ -34,6 +40,7 @@ class CheckRequest:
         return {"body": self.body, "rag": self.rag.model_dump() if self.rag else None, "source": self.source,
                 "profile": self.profile, "topic": self.topic, "model": self.model, "route": self.route,
                 "request_id": self.request_id, "detector": self.detector, "client": self.client,
+                "gateway": self.gateway,
                 "link": [link.trace_id, link.span_id] if link is not None and link.is_valid else None}
 
     @classmethod
@@ -45,7 +52,7 @@ class CheckRequest:
         return cls(body=data["body"], rag=rag, source=data.get("source"), profile=data["profile"],
                    topic=data["topic"], model=data.get("model"), route=data.get("route") or "",
                    request_id=data["request_id"], chat_span=span, detector=data.get("detector"),
-                   client=data.get("client") or "")
+                   client=data.get("client") or "", gateway=data.get("gateway"))
 
     def pending(self, reason: str) -> DecisionRecord:
         """The record sent at once when the check runs later (`queued`) or not at all."""
@@ -53,8 +60,39 @@ class CheckRequest:
                               context_source=self.source)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Answer:
+    """The provider's answer as the dialect reads it: `completion`, the chat completion every field that carries
+    the model's words is translated into (what the check reads and the actions rewrite), and `response`, the
+    answer in its API's own shape (None where there is none: an answer a caller hands in, a stream's prefix)."""
+
+    completion: dict[str, Any]
+    response: dict[str, Any] | None = None
+
+    @classmethod
+    def of_text(cls, text: str) -> Answer:
+        """An answer of this text alone (a prefix of a stream)."""
+        return cls(as_completion({"role": "assistant", "content": text}))
+
+    def holds(self) -> Holds:
+        """What it holds beside the text the check reads."""
+        return Holds(tuple(answers.unreadable(self.completion)), answers.has_tool_calls(self.completion))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the check found in an answer, and how long it took; `error`: a failed check's error, for the log
+    (secrets masked)."""
+
+    finding: Finding
+    latency_ms: float = 0.0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class CheckOutcome:
+    """Policy's one decision on an answer, with the detection it was made from."""
+
     decision: Decision
     detection: Detection | None
     latency_ms: float
@@ -67,4 +105,13 @@ class CheckOutcome:
             latency_ms=self.latency_ms, regenerations=regenerations, trace_id=trace_id,
             context_source=request.source, route=request.route or None, model=request.model,
             question=rag.question if rag else None, answer=answer,
-            context="\n\n".join(rag.passages) if rag else None)
+            context="\n\n".join(rag.passages) if rag else None, gateway=request.gateway)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """An answer as the guard left it (the action carried out; in the API's shape where it has one), and the
+    record of its decision."""
+
+    answer: Answer
+    record: DecisionRecord

@@ -1,7 +1,8 @@
 """Checks of answers a caller already has, for gateways that call a guardrail rather than route through one.
 
 `POST /v1/check` takes a question, its context (a string or a list of passages) and an answer, with an optional
-model and topic and profile hints, and answers with the decision (`DecisionRecord.payload`: score, flagged, the
+model and topic and profile hints and the name of the gateway it checks for (`gateway`, recorded in the audit row
+with what it was told), and answers with the decision (`DecisionRecord.payload`: score, flagged, the
 spans of the claims, the action) and the answer as that action leaves it. `POST /v1/check/portkey` is the same check
 in the shape of Portkey's webhook guardrail (`proxy.portkey`: what it reads and answers).
 
@@ -16,6 +17,7 @@ headers, never from a label it chose.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,12 +29,14 @@ from starlette.routing import Route
 from morphguard.config import ProxySettings
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
-from morphguard.proxy import portkey
+from morphguard.proxy import choices, portkey
 from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key
 from morphguard.proxy.errors import JSON, bad_request, unauthorized
 from morphguard.proxy.flow import Flow, accept, request_facts
+
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 def completion_of(answer: str, model: str | None = None) -> dict[str, Any]:
@@ -72,16 +76,27 @@ class CheckApi:
         chat = {"model": model, "messages": [{"role": "user", "content": question}]}
         facts = replace(request_facts(request.headers, model=model, policy=_text(body, "policy"),
                                       topic=_text(body, "topic")), model_named=True)
+        gateway = _gateway(body)
         intake = accept(flow.engine, flow.config, Extraction(chat, rag, "explicit"), facts)
-        completion, record = await flow.settle(intake, completion_of(answer, model))
-        return JSON({"object": "morphguard.check", **record.payload(), "answer": prose(completion)},
-                    headers=record.headers())
+        verdict = await choices.settle(flow.guard, intake, [completion_of(answer, model)], gateway=gateway,
+                                       max_choices=1)
+        return JSON({"object": "morphguard.check", **verdict.payload(), "answer": prose(verdict.answers[0])},
+                    headers=verdict.deciding.headers())
 
     async def portkey(self, request: Request) -> Response:
         self._authenticate(request)
         flow = self._flow()
         hook = parse_object(await flow.read_body(request))
         return await portkey.webhook(flow, request, hook, self._portkey.flagged_is_failure)
+
+
+def _gateway(body: dict[str, Any]) -> str | None:
+    """The gateway a caller says it checks for (`nemo`, as the NeMo rail sends): recorded with what it was told."""
+    name = _text(body, "gateway")
+    if name is not None and not _NAME.fullmatch(name):
+        raise bad_request("'gateway' must be a short name: lower-case letters, digits, '-' or '_' (at most 32).",
+                          "gateway")
+    return name
 
 
 def _text(body: dict[str, Any], name: str) -> str | None:

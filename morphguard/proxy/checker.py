@@ -1,7 +1,6 @@
 """Checking an answer: the detector within the profile's latency budget, through the verdict cache a fleet
 shares, here or by the fleet's workers (`proxy.inline_via: workers`, over `store.queue.WorkerPool`); what the
-check could not read noted, and blocked where policy says so. The outcome is policy's decision on it; carrying
-it out is `proxy.guard`'s job.
+check found (`Found`) is all it says: policy decides on it (`policy.engine`), and `proxy.guard` carries that out.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ from morphguard.llm.client import call_budget
 from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
-from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.check import CheckOutcome, CheckRequest
+from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine
+from morphguard.proxy.check import Answer, CheckRequest, Found
 from morphguard.proxy.errors import mask_secrets
 from morphguard.store import detections
 from morphguard.store.detections import DetectionCache
@@ -52,60 +51,34 @@ class Checker:
         self._fingerprints: dict[str, str] = {}
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
-    def answer_text(self, completion: dict[str, Any]) -> str:
-        """What the check reads of a completion, as policy says (`policy.tool_calls`)."""
-        return answers.checked_text(completion, tool_calls=self.config.policy.tool_calls == "check")
+    def answer_text(self, answer: Answer) -> str:
+        """What the check reads of an answer, as policy says (`policy.tool_calls`)."""
+        return answers.checked_text(answer.completion, tool_calls=self.config.policy.tool_calls == "check")
 
-    def _unread(self, completion: dict[str, Any]) -> str | None:
-        """A note of what the check did not read, for the audit row; None when it read everything."""
-        parts = answers.unreadable(completion)
-        if parts:
-            return "unreadable_output: " + ", ".join(sorted(set(parts)))
-        if self.config.policy.tool_calls == "record" and answers.has_tool_calls(completion):
-            return "tool_calls_unchecked"
-        return None
-
-    async def check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
-        """The check of what the completion says, noting what it could not read (`policy.tool_calls`,
-        `policy.unreadable_output`), and blocking it where policy says so."""
+    async def find(self, request: CheckRequest, answer: Answer) -> Found:
+        """What the check finds in the answer's text: a detection, a failed check's short code, or why no check
+        was made. Deciding on it is policy's (`PolicyEngine.decide`)."""
         started = time.perf_counter()
-        outcome = await self._check(request, completion)
-        unread = self._unread(completion) if request.rag is not None else None
-        if unread is None:
-            return outcome
-        decision = outcome.decision
-        if unread.startswith("unreadable_output") and self.config.policy.unreadable_output == "block":
-            decision = decision.model_copy(update={"action": "block", "escalate": False})
-        note = f"{decision.reason}; {unread}" if decision.reason else unread
-        return CheckOutcome(decision.model_copy(update={"reason": note}), outcome.detection,
-                            outcome.latency_ms or (time.perf_counter() - started) * 1000)
-
-    async def _check(self, request: CheckRequest, completion: dict[str, Any]) -> CheckOutcome:
-        started = time.perf_counter()
-        answer = self.answer_text(completion)
+        text = self.answer_text(answer)
         if request.rag is None:
-            return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_context"), None, 0.0)
-        if not answer.strip():
-            return CheckOutcome(self.engine.unchecked(request.profile, request.topic, "no_answer"), None, 0.0)
+            return Found(Finding(skipped=NO_CONTEXT))
+        if not text.strip():
+            return Found(Finding(skipped="no_answer"))
         budget = self.engine.budget_s(request.profile)
         try:
-            self._within_size(request, answer)
+            self._within_size(request, text)
             if self.pool is not None:
-                detection = await self._detect_by_workers(request, utf8(answer), budget)
+                detection = await self._detect_by_workers(request, utf8(text), budget)
             else:
                 detector = await self.detector_for(request.detector)
-                detection = await asyncio.wait_for(self._detect(detector, request, utf8(answer)), budget)
+                detection = await asyncio.wait_for(self._detect(detector, request, utf8(text)), budget)
         except (MorphguardError, TimeoutError) as exc:
             # Clients and the audit get a short stable code; the exception chain stays in the log and span.
             reason = _reason(exc)
             _record_masked(exc)
             telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
-            decision = self.engine.failed(request.profile, request.topic, reason)
-            log.warning("request %s %s unchecked (%s): %s", request.request_id,
-                        "passed" if decision.action == "pass" else "blocked", decision.reason, exc)
-            return CheckOutcome(decision, None, (time.perf_counter() - started) * 1000)
-        decision = self.engine.decide(request.profile, request.topic, detection)
-        return CheckOutcome(decision, detection, (time.perf_counter() - started) * 1000)
+            return Found(Finding(failed=reason), (time.perf_counter() - started) * 1000, mask_secrets(str(exc)))
+        return Found(Finding(detection=detection), (time.perf_counter() - started) * 1000)
 
     def _within_size(self, request: CheckRequest, answer: str) -> None:
         """CheckTooLargeError where the check would read more than `detector.max_text_chars` of answer and context."""

@@ -1,5 +1,5 @@
 """Consuming the async check queue, in `serve` (`proxy.workers` tasks) and in `morphguard worker`: each entry is
-settled as an inline check would be (`Guard.settle`, its own trace linked to the request's) and acknowledged
+settled as an inline check would be (`Guard.settle_queued`, its own trace linked to the request's) and acknowledged
 only once its audit row, and the outbox row of its escalation, are committed. While the store is unreachable an
 entry keeps its claim (renewed) and its row is written again with backoff. Jobs a proxy waits on
 (`proxy.inline_via: workers`) are answered, not audited.
@@ -19,7 +19,7 @@ from typing import Any
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential_jitter
 
 from morphguard import telemetry
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.guard import Guard
 from morphguard.store.queue import Entry, QueueUnavailable
 
@@ -140,12 +140,11 @@ class Consumer:
             return
         try:
             if entry.poisoned:
-                await self.guard.account(request, "check_crashed", self.guard.checker.answer_text(completion),
+                await self.guard.account(request, "check_crashed", self.guard.checked_text(Answer(completion)),
                                          wait_for_store=True)
                 await self._acknowledge(self.queue.dead, entry, "check_crashed")
                 return
-            _, record = await self.guard.settle(request, completion, can_change=False, mode="async",
-                                                wait_for_store=True)
+            record = (await self.guard.settle_queued(request, Answer(completion))).record
             log.info("async check of %s: score %s, flagged %s, action %s", record.request_id,
                      record.score, record.flagged, record.action)
         except Exception:

@@ -3,8 +3,8 @@
 1. explicit: the body field `morphguard.context` (a string or a list of strings); the whole
    `morphguard` object is removed before the body goes upstream;
 2. tool: the content of `role: "tool"` messages (agentic RAG);
-3. tags: `<context>…</context>`-style blocks (and configured regexes) in the messages of
-   `context.tag_roles`.
+3. tags: `<context>…</context>`-style blocks, NeMo Guardrails' own context block (below), and configured
+   regexes, in the messages of `context.tag_roles`.
 
 The question is the last user message with any tagged blocks removed. The topic tagger also reads the
 whole conversation (`RagInput.turns`: every message but the system and developer ones, tagged blocks
@@ -18,6 +18,12 @@ the message is still scanned), so apps that cannot escape documents should use t
 Tag scanning is linear in the message length whatever the input (a backtracking regex over thousands
 of unclosed tags took seconds): tags are found by one pass of a pattern that cannot cross a `<`, then
 paired up; an unclosed block runs to the end of its message rather than silently vanishing.
+
+NeMo Guardrails, when its main model is this proxy, sends its retrieved chunks (`$relevant_chunks`) inside its own
+prompt, as its prompt templates write them: a heading line ("# This is some additional context:", or "This is
+some relevant context:" in its `general` task) followed by a fenced block opened by "```markdown". `NemoBlocks`
+reads those blocks in one forward pass: each heading is matched only where it stands, the closing fence is looked
+for once from there on, and a block with no closing fence ends the scan (its text runs to the end).
 """
 
 from __future__ import annotations
@@ -88,11 +94,39 @@ class TagScanner:
         return blocks, "".join(outside)
 
 
+class NemoBlocks:
+    """NeMo Guardrails' context blocks in a prompt it rendered, and the text around them, in linear time."""
+
+    # The headings NeMo's templates (nemoguardrails/llm/prompts/*.yml) put above `relevant_chunks`.
+    _HEADING = re.compile(r"^[ \t]*(?:# )?This is some (?:additional|relevant) context:[ \t]*\r?\n"
+                          r"[ \t]*```markdown[ \t]*\r?\n", re.M)
+    _CLOSE = re.compile(r"^[ \t]*```[ \t]*$", re.M)
+
+    def split(self, text: str) -> tuple[list[str], str]:
+        """The blocks' texts, and the text outside every block."""
+        if "```markdown" not in text:
+            return [], text
+        blocks: list[str] = []
+        outside: list[str] = []
+        cursor = 0
+        while (heading := self._HEADING.search(text, cursor)) is not None:
+            outside.append(text[cursor:heading.start()])
+            close = self._CLOSE.search(text, heading.end())
+            if close is None:  # no closing fence: the block runs to the end, and nothing is left to scan
+                blocks.append(text[heading.end():])
+                return blocks, "".join(outside)
+            blocks.append(text[heading.end():close.start()])
+            cursor = close.end()
+        outside.append(text[cursor:])
+        return blocks, "".join(outside)
+
+
 class ContextExtractor:
     def __init__(self, settings: ContextSettings) -> None:
         self.sources = settings.sources
         self.tag_roles = frozenset(settings.tag_roles)
         self.scanner = TagScanner(settings.tags)
+        self.nemo = NemoBlocks()
         self.patterns = [re.compile(p, re.S) for p in settings.patterns]  # the operator's own regexes
 
     def extract(self, body: dict[str, Any]) -> Extraction:
@@ -122,6 +156,7 @@ class ContextExtractor:
             if message.get("role") in self.tag_roles:
                 text = message_text(message.get("content"))
                 blocks, _ = self.scanner.split(text)
+                blocks += self.nemo.split(text)[0]
                 for pattern in self.patterns:
                     blocks += [m.group(1 if pattern.groups else 0) or "" for m in pattern.finditer(text)]
                 passages += [b.strip() for b in blocks if b.strip()]
@@ -137,6 +172,7 @@ class ContextExtractor:
         for message in reversed(messages):
             if message.get("role") == "user":
                 _, text = self.scanner.split(message_text(message.get("content")))
+                _, text = self.nemo.split(text)
                 for pattern in self.patterns:
                     text = pattern.sub("", text)
                 return text.strip()

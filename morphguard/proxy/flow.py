@@ -3,16 +3,18 @@
 A dialect (`proxy.dialects`) says what its API looks like; everything else happens here, the same way for
 each: the body read within `max_body_bytes` and parsed (off the loop when big), the request read as a chat for
 context extraction, profile and topic chosen, the provider called through the one `Backend`, the answer
-checked by the guard and written back with its verdict. A stream goes to the mode `proxy.stream_mode` names
-(`proxy.stream_modes`). From the moment a request is accepted, every way out leaves one audit row.
+settled by the guard (checked, decided by policy once, carried out, audited) and written back with its verdict.
+A stream goes to the mode `proxy.stream_mode` chooses for the request (`proxy.stream_modes`), which runs the steps
+this path offers it (`proxy.exchange.Steps`). From the moment a request is accepted, every way out leaves one
+audit row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from typing import Any
 
 from opentelemetry import trace
@@ -21,33 +23,37 @@ from starlette.responses import Response
 
 from morphguard.config import Config
 from morphguard.llm.fair import client_id
-from morphguard.policy.engine import PolicyEngine, RequestFacts
-from morphguard.policy.record import DecisionRecord
+from morphguard.policy.answers import prose
+from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, client_disconnected, too_large, upstream_unavailable
 from morphguard.proxy.exchange import Exchange, StreamMode
 from morphguard.proxy.guard import Guard, Reask
-from morphguard.proxy.stream_modes import STREAM_MODES
+from morphguard.proxy.incremental import Checks, GuardChecks
+from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
 
 
 class Flow:
+    """The request path; to a stream mode, its `Steps` (`proxy.exchange`)."""
+
     def __init__(self, config: Config, engine: PolicyEngine, backend: Backend, guard: Guard,
-                 stream_modes: dict[str, StreamMode] = STREAM_MODES) -> None:
+                 stream_modes: Mapping[str, StreamMode] = STREAM_MODES) -> None:
         self.config = config
         self.settings = config.proxy
         self.extractor = ContextExtractor(self.settings.context)
         self.engine = engine
         self.backend = backend
         self.guard = guard
-        self.stream_mode = stream_modes[self.settings.stream_mode]
+        self.stream_modes = stream_modes
+        self.window = self.settings.stream_window
 
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         headers = self.backend.headers_for(dialect, request.headers)
@@ -73,13 +79,6 @@ class Flow:
         except Exception:  # a bug of ours: the client gets a 500, the audit trail still gets its row
             await self.guard.account(intake, "internal_error")
             raise
-
-    async def settle(self, intake: CheckRequest,
-                     completion: dict[str, Any]) -> tuple[dict[str, Any], DecisionRecord]:
-        """An answer the caller already has (`/v1/check`), checked inline whatever `proxy.mode` says, since the
-        caller waits for the verdict; accepted, so every way out leaves one audit row."""
-        async with self.accepted(intake, "check_error"):
-            return await self.guard.settle(intake, completion)
 
     async def read_body(self, request: Request) -> bytes:
         """The body, at most `max_body_bytes`. A client that leaves before it is complete ends the request with
@@ -120,24 +119,24 @@ class Flow:
                             topic=self.engine.topic_for(profile, None), route=facts.path_prefix)
 
     async def _complete(self, exchange: Exchange) -> Response:
-        reply = await self.backend.complete(exchange.dialect, exchange.body, exchange.headers,
-                                            exchange.view["messages"])
-        try:
+        async with self.backend.complete(exchange.dialect, exchange.body, exchange.headers,
+                                         exchange.view["messages"]) as reply:
             if reply.response is None:  # the provider's own error, unchanged
                 assert reply.refused is not None
                 await self.guard.account(exchange.intake, f"upstream_http_{reply.refused.status_code}")
                 return reply.refused
             self._calls(exchange, reply)
-            response, record = await self.check(
-                exchange, reply, reply.response, exchange.dialect.completion(reply.response), can_change=True,
-                later=self.settings.mode == "async")
-        finally:
-            reply.end()  # the span measures the upstream call, not our check
-        assert response is not None
-        return JSON({**response, OUR_FIELD: record.payload()}, headers=reply.kept | record.headers())
+            answer = Answer(exchange.dialect.completion(reply.response), reply.response)
+            if self.settings.mode == "async":
+                settled = await self.check_later(exchange, answer, Reach.REWRITE)
+            else:
+                settled = await self.check(exchange, answer, Reach.REWRITE)
+        assert settled.answer.response is not None
+        return JSON({**settled.answer.response, OUR_FIELD: settled.record.payload()},
+                    headers=reply.kept | settled.record.headers())
 
     async def _stream(self, exchange: Exchange) -> Response:
-        opened = AsyncExitStack()  # holds the provider's stream open until the response is done with it
+        opened = AsyncExitStack()  # holds the provider's stream (and its span) open until the response is done
         relay = await opened.enter_async_context(self.backend.stream(exchange.dialect, exchange.body,
                                                                      exchange.headers, exchange.view["messages"]))
         if relay.events is None:
@@ -146,7 +145,10 @@ class Flow:
             await self.guard.account(exchange.intake, f"upstream_http_{relay.refused.status_code}")
             return relay.refused
         self._calls(exchange, relay)
-        return await self.stream_mode.respond(self, exchange, relay, opened)
+        intake = exchange.intake
+        name = stream_mode(self.settings, self.engine.strongest(intake.profile, intake.topic), intake,
+                           tool_calls_checked=self.config.policy.tool_calls == "check")
+        return await self.stream_modes[name].respond(self, exchange, relay, opened)
 
     @staticmethod
     def _calls(exchange: Exchange, call: Call) -> None:
@@ -154,28 +156,45 @@ class Flow:
         exchange.intake.chat_span = call.span
         call.span.set_attribute(names.REQUEST_ID, exchange.intake.request_id)
 
-    async def check(self, exchange: Exchange, call: Call, response: dict[str, Any] | None,
-                    completion: dict[str, Any], *, can_change: bool,
-                    later: bool) -> tuple[dict[str, Any] | None, DecisionRecord]:
-        record = await self.guard.check_later(exchange.intake, completion) if later else None
+    # --- the steps a stream mode runs (`proxy.exchange.Steps`) -------------------------------------------------
+
+    def answered(self, exchange: Exchange, call: Call, answer: Answer) -> None:
+        self.backend.record(exchange.dialect, call, answer.response, prose(answer.completion))
+
+    async def check(self, exchange: Exchange, answer: Answer, reach: Reach) -> Settled:
+        reask = None
+        if reach is Reach.REWRITE and exchange.dialect.can_reask:
+            reach, reask = Reach.ASK_AGAIN, self._reask(exchange)
+        span = exchange.intake.chat_span
+        with trace.use_span(span, end_on_exit=False) if span is not None else nullcontext():
+            settled = await self.guard.settle(exchange.intake, answer, reach, reask=reask)
+        if reach is Reach.NONE or answer.response is None:
+            return Settled(answer, settled.record)
+        written = exchange.dialect.written(answer.response, settled.answer.completion, settled.record.action == "block")
+        return Settled(Answer(settled.answer.completion, written), settled.record)
+
+    async def check_later(self, exchange: Exchange, answer: Answer, reach: Reach) -> Settled:
+        record = await self.guard.check_later(exchange.intake, answer)
         if record is not None:
-            return response, record
-        reask = self._reask(exchange) if exchange.dialect.can_reask else None
-        with trace.use_span(call.span, end_on_exit=False):
-            checked, record = await self.guard.settle(exchange.intake, completion, can_change=can_change,
-                                                      reask=reask)
-        if not can_change or response is None:
-            return response, record
-        return exchange.dialect.written(response, checked, record.action == "block"), record
+            return Settled(answer, record)
+        return await self.check(exchange, answer, reach)
+
+    def checks(self, exchange: Exchange, whole: Callable[[], Answer]) -> Checks:
+        return GuardChecks(self.guard, exchange.intake, whole)
+
+    async def account(self, exchange: Exchange, reason: str, text: str) -> None:
+        await self.guard.account(exchange.intake, reason, text)
+
+    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
+        self.guard.account_soon(exchange.intake, reason, text)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
-            reply = await self.backend.complete(exchange.dialect, body, exchange.headers)
-            reply.end()
-            if reply.response is None:
-                status = reply.refused.status_code if reply.refused is not None else "none"
-                raise upstream_unavailable(f"HTTP {status} on regeneration")
-            return exchange.dialect.completion(reply.response)
+            async with self.backend.complete(exchange.dialect, body, exchange.headers) as reply:
+                if reply.response is None:
+                    status = reply.refused.status_code if reply.refused is not None else "none"
+                    raise upstream_unavailable(f"HTTP {status} on regeneration")
+                return exchange.dialect.completion(reply.response)
 
         return reask
 

@@ -1,7 +1,8 @@
 """Carrying out what policy decided about an answer, and the audit trail of every accepted request.
 
-`settle` checks an answer (`proxy.checker`), carries out the action (re-asking the upstream for `regenerate`,
-`policy.actions` for the rest) as far as the answer can still change, then audits and escalates. `check_later`
+`settle` checks an answer (`proxy.checker`), has policy decide on it once (`policy.engine.PolicyEngine.decide`,
+given what the answer's way out can still change), carries that decision out (re-asking the upstream for
+`regenerate`, `policy.actions` for the rest), then audits and escalates; nothing here changes the action. `check_later`
 queues the check instead (async mode), where the answer has already left and only annotating, auditing and
 escalating remain possible; `proxy.consumer` runs what is queued. Every request the proxy accepted ends as
 exactly one audit row: checked, or not checked with a short reason code (`no_context`, `queue_full`,
@@ -21,18 +22,19 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from opentelemetry.trace import Span
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never, wait_exponential_jitter
 
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector
-from morphguard.models import Decision
+from morphguard.models import Detection
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, Written
 from morphguard.policy.audit_writer import AuditWriter
-from morphguard.policy.engine import PolicyEngine
+from morphguard.policy.engine import Finding, PolicyEngine, Reach, flags
 from morphguard.policy.record import DecisionRecord, Released
-from morphguard.proxy.check import CheckOutcome, CheckRequest
+from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest, Found, Settled
 from morphguard.proxy.checker import Checker
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.journal import Journal
@@ -45,7 +47,6 @@ from morphguard.store.redis_queue import RedisCheckQueue
 log = logging.getLogger(__name__)
 
 Reask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-_CHANGES_CONTENT = {"highlight", "cite", "regenerate", "block"}
 # Reasons for not checking that are policy working as configured; every other reason is also an error metric.
 _ROUTINE = frozenset({"no_context", "unchecked_route"})
 
@@ -72,68 +73,110 @@ class Guard:
         # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
         self.journal = Journal() if shared is not None and audit is not None else None
 
-    async def settle(self, request: CheckRequest, completion: dict[str, Any], *, can_change: bool = True,
-                     reask: Reask | None = None, mode: str = "inline", wait_for_store: bool = False,
-                     outcome: CheckOutcome | None = None,
-                     released: Released | None = None) -> tuple[dict[str, Any], DecisionRecord]:
-        """The completion as the client gets it, and the record of the decision (`outcome`: the check already
-        made, as a stream checked as it flows has it, with what of it the client has: `released`).
+    async def find(self, request: CheckRequest, answer: Answer) -> Found:
+        """The check of the answer's text (no decision, no side effects)."""
+        return await self.checker.find(request, answer)
 
-        Inline, the check's span is a child of the chat span and the evaluation event goes on the chat span;
-        async, the check is the root of its own trace, linked to the chat span. `wait_for_store`: return only
-        once the record is committed (a worker acknowledges its queue entry after that).
-        """
-        link = request.chat_span.get_span_context() if mode == "async" and request.chat_span else None
-        with telemetry.guardrail_span(request.request_id, mode, link_to=link) as span:
-            result = outcome if outcome is not None else await self.checker.check(request, completion)
-            wanted, attempts = result.decision.action, 0
-            if wanted == "regenerate" and can_change and reask is not None:
-                completion, result, attempts = await self._regenerate(request, completion, result, reask)
-            decision = _carried_out(result.decision, wanted, can_change=can_change, can_reask=reask is not None,
-                                    regenerated=attempts > 0)
-            result = CheckOutcome(decision, result.detection, result.latency_ms)
-            # the audit keeps what the model said, not our rewrite
-            checked_answer = self.checker.answer_text(completion)
-            if decision.action != "regenerate":
-                passages = request.rag.passages if request.rag else []
-                # pure Python over the answer and the context (`cite` looks up sources): off the event loop
-                completion = await asyncio.to_thread(actions.apply, completion, decision, result.detection, passages,
-                                                     self.config.policy)
-            chat = request.chat_span
-            evaluated = chat if chat is not None and chat.is_recording() else span
-            telemetry.record_check(span, evaluated, decision=decision, detection=result.detection,
-                                   question=request.rag.question if request.rag else None,
-                                   context=request.rag.passages if request.rag else None, answer=checked_answer)
-            record = result.record(request, answer=checked_answer, regenerations=attempts,
-                                   trace_id=telemetry.trace_id(span))
-            if released is not None:
-                record = record.model_copy(update=released.fields())
-        await self._record(record, wait_for_store)
-        return completion, record
+    def decide(self, request: CheckRequest, answer: Answer, found: Found, reach: Reach) -> CheckOutcome:
+        """Policy's one decision on what the check found in this answer, as far as `reach` lets it act."""
+        decision = self.engine.decide(request.profile, request.topic, found.finding, answer.holds(), reach)
+        if found.finding.failed is not None:
+            log.warning("request %s %s unchecked (%s): %s", request.request_id,
+                        "passed" if decision.action == "pass" else "blocked", decision.reason, found.error)
+        return CheckOutcome(decision, found.finding.detection, found.latency_ms)
 
-    async def _regenerate(self, request: CheckRequest, completion: dict[str, Any], first: CheckOutcome,
-                          reask: Reask) -> tuple[dict[str, Any], CheckOutcome, int]:
-        """Re-ask with the unsupported claims named, re-check, keep the best; stop once an answer passes."""
-        best, best_result, attempts = completion, first, 0
-        latest = first
+    def checked_text(self, answer: Answer) -> str:
+        """What the check reads of an answer (and the audit row keeps)."""
+        return self.checker.answer_text(answer)
+
+    async def settle(self, request: CheckRequest, answer: Answer, reach: Reach, *,
+                     reask: Reask | None = None) -> Settled:
+        """Check the answer, decide, carry the decision out and audit it: the answer as the client gets it (in the
+        chat shape; writing it back into the API's is the caller's), and the record. `reask`: how to ask the
+        provider again, given where `reach` is `ASK_AGAIN`. The check's span is a child of the current (the
+        provider call's) span, and the evaluation event goes on that span while it is open."""
+        assert (reask is not None) == (reach is Reach.ASK_AGAIN), "regenerate needs a way to ask again"
+        with telemetry.guardrail_span(request.request_id, "inline") as span:
+            outcome = self.decide(request, answer, await self.find(request, answer), reach)
+            settled = await self._carry_out(span, request, answer, outcome, reask)
+        await self._record(settled.record)
+        return settled
+
+    async def settle_queued(self, request: CheckRequest, answer: Answer) -> Settled:
+        """`settle` of an answer that went out before its check (a queued check): its own trace, linked to the
+        request's, and returned only once its record is committed (the queue entry is acknowledged after that)."""
+        link = request.chat_span.get_span_context() if request.chat_span else None
+        with telemetry.guardrail_span(request.request_id, "async", link_to=link) as span:
+            outcome = self.decide(request, answer, await self.find(request, answer), Reach.NONE)
+            settled = await self._carry_out(span, request, answer, outcome, None)
+        await self._record(settled.record, wait_for_store=True)
+        return settled
+
+    async def carry_out(self, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
+                        released: Released | None = None) -> Settled:
+        """Carry out and audit a decision already made (a stream checked as it flows decides as it goes; a gateway's
+        choices are decided together before any is recorded); `released`: what of the answer the client has, where
+        some of it went out before the verdict."""
+        with telemetry.guardrail_span(request.request_id, "inline") as span:
+            settled = await self._carry_out(span, request, answer, outcome, None)
+        record = settled.record if released is None else settled.record.model_copy(update=released.fields())
+        await self._record(record)
+        return Settled(settled.answer, record)
+
+    async def _carry_out(self, span: Span, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
+                         reask: Reask | None) -> Settled:
+        """The action: a regeneration (the answer asked for again until one passes, the best kept), or what
+        `policy.actions` does to the answer; then the evaluation on the spans and the record. The action is the
+        decision's; for a regeneration the record's verdict is the regenerated answer's."""
+        decision, detection, attempts = outcome.decision, outcome.detection, 0
+        completion = answer.completion
+        if decision.action == "regenerate" and reask is not None and detection is not None:
+            completion, found, attempts = await self._regenerate(request, answer, outcome, reask)
+            if attempts:
+                detection = found.finding.detection
+                flagged = detection is not None and flags(decision, detection)
+                decision = decision.model_copy(update={"flagged": flagged, "escalate": decision.escalate and flagged})
+                outcome = CheckOutcome(decision, detection, found.latency_ms)
+        checked_answer = self.checker.answer_text(Answer(completion))  # the audit keeps what the model said
+        if decision.action != "regenerate":
+            passages = request.rag.passages if request.rag else []
+            # pure Python over the answer and the context (`cite` looks up sources): off the event loop
+            completion = await asyncio.to_thread(actions.apply, completion, decision, detection, passages,
+                                                 self.config.policy)
+        chat = request.chat_span
+        evaluated = chat if chat is not None and chat.is_recording() else span
+        telemetry.record_check(span, evaluated, decision=decision, detection=detection,
+                               question=request.rag.question if request.rag else None,
+                               context=request.rag.passages if request.rag else None, answer=checked_answer)
+        record = outcome.record(request, answer=checked_answer, regenerations=attempts,
+                                trace_id=telemetry.trace_id(span))
+        return Settled(Answer(completion, answer.response), record)
+
+    async def _regenerate(self, request: CheckRequest, answer: Answer, first: CheckOutcome,
+                          reask: Reask) -> tuple[dict[str, Any], Found, int]:
+        """Re-ask with the unsupported claims named, re-check, keep the best; stop once an answer passes. The
+        best answer, what the check found in it and how many times the provider was asked again."""
+        assert first.detection is not None
+        best, best_found, attempts = answer.completion, Found(Finding(detection=first.detection), first.latency_ms), 0
+        latest: Detection | None = first.detection
         for _ in range(self.config.policy.regenerate.max_attempts):
-            if latest.detection is None:
+            if latest is None:
                 break
-            body = actions.regeneration_body(request.body, latest.detection, latest.decision.threshold,
-                                             self.config.policy)
+            body = actions.regeneration_body(request.body, latest, first.decision.threshold, self.config.policy)
             try:
                 candidate = await reask(body)
             except Exception as exc:  # the upstream failed on the re-ask: keep what we have
                 log.warning("request %s: regeneration failed: %s", request.request_id, exc)
                 break
             attempts += 1
-            latest = await self.checker.check(request, candidate)
-            if latest.detection is not None and (best_result.detection is None
-                                                 or latest.detection.score < best_result.detection.score):
-                best, best_result = candidate, latest
-            if not latest.decision.flagged and latest.detection is not None:
+            found = await self.checker.find(request, Answer(candidate))
+            latest = found.finding.detection
+            best_detection = best_found.finding.detection
+            if latest is not None and (best_detection is None or latest.score < best_detection.score):
+                best, best_found = candidate, found
+            if latest is not None and not flags(first.decision, latest):
                 break
-        return best, best_result, attempts
+        return best, best_found, attempts
 
     async def _record(self, record: DecisionRecord, wait_for_store: bool = False) -> None:
         """The audit row (with its escalation's outbox row), then the escalation.
@@ -180,6 +223,17 @@ class Guard:
         """One commit through the writer; while the store is unreachable, again with backoff if `retry`."""
         assert self._rows is not None and self.audit is not None
         rows, audit = self._rows, self.audit
+        try:  # the first attempt without the retrying machinery: it is on every request's path
+            written = await rows.write(record)
+        except Exception as exc:
+            if not audit.unavailable(exc):
+                raise
+            self._store.failed(exc)
+            if not retry:
+                raise
+        else:
+            self._store.ok()
+            return written
         async for attempt in AsyncRetrying(retry=retry_if_exception(audit.unavailable),
                                            stop=stop_never if retry else stop_after_attempt(1),
                                            wait=wait_exponential_jitter(initial=0.2, max=5.0), reraise=True):
@@ -203,8 +257,8 @@ class Guard:
                       wait_for_store: bool = False, failed: bool = False) -> DecisionRecord:
         """Record a request that ends without a check (an upstream failure, no context, a full queue).
         `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block)."""
-        decide = self.engine.failed if failed else self.engine.unchecked
-        result = CheckOutcome(decide(request.profile, request.topic, reason), None, 0.0)
+        finding = Finding(failed=reason) if failed else Finding(skipped=reason)
+        result = CheckOutcome(self.engine.decide(request.profile, request.topic, finding), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
@@ -217,7 +271,7 @@ class Guard:
         """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
         self.in_background(self.account(request, reason, answer))
 
-    async def check_later(self, request: CheckRequest, completion: dict[str, Any]) -> DecisionRecord | None:
+    async def check_later(self, request: CheckRequest, answer: Answer) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline.
 
         A queue that is full, or cannot be reached, gets `proxy.on_queue_full`: check inline, or record the
@@ -225,8 +279,8 @@ class Guard:
         it back.
         """
         if request.rag is None:
-            return await self.account(request, "no_context", self.checker.answer_text(completion))
-        payload = {"request": request.to_dict(), "completion": completion}
+            return await self.account(request, "no_context", self.checker.answer_text(answer))
+        payload = {"request": request.to_dict(), "completion": answer.completion}
         reason = "queue_unavailable"
         if not self.queue_outage.down:
             try:
@@ -245,7 +299,7 @@ class Guard:
                 self._queue_full.failed(RuntimeError(f"{self.settings.queue_size} checks waiting"))
         if self.settings.on_queue_full == "inline":
             return None
-        return await self.account(request, reason, self.checker.answer_text(completion))
+        return await self.account(request, reason, self.checker.answer_text(answer))
 
     def escalation_backlog(self) -> dict[str, int]:
         """Escalations waiting for the webhook: pending (being tried) and undelivered (tried again later).
@@ -280,17 +334,3 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     checker = Checker(detector, engine, config, cache, shared if config.proxy.inline_via == "workers" else None)
     return Guard(checker, engine, config, audit, Escalator(policy.escalation, audit), queue, shared)
 
-
-def _carried_out(decision: Decision, wanted: str, *, can_change: bool, can_reask: bool,
-                 regenerated: bool) -> Decision:
-    """The decision with the action that was carried out, where that is not the one policy wanted (`wanted`):
-    an answer already sent can only be annotated; an API with no way to ask again gets the safe fallback,
-    withholding; a regenerated answer is a regeneration, whatever the final one scored."""
-    if not can_change and wanted in _CHANGES_CONTENT:
-        return decision.model_copy(update={"action": "annotate",
-                                           "reason": f"{wanted} not possible: the answer was already sent"})
-    if wanted == "regenerate" and not can_reask:
-        return decision.model_copy(update={"action": "block", "reason": "regenerate not possible on this API: blocked"})
-    if regenerated:
-        return decision.model_copy(update={"action": "regenerate"})
-    return decision

@@ -3,7 +3,11 @@
 The invariant: under an action that ends a stream (`block`, `regenerate`), every piece of text the client
 receives lies in a prefix of the answer (up to the white space after it) that passed the same check that decides
 the stream's verdict, that check run on the prefix; text that has not is held. So the decision that ends a
-stream is always taken over text still held, and what the client has is never what a verdict blocks.
+stream is always taken over text still held, and what the client has is never what a verdict blocks. An event
+that carries part of the answer the check cannot read as text (a tool call, audio data, an output item that is not
+a message: `Stream.opaque`) is held until the stream's verdict, and every event after it with it: it goes out
+only if the whole answer passes. Events of pure framing (a role, an empty delta) go as soon as the text before
+them passed.
 
 How: the answer text is cut into sentences as it arrives. The release gate is the whole-answer check run on the
 answer up to its last finished sentence (a prefix check). At most one prefix check runs at a time: when it
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -38,9 +43,9 @@ from opentelemetry import trace
 from morphguard.config import Action
 from morphguard.detectors.text import sentence_ends, sentences
 from morphguard.policy.actions import claims
+from morphguard.policy.engine import Reach
 from morphguard.policy.record import DecisionRecord, Released
-from morphguard.proxy.check import CheckOutcome, CheckRequest
-from morphguard.proxy.dialects.base import as_completion
+from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest, Found
 from morphguard.proxy.guard import Guard
 
 E = TypeVar("E")
@@ -88,6 +93,11 @@ class Stream(Protocol[E]):
         """The answer text this event adds ("" for none)."""
         ...
 
+    def opaque(self, event: E) -> bool:
+        """Whether this event carries part of the answer its text does not say (a tool call, audio data, an output
+        that is not text): the check cannot read it, so it waits for the stream's verdict."""
+        ...
+
     def marked(self, event: E, verdict: dict[str, Any]) -> E:
         """The event carrying the verdict of the text that passed (it is the last let out after it)."""
         ...
@@ -107,6 +117,11 @@ class Checked:
 
 
 class Checks(Protocol):
+    @property
+    def closed(self) -> bool:
+        """The stream's verdict is recorded."""
+        ...
+
     async def prefix(self, text: str) -> PrefixCheck:
         """Check the answer up to a finished sentence (`text`) with the check that decides the verdict."""
         ...
@@ -223,7 +238,7 @@ class Incremental(Generic[E]):
 
     def _take(self, event: E) -> None:
         self.text += self.stream.delta(event)
-        self._held.append((event, len(self.text)))
+        self._held.append((event, _AT_VERDICT if self.stream.opaque(event) else len(self.text)))
         ends = sentence_ends(self.text, self._scanned)
         if ends:
             self._ends += ends
@@ -287,6 +302,7 @@ def _summary(end: int, check: PrefixCheck) -> dict[str, Any]:
 
 
 _END: Any = object()
+_AT_VERDICT = sys.maxsize  # where an opaque event's text "ends": it leaves with the stream's verdict, or never
 
 
 async def _next(reader: AsyncIterator[Any]) -> Any:
@@ -310,43 +326,45 @@ async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
 
 class GuardChecks:
     """`Checks` by the proxy's guard: the configured detector on each prefix with the request's question and
-    context, the rule of the request's profile and topic deciding; the stream's verdict settled (decided,
-    audited, escalated) as the guard settles any answer. `answer` is the whole answer once the upstream has
-    ended, as its dialect reads it (tool calls and all), given the text the engine read; a prefix is read as
-    an answer of that text."""
+    context, policy deciding once on each check as a stream checked as it flows can act on it (`Reach.WITHHOLD`);
+    the stream's verdict carried out and audited by the guard. `whole` is the whole answer once the upstream has
+    ended, as its dialect reads it (tool calls and all); a prefix is read as an answer of its text alone."""
 
-    def __init__(self, guard: Guard, request: CheckRequest,
-                 answer: Callable[[str], dict[str, Any]] | None = None) -> None:
+    def __init__(self, guard: Guard, request: CheckRequest, whole: Callable[[], Answer]) -> None:
         self.guard = guard
         self.request = request
-        self.answer = answer or _completion
+        self.answer = whole
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
-        self._cleared: tuple[str, PrefixCheck] | None = None  # the last prefix that passed, as the check read it
+        self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
+
+    @property
+    def closed(self) -> bool:
+        return self.record is not None
 
     async def prefix(self, text: str) -> PrefixCheck:
-        completion = _completion(text)
-        check = _of(await self.guard.checker.check(self.request, completion))
+        answer = Answer.of_text(text)
+        found = await self.guard.find(self.request, answer)
+        check = _of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD))
         if not check.blocks:
-            self._cleared = (self.guard.checker.answer_text(completion), check)
+            self._cleared = (self.guard.checked_text(answer), found)
         return check
 
     async def whole(self, text: str) -> PrefixCheck:
-        completion = self.answer(text)
+        answer = self.answer()
         cleared = self._cleared
-        if cleared is not None and cleared[0].strip() == self.guard.checker.answer_text(completion).strip():
-            return replace(cleared[1], whole=True)  # that very answer passed: its verdict stands, once
-        return replace(_of(await self.guard.checker.check(self.request, completion)), whole=True)
+        if cleared is not None and cleared[0].strip() == self.guard.checked_text(answer).strip():
+            found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
+        else:                  # on the whole answer, with all it holds beside that text
+            found = await self.guard.find(self.request, answer)
+        return replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
 
     async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
         outcome: CheckOutcome = deciding.outcome
-        blocks = deciding.blocks
-        # What was sent cannot be highlighted or cited any more; only what is still held can be withheld.
         span = self.request.chat_span
+        answer = self.answer() if deciding.whole else Answer.of_text(text)
         with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
-            _, self.record = await self.guard.settle(
-                self.request, self.answer(text) if deciding.whole else _completion(text), outcome=outcome,
-                can_change=blocks, released=released)
-        return Closing(self.record.payload(), blocks, outcome.decision.safe_message)
+            self.record = (await self.guard.carry_out(self.request, answer, outcome, released)).record
+        return Closing(self.record.payload(), deciding.blocks, outcome.decision.safe_message)
 
 
 def _of(outcome: CheckOutcome) -> PrefixCheck:
@@ -358,7 +376,3 @@ def _of(outcome: CheckOutcome) -> PrefixCheck:
                        if f.start is not None and f.end is not None)
     return PrefixCheck(flagged=outcome.decision.flagged, blocks=outcome.decision.action in ENDS_STREAM,
                        score=detection.score if detection is not None else None, claims=placed, outcome=outcome)
-
-
-def _completion(text: str) -> dict[str, Any]:
-    return as_completion({"role": "assistant", "content": text})

@@ -5,10 +5,12 @@ checked or accepted) and after the model answered (`afterRequestHook`), with the
 relayed. What Portkey relays is read in the API it names (`requestType`): chat completions (`chatComplete`),
 Anthropic's Messages (`messages`) and text completions (`complete`), the only ones Portkey runs output guardrails
 on. Each choice of a chat or text completion is an answer of its own, checked as its own request (one audit row
-each); the webhook's verdict is false when policy blocks any of them, or, with `proxy.portkey.flagged_is_failure`,
-when any is flagged. A stream reaches the webhook without its answer (`response.json` is null): it cannot be
-checked, and is decided as the profile's `on_error` says. A `requestType` morphguard cannot read is decided the
-same way. Every answer accepted leaves one audit row, its reason saying why it was not checked where it was not.
+each, at most `proxy.max_choices` of them: `choices.settle`); the webhook's verdict is false when policy blocks any
+of them, or, with `proxy.portkey.flagged_is_failure`, when any is flagged. A stream reaches the webhook without its
+answer (`response.json` is null): it cannot be checked, and is decided as the profile's `on_error` says. A
+`requestType` morphguard cannot read is decided the same way. Every answer accepted leaves one audit row, its reason
+saying why it was not checked where it was not, and what Portkey was told (`portkey:deny` or `portkey:pass`; whether
+Portkey then withheld a denied answer depends on its check's `deny` setting, which morphguard does not see).
 
 The reply is Portkey's: `verdict`, `data` (the decision, as a chat completion's `morphguard` field carries it; for
 several choices, the one that decided the verdict, and each choice's under `choices`), and `transformedData` with
@@ -17,8 +19,6 @@ the response as policy's actions left it, where they changed it.
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from morphguard.policy.answers import prose
-from morphguard.policy.record import DecisionRecord
 from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
 from morphguard.proxy.check import CheckRequest
@@ -36,6 +35,7 @@ from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes
 from morphguard.proxy.flow import Flow, accept, request_facts
 
 EVENTS = ("beforeRequestHook", "afterRequestHook")
+GATEWAY = "portkey"  # as the audit rows name it (`DecisionRecord.gateway`)
 CHAT, MESSAGES, TEXT = "chatComplete", "messages", "complete"
 
 
@@ -55,42 +55,32 @@ async def webhook(flow: Flow, request: Request, hook: dict[str, Any], flagged_is
     answer = received.get("json")
     if kind not in (CHAT, MESSAGES, TEXT):
         intake = _intake(flow, request, {}, metadata)
-        return _reply([await flow.guard.account(intake, "unsupported_request_type", failed=True)], None, None,
-                      flagged_is_failure)
+        return _reply(await choices.unread(flow.guard, intake, "unsupported_request_type", gateway=GATEWAY,
+                                           flagged_fails=flagged_is_failure), None)
     if not isinstance(sent_json, dict):
         raise bad_request("'request.json' must be an object.", "request.json")
     chat = _chat_view(kind, sent_json)
     if answer is None:  # a stream: Portkey calls the webhook without its answer
         intake = _intake(flow, request, chat, metadata)
-        return _reply([await flow.guard.account(intake, "stream", failed=True)], None, None, flagged_is_failure)
+        return _reply(await choices.unread(flow.guard, intake, "stream", gateway=GATEWAY,
+                                           flagged_fails=flagged_is_failure), None)
     if not isinstance(answer, dict):
         raise bad_request("'response.json' must be an object or null.", "response.json")
     answers = _answers(kind, answer)
     # One reading of the request for every choice; each choice is its own audited answer, under its own id.
-    first = _intake(flow, request, chat, metadata)
-    intakes = [first, *(replace(first, request_id=uuid.uuid4().hex) for _ in answers[1:])]
-    settled = await asyncio.gather(*(flow.settle(i, a) for i, a in zip(intakes, answers, strict=True)))
-    records = [record for _, record in settled]
-    reviewed = [completion for completion, _ in settled]
+    verdict = await choices.settle(flow.guard, _intake(flow, request, chat, metadata), answers, gateway=GATEWAY,
+                                   max_choices=flow.settings.max_choices, flagged_fails=flagged_is_failure)
     changed = None
-    if any(r != a for r, a in zip(reviewed, answers, strict=True)):
-        changed = _written(kind, answer, reviewed, any(r.action == "block" for r in records))
-    return _reply(records, changed, answer, flagged_is_failure)
+    if any(r != a for r, a in zip(verdict.answers, answers, strict=True)):
+        changed = _written(kind, answer, verdict.answers, any(r.action == "block" for r in verdict.records))
+    return _reply(verdict, changed)
 
 
-def _reply(records: list[DecisionRecord], changed: dict[str, Any] | None, answer: dict[str, Any] | None,
-           flagged_is_failure: bool) -> Response:
-    def fails(record: DecisionRecord) -> bool:
-        return record.action == "block" or (flagged_is_failure and record.flagged)
-
-    deciding = next((r for r in records if fails(r)), None) or next((r for r in records if r.flagged), records[0])
-    data = deciding.payload()
-    if len(records) > 1:
-        data["choices"] = [r.payload() for r in records]
-    out: dict[str, Any] = {"verdict": not any(fails(r) for r in records), "data": data}
+def _reply(verdict: choices.Verdict, changed: dict[str, Any] | None) -> Response:
+    out: dict[str, Any] = {"verdict": not verdict.fails, "data": verdict.payload()}
     if changed is not None:
         out["transformedData"] = {"response": {"json": changed, "text": _text_of(changed)}}
-    return JSON(out, headers=deciding.headers())
+    return JSON(out, headers=verdict.deciding.headers())
 
 
 def _intake(flow: Flow, request: Request, chat: dict[str, Any], metadata: dict[str, Any]) -> CheckRequest:

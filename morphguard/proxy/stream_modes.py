@@ -7,10 +7,12 @@
 - `incremental` (`AsItFlows`): events go out once the answer up to their text passed the whole-answer check
   (`proxy.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
   answer.
-- `auto` (`AsItFlows` too): incremental where the request's rule can change the answer, else passthrough (async under
-  `proxy.mode: async`).
+- `auto` is no mode of its own: `stream_mode` picks one of these per request (incremental where policy can change the
+  answer, else passthrough, or async under `proxy.mode: async`).
 
-A stream that breaks after its 200 ends with the dialect's error event; one a client leaves is still audited.
+Each mode names itself in the response's `x-morphguard-stream` header, and runs the request path only through the
+`Steps` it is given (`proxy.exchange`). A stream that breaks after its 200 ends with the dialect's error event; one a
+client leaves is still audited.
 """
 
 from __future__ import annotations
@@ -23,155 +25,151 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from morphguard.config import Action, ProxySettings
-from morphguard.policy.answers import prose
-from morphguard.policy.engine import ACTIONS
+from morphguard.policy.engine import ACTIONS, Reach
 from morphguard.proxy.backend import Relay
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Assembly, Dialect, Event, event_of
 from morphguard.proxy.errors import ProxyError, upstream_malformed
 from morphguard.proxy.exchange import Exchange, Steps, StreamMode
-from morphguard.proxy.incremental import Closing, GuardChecks, Incremental
+from morphguard.proxy.incremental import Closing, Incremental
 
 log = logging.getLogger(__name__)
+STREAM_HEADER = "x-morphguard-stream"  # the mode a stream ran in: passthrough, async, buffer or incremental
 
 
 class Relayed:
     def __init__(self, *, later: bool) -> None:
         self.later = later  # queue the check (async) rather than run it before the stream's end
+        self.name = "async" if later else "passthrough"
 
     async def respond(self, steps: Steps, exchange: Exchange, relay: Relay, opened: AsyncExitStack) -> Response:
         return StreamingResponse(self._events(steps, exchange, relay, opened), media_type="text/event-stream",
-                                 headers=relay.kept)
+                                 headers=relay.kept | {STREAM_HEADER: self.name})
 
     async def _events(self, steps: Steps, exchange: Exchange, relay: Relay,
                       opened: AsyncExitStack) -> AsyncIterator[bytes]:
         assert relay.events is not None
-        dialect, guard = exchange.dialect, steps.guard
+        dialect = exchange.dialect
         assembly = dialect.assembly()
         last: Event | None = None
         recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
+        broken: ProxyError | None = None
         try:
             try:
-                try:
-                    async for event in relay.events:
-                        if assembly.add(event):
-                            last = event
-                            break
-                        yield event.encode()
-                    assembly.finish()
-                finally:
-                    await opened.aclose()
-            except ProxyError as exc:  # the status line is sent: say it in the stream, the SDK raises it
+                async for event in relay.events:
+                    if assembly.add(event):
+                        last = event
+                        break
+                    yield event.encode()
+                assembly.finish()
+            except ProxyError as exc:
                 relay.failed(exc.code or "stream_error")
-                log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, exc.message)
-                await guard.account(exchange.intake, exc.code or "upstream_stream_broken", assembly.text)
+                broken = exc
+            finally:
+                await opened.aclose()  # the provider's stream and its span: read to the end
+            if broken is not None:  # the status line is sent: say it in the stream, the SDK raises it
+                log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, broken.message)
+                await steps.account(exchange, broken.code or "upstream_stream_broken", assembly.text)
                 recorded = True
-                yield dialect.stream_error(exc).encode()
+                yield dialect.stream_error(broken).encode()
                 return
             response, completion = assembly.response(), assembly.completion()
-            steps.backend.record(dialect, relay, response, prose(completion))
-            try:
-                _, record = await steps.check(exchange, relay, response, completion, can_change=False,
-                                              later=self.later)
-                recorded = True
-            finally:
-                relay.end()
-            for event in dialect.with_verdict(last, record.payload(), response):
+            answer = Answer(completion, response)
+            steps.answered(exchange, relay, answer)
+            if self.later:
+                settled = await steps.check_later(exchange, answer, Reach.NONE)
+            else:
+                settled = await steps.check(exchange, answer, Reach.NONE)
+            recorded = True
+            for event in dialect.with_verdict(last, settled.record.payload(), response):
                 yield event.encode()
         finally:
             if not recorded:
-                if relay.span.is_recording():
-                    relay.span.end()
-                guard.account_soon(exchange.intake, "client_disconnected", assembly.text)
+                steps.account_soon(exchange, "client_disconnected", assembly.text)
 
 
 class Buffered:
+    name = "buffer"
+
     async def respond(self, steps: Steps, exchange: Exchange, relay: Relay, opened: AsyncExitStack) -> Response:
         assert relay.events is not None
         dialect = exchange.dialect
         assembly = dialect.assembly()
         held: list[Event] = []
         last: Event | None = None
-        try:
-            async for event in relay.events:
-                if assembly.add(event):
-                    last = event
-                    break
-                held.append(event)
-            assembly.finish()
-        except BaseException as exc:
-            relay.failed(type(exc).__name__)
-            raise
-        finally:
-            await opened.aclose()
-        try:
+        async with opened:  # the provider's stream and its span: read to the end
+            try:
+                async for event in relay.events:
+                    if assembly.add(event):
+                        last = event
+                        break
+                    held.append(event)
+                assembly.finish()
+            except BaseException as exc:
+                relay.failed(type(exc).__name__)
+                raise
             response = assembly.response()
             if response is None:
                 raise upstream_malformed("the stream does not make a whole response")
-            completion = dialect.completion(response)
-        except BaseException:
-            relay.end()
-            raise
-        steps.backend.record(dialect, relay, response, prose(completion))
-        try:
-            checked, record = await steps.check(exchange, relay, response, completion, can_change=True, later=False)
-        finally:
-            relay.end()
-        assert checked is not None
-        if record.action == "block" or dialect.completion(checked) != completion:
-            *held, last = dialect.replay(checked)
+            answer = Answer(dialect.completion(response), response)
+            steps.answered(exchange, relay, answer)
+        settled = await steps.check(exchange, answer, Reach.REWRITE)
+        checked, record = settled.answer, settled.record
+        assert checked.response is not None
+        if record.action == "block" or checked.completion != answer.completion:
+            *held, last = dialect.replay(checked.response)
         out = [e.encode() for e in [*held, *dialect.with_verdict(last, record.payload(), response)]]
-        return StreamingResponse(iter(out), media_type="text/event-stream", headers=relay.kept | record.headers())
+        return StreamingResponse(iter(out), media_type="text/event-stream",
+                                 headers=relay.kept | record.headers() | {STREAM_HEADER: self.name})
 
 
 class AsItFlows:
-    """Checked as it flows (`incremental`), or, under `auto`, where the rule can change the answer; the mode
-    `stream_mode` chooses otherwise."""
+    """Checked as it flows (`incremental`): text released as the prefixes it lies in pass the check, what the check
+    cannot read held until the stream's verdict (`proxy.incremental`)."""
+
+    name = "incremental"
 
     async def respond(self, steps: Steps, exchange: Exchange, relay: Relay, opened: AsyncExitStack) -> Response:
-        guard, intake = steps.guard, exchange.intake
-        name = stream_mode(guard.settings, guard.engine.rule(intake.profile, intake.topic).action, intake,
-                           tool_calls_checked=guard.config.policy.tool_calls == "check")
-        if name != "incremental":
-            return await STREAM_MODES[name].respond(steps, exchange, relay, opened)
         return StreamingResponse(self._events(steps, exchange, relay, opened), media_type="text/event-stream",
-                                 headers=relay.kept)
+                                 headers=relay.kept | {STREAM_HEADER: self.name})
 
     async def _events(self, steps: Steps, exchange: Exchange, relay: Relay,
                       opened: AsyncExitStack) -> AsyncIterator[bytes]:
         assert relay.events is not None
-        dialect, guard = exchange.dialect, steps.guard
+        dialect = exchange.dialect
         stream = _DialectStream(dialect)
+
+        def whole() -> Answer:
+            return Answer(stream.assembly.completion(), stream.assembly.response())
 
         async def upstream(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
             async for event in stream.read(events):
                 yield event
-            steps.backend.record(dialect, relay, stream.assembly.response(), prose(stream.assembly.completion()))
+            steps.answered(exchange, relay, whole())
 
-        checks = GuardChecks(guard, exchange.intake, lambda text: stream.assembly.completion())
-        engine = Incremental(stream, checks, guard.settings.stream_window)
+        checks = steps.checks(exchange, whole)
+        engine = Incremental(stream, checks, steps.window)
         unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
         try:
             try:
                 async with aclosing(engine.run(upstream(relay.events))) as events:
                     async for event in events:
                         yield event.encode()
-            finally:
+            except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
+                relay.failed(exc.code or "stream_error")
                 await opened.aclose()
-        except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
-            relay.failed(exc.code or "stream_error")
-            log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, exc.message)
-            unrecorded = ""
-            await guard.account(exchange.intake, exc.code or "upstream_stream_broken", stream.assembly.text)
-            yield dialect.stream_error(exc).encode()
-        except Exception:
-            unrecorded = "internal_error"
-            raise
+                log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, exc.message)
+                unrecorded = ""
+                await steps.account(exchange, exc.code or "upstream_stream_broken", stream.assembly.text)
+                yield dialect.stream_error(exc).encode()
+            except Exception:
+                unrecorded = "internal_error"
+                raise
         finally:
-            relay.end()
-            if unrecorded and checks.record is None:
-                guard.account_soon(exchange.intake, unrecorded, stream.assembly.text)
+            await opened.aclose()
+            if unrecorded and not checks.closed:
+                steps.account_soon(exchange, unrecorded, stream.assembly.text)
 
 
 class _DialectStream:
@@ -183,6 +181,7 @@ class _DialectStream:
         self.assembly: Assembly = dialect.assembly()
         self.last: Event | None = None
         self._added: dict[int, str] = {}  # the words of each event read and not yet asked for, by the event
+        self._opaque: set[int] = set()  # the events read that carry what the check cannot read as text
 
     async def read(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
         """The upstream's events less its last (kept for the ending); ProxyError where the stream breaks."""
@@ -191,12 +190,21 @@ class _DialectStream:
                 self.last = event
                 break
             self._added[id(event)] = self.assembly.added
+            if self.assembly.opaque:
+                self._opaque.add(id(event))
             yield event
         self.assembly.finish()
 
     def delta(self, event: Event) -> str:
         """The words the assembly read in `event` as it took it: the stream's one reading of its events."""
         return self._added.pop(id(event), "")
+
+    def opaque(self, event: Event) -> bool:
+        """Whether the assembly found in `event`, as it took it, answer content other than words."""
+        if id(event) in self._opaque:
+            self._opaque.discard(id(event))
+            return True
+        return False
 
     def marked(self, event: Event, verdict: dict[str, Any]) -> Event:
         data = event.json()  # every API's events are JSON objects; an SDK keeps a field it does not know
@@ -235,4 +243,5 @@ def _offers_tools(request: CheckRequest) -> bool:
 
 
 STREAM_MODES: dict[str, StreamMode] = {"passthrough": Relayed(later=False), "async": Relayed(later=True),
-                                       "buffer": Buffered(), "incremental": AsItFlows(), "auto": AsItFlows()}
+                                       "buffer": Buffered(), "incremental": AsItFlows()}
+"""The modes by the name `stream_mode` chooses (`auto` is a choice among them, never a mode of its own)."""

@@ -33,9 +33,10 @@ argument deltas), "function" (chat: the legacy `function_call`), "refusal" (chat
 part), "audio" (chat: an audio transcript, streamed as transcript deltas), "parts" (chat: content as a list of text
 parts, streamed so too), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
 "item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
-the text); "image" (Responses: only an image). Chat answers carry logprobs when asked for them.
-"two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, and
-POST /v1/completions, the legacy text completions API, which answers by model as chat does).
+the text); "image" (Responses: only an image), "image-first" and "image-last" (Responses: an image, then the text
+message, or the other way round). Chat answers carry logprobs when asked for them.
+"two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, streamed
+too, and POST /v1/completions, the legacy text completions API, which answers by model as chat does).
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the
 input answers with that response's text again, an unknown id is a 400 as OpenAI's; "truncated" streams
 of Responses and Messages stop before their last event.
@@ -202,6 +203,15 @@ async def _chat(request: Request) -> Response:
 async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
+    if model == "two-choices":  # n = 2, streamed: the grounded answer as choice 0, the ungrounded one as choice 1
+        for index, answer in enumerate((ANSWERS["faithful"], ANSWERS["hallucinated"])):
+            for word in re.findall(r"\S+\s*", answer):
+                piece = {"index": index, "delta": {"content": word}}
+                yield "data: " + json.dumps({**base, "choices": [piece]}) + "\n\n"
+            yield "data: " + json.dumps({**base, "choices": [{"index": index, "delta": {}, "finish_reason": "stop"}]})
+            yield "\n\n"
+        yield "data: [DONE]\n\n"
+        return
     if _field(model) == "tool":  # the call's name first, then its arguments in two pieces
         call = _tool_call(text)
         arguments = call["function"]["arguments"]
@@ -370,12 +380,20 @@ def _response(model: str, text: str) -> dict:
     elif _field(model) == "refusal":
         output[0]["content"] = [{"type": "refusal", "refusal": text}]
     elif _field(model) == "image":
-        output = [{"type": "image_generation_call", "id": f"ig_{number}", "status": "completed", "result": "iVBORw0K"}]
+        output = [_image(number)]
+    elif _field(model) == "image-first":
+        output = [_image(number), *output]
+    elif _field(model) == "image-last":
+        output = [*output, _image(number)]
     stored[f"resp_{number}"] = text
     return {"id": f"resp_{number}", "object": "response", "created_at": int(time.time()), "status": "completed",
             "model": model, "output": output,
             "usage": {"input_tokens": 20, "output_tokens": 9, "total_tokens": 29},
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+
+
+def _image(number: int) -> dict:
+    return {"type": "image_generation_call", "id": f"ig_{number}", "status": "completed", "result": "iVBORw0K"}
 
 
 @_lenient
@@ -409,51 +427,57 @@ async def responses(request: Request) -> Response:
             seq += 1
             return f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': seq, **data})}\n\n"
 
-        item = final["output"][0]
         yield event("response.created", response={**final, "status": "in_progress", "output": []})
-        if item["type"] == "function_call":  # the call opens empty, its arguments follow in two pieces
-            yield event("response.output_item.added", output_index=0, item={**item, "arguments": "",
-                                                                            "status": "in_progress"})
-            for piece in (item["arguments"][:10], item["arguments"][10:]):
-                yield event("response.function_call_arguments.delta", output_index=0, item_id=item["id"],
-                            delta=piece)
-            yield event("response.function_call_arguments.done", output_index=0, item_id=item["id"],
-                        arguments=item["arguments"])
-            yield event("response.output_item.done", output_index=0, item=item)
-            yield event("response.completed", response=final)
-            return
-        if item["type"] != "message":  # an image: its item, then the end
-            yield event("response.output_item.added", output_index=0, item=item)
-            yield event("response.output_item.done", output_index=0, item=item)
-            yield event("response.completed", response=final)
-            return
-        part = item["content"][0]
-        kind, key = ("refusal", "refusal") if part["type"] == "refusal" else ("output_text", "text")
-        text = part[key]
         giant = re.fullmatch(r"giant-line-(\d+)", model)
         if giant:  # an event the client would skip, of one long data line
             yield 'event: response.in_progress\ndata: {"type": "response.in_progress", "pad": "'
             for piece in _pad(int(giant.group(1))):
                 yield piece
             yield '"}\n\n'
-        yield event("response.output_item.added", output_index=0, item={**item, "content": [],
-                                                                        "status": "in_progress"})
-        if _field(model) != "item-only":  # there the text comes only with the whole item
-            at = {"output_index": 0, "item_id": item["id"], "content_index": 0}
-            yield event("response.content_part.added", **at, part={**part, key: ""})
-            if _field(model) != "done-only":  # there the text comes only with `output_text.done`
-                for word in _words(text):
-                    yield event(f"response.{kind}.delta", **at, delta=word,
-                                **({"logprobs": []} if kind == "output_text" else {}))
-            if kind == "refusal":
-                yield event("response.refusal.done", **at, refusal=text)
-            else:
-                yield event("response.output_text.done", **at, text=text, logprobs=[])
-            yield event("response.content_part.done", **at, part=part)
-        yield event("response.output_item.done", output_index=0, item=item)
+        for index, item in enumerate(final["output"]):
+            async for line in _item_events(event, model, index, item):
+                yield line
         if model != "truncated":
             yield event("response.completed", response=final)
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _item_events(event, model: str, index: int, item: dict):
+    """The events of one output item of a Responses stream."""
+    if item["type"] == "function_call":  # the call opens empty, its arguments follow in two pieces
+        yield event("response.output_item.added", output_index=index, item={**item, "arguments": "",
+                                                                            "status": "in_progress"})
+        for piece in (item["arguments"][:10], item["arguments"][10:]):
+            yield event("response.function_call_arguments.delta", output_index=index, item_id=item["id"],
+                        delta=piece)
+        yield event("response.function_call_arguments.done", output_index=index, item_id=item["id"],
+                    arguments=item["arguments"])
+        yield event("response.output_item.done", output_index=index, item=item)
+        return
+    if item["type"] != "message":  # an image: its item whole (after a text, once that text could be checked)
+        if index:
+            await asyncio.sleep(0.5)
+        yield event("response.output_item.added", output_index=index, item=item)
+        yield event("response.output_item.done", output_index=index, item=item)
+        return
+    part = item["content"][0]
+    kind, key = ("refusal", "refusal") if part["type"] == "refusal" else ("output_text", "text")
+    text = part[key]
+    yield event("response.output_item.added", output_index=index, item={**item, "content": [],
+                                                                        "status": "in_progress"})
+    if _field(model) != "item-only":  # there the text comes only with the whole item
+        at = {"output_index": index, "item_id": item["id"], "content_index": 0}
+        yield event("response.content_part.added", **at, part={**part, key: ""})
+        if _field(model) != "done-only":  # there the text comes only with `output_text.done`
+            for word in _words(text):
+                yield event(f"response.{kind}.delta", **at, delta=word,
+                            **({"logprobs": []} if kind == "output_text" else {}))
+        if kind == "refusal":
+            yield event("response.refusal.done", **at, refusal=text)
+        else:
+            yield event("response.output_text.done", **at, text=text, logprobs=[])
+        yield event("response.content_part.done", **at, part=part)
+    yield event("response.output_item.done", output_index=index, item=item)
 
 
 def _echoed(given: object) -> str:

@@ -79,6 +79,14 @@ def ask(base: str, row: Row, model: str, user: str) -> httpx.Response:
     return response
 
 
+def stream_mode(row: Row) -> str | None:
+    """The stream mode the proxy's default (`auto`, under `block`) runs a row's stream in: as it flows, or buffered
+    where the request offers tools whose calls are checked; a whole answer has none."""
+    if not row.stream:
+        return None
+    return "buffer" if row.field in ("tool", "function") else "incremental"
+
+
 def verdict(response: httpx.Response) -> dict:
     """The verdict of a whole answer, or the closing verdict of a stream (the sentences' own come before it)."""
     if response.headers["content-type"].startswith("application/json"):
@@ -94,6 +102,7 @@ def verdict(response: httpx.Response) -> dict:
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_an_unsupported_answer_in_any_field_is_blocked_before_any_of_it_is_sent(guarded, proxy_factory, row):
     response = ask(guarded, row, f"{row.field}-answer" if row.field else "hallucinated", QUESTION)
+    assert response.headers.get("x-morphguard-stream") == stream_mode(row)  # no case falls back unseen
     found = verdict(response)
     assert found["checked"] is True and found["action"] == "block", found
     assert UNSUPPORTED_WORD not in response.text  # not in a delta, a whole part, an item or a tool call
@@ -106,8 +115,42 @@ def test_an_unsupported_answer_in_any_field_is_blocked_before_any_of_it_is_sent(
 @pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
 def test_a_supported_answer_in_any_field_is_read_and_sent(guarded, proxy_factory, row):
     response = ask(guarded, row, f"{row.field}-echo" if row.field else "echo", PASSAGE)
+    assert response.headers.get("x-morphguard-stream") == stream_mode(row)
     found = verdict(response)
     assert found["checked"] is True and found["action"] == "pass", found
     assert "contraindicated" in response.text
     audited = audit_row(proxy_factory, guarded, found["request_id"])
     assert audited["action"] == "pass" and "contraindicated" in audited["answer"], audited
+
+
+IMAGE = "iVBORw0K"  # the image the scripted provider's "image-*" answers hold
+
+
+def test_output_the_check_cannot_read_waits_for_the_verdict_of_a_stream_checked_as_it_flows(guarded, proxy_factory):
+    """An image ahead of the text goes out only with a passing verdict: a block withholds it with the text."""
+    row = Row("responses", "image-first", True)
+    blocked = ask(guarded, row, "image-first-answer", QUESTION)
+    assert blocked.headers["x-morphguard-stream"] == "incremental"
+    assert verdict(blocked)["action"] == "block" and IMAGE not in blocked.text
+    assert UNSUPPORTED_WORD not in blocked.text and SAFE in blocked.text
+
+    passed = ask(guarded, row, "image-first-echo", PASSAGE)
+    assert passed.headers["x-morphguard-stream"] == "incremental"
+    found = verdict(passed)
+    assert found["action"] == "pass" and "unreadable_output: image_generation_call" in found["reason"]
+    assert IMAGE in passed.text and passed.text.index(IMAGE) < passed.text.index("contraindicated")  # in order
+
+
+def test_a_whole_answer_is_decided_on_all_it_holds_though_its_text_passed_as_a_prefix(proxy_factory):
+    """The text passes its prefix check; the image after it is output the check cannot read, which this policy
+    withholds: the stream's verdict is a block, and the image never leaves."""
+    strict = proxy_factory(detector="grounding", policy={
+        "safe_message": SAFE, "unreadable_output": "block",
+        "profiles": {"general": {"action": "block", "topics": {}}}})
+    response = ask(strict, Row("responses", "image-last", True), "image-last-echo", PASSAGE + " ")
+    assert response.headers["x-morphguard-stream"] == "incremental"
+    found = verdict(response)
+    assert found["action"] == "block" and "unreadable_output: image_generation_call" in found["reason"], found
+    assert IMAGE not in response.text and SAFE in response.text
+    audited = audit_row(proxy_factory, strict, found["request_id"])
+    assert (audited["action"], audited["checked"]) == ("block", 1), audited

@@ -41,7 +41,17 @@ def test_a_grounded_answer_passes_with_its_verdict_and_audit_row(checker):
     assert response.headers["x-morphguard-action"] == "pass"
     row = rows(folder)[verdict["request_id"]]
     assert row["checked"] == 1 and row["answer"] == FAITHFUL and row["question"] == QUESTION
-    assert row["context"] == PASSAGE and row["model"] == "gpt-4o-mini"
+    assert row["context"] == PASSAGE and row["model"] == "gpt-4o-mini" and row["gateway"] is None
+
+
+def test_a_caller_naming_its_gateway_gets_what_it_was_told_recorded(checker):
+    base, folder = checker
+    blocked = post(base, "/v1/check", {**check_body(HALLUCINATED), "gateway": "my-gateway"},
+                   **{"x-tenant": "clinic"}).json()
+    assert blocked["action"] == "block" and "gateway" not in blocked  # kept in the audit trail
+    assert rows(folder)[blocked["request_id"]]["gateway"] == "my-gateway:deny"
+    passed = post(base, "/v1/check", {**check_body(FAITHFUL), "gateway": "my-gateway"}).json()
+    assert rows(folder)[passed["request_id"]]["gateway"] == "my-gateway:pass"
 
 
 def test_a_hallucinated_answer_is_flagged_with_its_spans(checker):
@@ -99,6 +109,9 @@ def test_a_check_needs_a_proxy_key(checker, key):
     ({"question": QUESTION, "answer": FAITHFUL}, "context"),
     ({**check_body(FAITHFUL), "model": ["gpt"]}, "model"),
     ({**check_body(FAITHFUL), "topic": {"a": 1}}, "topic"),
+    ({**check_body(FAITHFUL), "gateway": "Nemo Guardrails"}, "gateway"),
+    ({**check_body(FAITHFUL), "gateway": "n" * 33}, "gateway"),
+    ({**check_body(FAITHFUL), "gateway": 7}, "gateway"),
 ])
 def test_hostile_input_is_an_openai_shaped_400(checker, body, param):
     base, folder = checker

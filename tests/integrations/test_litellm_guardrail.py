@@ -25,9 +25,11 @@ pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (
 MASTER = "sk-litellm-master-0123"
 
 
-def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "openai/judge"):
-    """The LiteLLM proxy with morphguard as a guardrail in `mode`; its base URL and process."""
+def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "openai/judge", **proxy: object):
+    """The LiteLLM proxy with morphguard as a guardrail in `mode` (and morphguard's `proxy` settings); its base URL and
+    process."""
     morphguard = {
+        "proxy": proxy,
         "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
         "detector": {"name": "metarag"},
         "metarag": {"profile": "paper"},
@@ -35,9 +37,12 @@ def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "op
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
                          "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
                          "closed": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
-                                    "on_error": "fail_closed", "latency_budget_s": 1}},
+                                    "on_error": "fail_closed", "latency_budget_s": 1},
+                         "marked": {"threshold": 0.5, "action": "highlight", "topics": {}}},
             "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
-                       {"profile": "closed", "headers": {"x-tenant": "closed"}}],
+                       {"profile": "closed", "headers": {"x-tenant": "closed"}},
+                       {"profile": "marked", "headers": {"x-tenant": "marked"}}],
+            "highlight": {"open": "[!", "close": "!]"},
             "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
         },
     }
@@ -76,6 +81,16 @@ def late_gateway(provider, tmp_path_factory):
     """Reading the request while the provider answers (during_call), checking after (post_call)."""
     folder = tmp_path_factory.mktemp("litellm-late")
     base, process = start_litellm(provider, folder, ["during_call", "post_call"])
+    yield base, folder
+    stop(process)
+
+
+@pytest.fixture(scope="module")
+def post_gateway(provider, tmp_path_factory):
+    """The guardrail in `post_call` mode alone (it reads each request when the answer is there), checking at most one
+    choice of an answer."""
+    folder = tmp_path_factory.mktemp("litellm-post")
+    base, process = start_litellm(provider, folder, ["post_call"], max_choices=1)
     yield base, folder
     stop(process)
 
@@ -314,3 +329,98 @@ def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
                           headers={"authorization": f"Bearer {MASTER}", "x-tenant": "closed"})
     assert response.status_code == 400 and SAFE in response.text and HALLUCINATED not in response.text
     assert sorted(r["reason"] for r in rows(folder).values()) == ["fail_closed: latency_budget_exceeded"] * 2
+
+
+# --- what the client cannot steer, what every stream leaves, what each row says the gateway was told ------------------
+
+
+@pytest.mark.parametrize("named", ["aresponses", "anthropic_messages", "aembedding", "atext_completion"])
+def test_the_call_type_is_litellms_never_the_clients_metadata(post_gateway, named):
+    base, folder = post_gateway
+    before = set(rows(folder))
+    completion = client(base).chat.completions.create(
+        model="hallucinated", messages=[{"role": "user", "content": QUESTION}],
+        metadata={"morphguard_call_type": named, "morphguard_request": "not-a-token"},
+        extra_body={"morphguard": {"context": [PASSAGE]}})
+    verdict = completion.model_extra["morphguard"]
+    assert verdict["checked"] is True and verdict["flagged"] is True and verdict["action"] == "annotate"
+    [row] = new_rows(folder, before)
+    assert (row["answer"], row["context"], row["gateway"]) == (HALLUCINATED, PASSAGE, "litellm:pass")
+
+
+def test_a_stream_of_several_choices_carries_each_choices_action(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    stream = client(base, **{"x-tenant": "marked"}).chat.completions.create(
+        model="two-choices", n=2, messages=[{"role": "user", "content": QUESTION}], stream=True,
+        extra_body={"morphguard": {"context": [PASSAGE]}})
+    chunks = list(stream)
+    texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+             for i in (0, 1)}
+    assert texts[0] == FAITHFUL and texts[1] == f"[!{HALLUCINATED[:-1]}!]."  # the claim marked, its stop outside
+    [verdict] = [c.model_extra["morphguard"] for c in chunks if (c.model_extra or {}).get("morphguard")]
+    assert [c["action"] for c in verdict["choices"]] == ["pass", "highlight"]
+    assert sorted((r["answer"], r["action"]) for r in new_rows(folder, before)) == [
+        (FAITHFUL, "pass"), (HALLUCINATED, "highlight")]
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_a_stream_the_guardrail_cannot_read_is_audited_in_post_call_mode_alone(post_gateway, api):
+    base, folder = post_gateway
+
+    def stream(tenant: str | None) -> httpx.Response:
+        body: dict = {"model": "hallucinated", "stream": True, "morphguard": {"context": [PASSAGE]}}
+        if api == "responses":
+            body["input"] = QUESTION
+        else:
+            body.update(max_tokens=100, messages=[{"role": "user", "content": QUESTION}])
+        headers = {"authorization": f"Bearer {MASTER}", **({"x-tenant": tenant} if tenant else {})}
+        return httpx.post(f"{base}/v1/{api}", json=body, headers=headers, timeout=60)
+
+    before = set(rows(folder))
+    sent = stream(None)
+    assert sent.status_code == 200 and "throughout" in sent.text
+    [row] = new_rows(folder, before)
+    assert (row["checked"], row["action"], row["reason"], row["gateway"]) == (
+        0, "pass", "fail_open: stream", "litellm:pass")
+    assert row["context"] == PASSAGE
+    before = set(rows(folder))
+    refused = stream("closed")
+    assert "throughout" not in refused.text and SAFE in refused.text
+    [row] = new_rows(folder, before)
+    assert (row["action"], row["reason"], row["gateway"]) == ("block", "fail_closed: stream", "litellm:deny")
+
+
+def test_choices_past_the_cap_are_decided_by_on_error_and_audited(post_gateway):
+    base, folder = post_gateway
+    before = set(rows(folder))
+    # `strict` fails open: the first choice is checked and passes, the second is past the cap of one, and passes
+    completion = ask(client(base, **{"x-tenant": "clinic"}), "two-choices", n=2).parse()
+    assert [c.message.content for c in completion.choices] == [FAITHFUL, HALLUCINATED]
+    verdict = completion.model_extra["morphguard"]
+    assert [(c["checked"], c.get("reason")) for c in verdict["choices"]] == [
+        (True, None), (False, "fail_open: too_many_choices")]
+    assert sorted((r["checked"], r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
+        (0, "pass", "fail_open: too_many_choices", "litellm:pass"), (1, "pass", None, "litellm:pass")]
+    # `closed` fails closed: the unchecked choice refuses the whole answer
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError) as raised:
+        ask(client(base, **{"x-tenant": "closed"}), "two-choices", n=2)
+    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+    assert sorted((r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
+        ("block", "fail_closed: too_many_choices", "litellm:deny"), ("pass", None, "litellm:deny")]
+
+
+def test_each_row_says_what_the_gateway_was_told(gateway):
+    base, folder = gateway
+    before = set(rows(folder))
+    with pytest.raises(openai.BadRequestError):
+        ask(client(base, **{"x-tenant": "clinic"}), "two-choices", n=2)
+    # the grounded choice was not withheld for itself, but LiteLLM refused the whole answer: both rows say so
+    assert sorted((r["action"], r["gateway"]) for r in new_rows(folder, before)) == [
+        ("block", "litellm:deny"), ("pass", "litellm:deny")]
+    before = set(rows(folder))
+    with pytest.raises(openai.APIError):
+        ask(client(base), "fail-400")
+    [row] = new_rows(folder, before)
+    assert (row["reason"], row["gateway"]) == ("upstream_error", "litellm:failed")

@@ -72,6 +72,8 @@ def test_a_flagged_answer_is_annotated_and_a_blocked_one_replaced_by_the_safe_me
     assert blocked["content"] == SAFE and blocked["output"]["morphguard_passed"] is False
     row = rows(folder)[blocked["output"]["morphguard"]["request_id"]]
     assert (row["profile"], row["action"], row["answer"]) == ("strict", "block", HALLUCINATED)
+    assert row["gateway"] == "nemo:deny"  # the rail names itself: the row says what NeMo was told
+    assert rows(folder)[flagged["output"]["morphguard"]["request_id"]]["gateway"] == "nemo:pass"
 
 
 def test_without_relevant_chunks_the_answer_passes_unchecked(webhook, provider, tmp_path):
@@ -100,3 +102,48 @@ def test_a_slow_judge_is_decided_by_on_error_and_a_slower_morphguard_fails_close
     [late] = nemo(tmp_path, provider, "hallucinated", base, [conversation()], headers={"x-tenant": "closed"},
                   timeout_s=0.2)
     assert late["content"] == REFUSAL
+
+
+# --- NeMo's main model is morphguard's proxy -------------------------------------------------------------------------
+
+KB_APP = Path(__file__).with_name("data") / "nemo_kb_app"
+
+
+def nemo_behind_the_proxy(folder: Path, base: str, model: str, conversations: list[list[dict[str, Any]]],
+                          **morphguard: Any) -> list[dict[str, Any]]:
+    """A NeMo app with a knowledge base and a dialog rail (tests/integrations/data/nemo_kb_app), morphguard's output
+    rail merged in, whose main model and embedding model are `morphguard serve` (which forwards them to the
+    provider): NeMo puts the chunks it retrieves into its own prompt, and the proxy checks the answer against them."""
+    python = nemo_python()
+    config = folder / f"nemo-kb-{model}-{free_port()}"
+    shutil.copytree(KB_APP, config)
+    shutil.copy(FOLDER / "actions.py", config / "actions.py")
+    shutil.copy(FOLDER / "rails.co", config / "morphguard.co")
+    settings = yaml.safe_load((config / "config.yml").read_text())
+    rail = yaml.safe_load((FOLDER / "config.yml").read_text())
+    settings["rails"]["output"] = rail["rails"]["output"]
+    settings["custom_data"] = rail["custom_data"]
+    settings["custom_data"]["morphguard"].update({"url": base, **morphguard})
+    parameters = {"base_url": f"{base}/v1", "api_key": KEY}
+    settings["models"] = [{"type": "main", "engine": "openai", "model": model, "parameters": parameters},
+                          {"type": "embeddings", "engine": "http_embeddings", "model": "embed",
+                           "parameters": parameters}]
+    (config / "config.yml").write_text(yaml.safe_dump(settings))
+    done = subprocess.run([python, str(APP), str(config)], input=json.dumps(conversations), capture_output=True,
+                          text=True, timeout=300, cwd=config,  # NeMo caches the knowledge base's index in its cwd
+                          env={"MORPHGUARD_API_KEY": KEY, "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_nemos_knowledge_base_chunks_in_its_prompt_are_the_proxys_context(webhook, tmp_path):
+    base, folder = webhook
+    before = set(rows(folder))
+    [reply] = nemo_behind_the_proxy(tmp_path, base, "hallucinated", [conversation(context=None)])
+    assert reply["content"] == HALLUCINATED
+    new = [row for key, row in rows(folder).items() if key not in before]
+    # the proxy's check of NeMo's bot message: NeMo's retrieved chunk is its context, the answer flagged
+    [proxied] = [row for row in new if row["context_source"] == "tags"]
+    assert proxied["checked"] == 1 and proxied["flagged"] == 1 and proxied["answer"] == HALLUCINATED
+    assert PASSAGE in proxied["context"] and "```" not in proxied["context"]
+    assert all(row["reason"] != "no_context" for row in new if row["answer"] == HALLUCINATED)

@@ -210,3 +210,61 @@ def test_a_stream_under_a_fail_open_profile_is_audited_unchecked(portkey, provid
     assert response.status_code == 500
     [row] = new_rows(folder, before)
     assert (row["checked"], row["action"], row["reason"]) == (0, "pass", "fail_open: stream")
+
+
+def test_each_row_says_what_portkey_was_told(portkey, provider, webhook):
+    base, folder = webhook
+    before = set(rows(folder))
+    assert ask(portkey, provider, guardrail(base, "strict"), "two-choices").status_code == 446
+    # the grounded choice passed its own check, but the answer was denied as a whole: both rows say so
+    assert sorted((r["action"], r["gateway"]) for r in new_rows(folder, before)) == [
+        ("block", "portkey:deny"), ("pass", "portkey:deny")]
+    before = set(rows(folder))
+    assert ask(portkey, provider, guardrail(base), "faithful").status_code == 200
+    [row] = new_rows(folder, before)
+    assert row["gateway"] == "portkey:pass"
+    before = set(rows(folder))
+    assert ask(portkey, provider, guardrail(base, "closed"), "hallucinated", stream=True).status_code == 246
+    [row] = new_rows(folder, before)
+    assert (row["reason"], row["gateway"]) == ("fail_closed: stream", "portkey:deny")
+
+
+@pytest.fixture(scope="module")
+def capped_webhook(provider, tmp_path_factory):
+    """`morphguard serve` for Portkey checking at most one choice of an answer."""
+    folder = tmp_path_factory.mktemp("capped-webhook")
+    config = gateway_config(provider, folder)
+    config["proxy"]["max_choices"] = 1
+    base, process = serve(config, folder)
+    yield base, folder
+    stop(process)
+
+
+@pytest.mark.parametrize("tenant, status, action, told", [("open", 200, "pass", "portkey:pass"),
+                                                          ("closed", 446, "block", "portkey:deny")])
+def test_choices_past_the_cap_are_decided_by_on_error_and_audited(portkey, provider, capped_webhook, tenant, status,
+                                                                  action, told):
+    base, folder = capped_webhook
+    before = set(rows(folder))
+    response = ask(portkey, provider, guardrail(base, tenant), "two-choices")
+    assert response.status_code == status
+    mode = "fail_open" if tenant == "open" else "fail_closed"
+    assert sorted((r["checked"], r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
+        (0, action, f"{mode}: too_many_choices", told), (1, "pass", None, told)]
+
+
+def test_a_webhook_call_of_many_choices_checks_at_most_the_cap(webhook):
+    """A caller of the webhook is not bound by any provider's `n`: the default cap (8) bounds the checks it buys."""
+    base, folder = webhook
+    before = set(rows(folder))
+    messages = [{"role": "system", "content": f"<context>{PASSAGE}</context>"}, {"role": "user", "content": QUESTION}]
+    hook = {"eventType": "afterRequestHook", "requestType": "chatComplete",
+            "request": {"json": {"model": "m", "messages": messages}},
+            "response": {"json": {"object": "chat.completion", "model": "m", "choices": [
+                {"index": i, "message": {"role": "assistant", "content": FAITHFUL}, "finish_reason": "stop"}
+                for i in range(200)]}}}
+    reply = httpx.post(f"{base}/v1/check/portkey", json=hook, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    assert reply.status_code == 200 and reply.json()["verdict"] is True
+    new = new_rows(folder, before)
+    assert sorted(r["checked"] for r in new) == [0] + [1] * 8
+    assert [r["reason"] for r in new if not r["checked"]] == ["fail_open: too_many_choices"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,57 @@ def test_a_cancelled_caller_still_leaves_its_row_and_close_writes_what_is_pendin
     asyncio.run(leave_early())
     writer.close()
     assert rows(store) == [("r1", "m")]
+
+
+def hold_write_lock(store: AuditStore) -> sqlite3.Connection:
+    """Another connection, as another process would be, holding SQLite's write lock until it commits."""
+    other = sqlite3.connect(store.engine.url.database, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+def test_writing_at_once_gives_way_to_a_lock_held_elsewhere(store):
+    other = hold_write_lock(store)
+    assert store.record_at_once([row(1)]) is None  # returned at once, nothing written
+    other.execute("COMMIT")
+    (written,) = store.record_at_once([row(1)])
+    assert written.row_id is not None
+    assert store.record_at_once([row(1)]) == [(None, None)]  # one row per request id
+    assert rows(store) == [("r1", "m")]
+
+
+def test_a_lock_held_elsewhere_holds_up_the_row_not_the_event_loop(store):
+    writer = AuditWriter(store)
+    other = hold_write_lock(store)
+
+    async def meanwhile() -> tuple[int, bool, int]:
+        write = asyncio.create_task(writer.write(row(1)))
+        ticks = 0
+        for _ in range(30):  # the loop keeps turning while the row waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        waiting = not write.done()
+        await asyncio.to_thread(other.execute, "COMMIT")
+        written = await write
+        return ticks, waiting, written.row_id
+
+    ticks, waiting, row_id = asyncio.run(meanwhile())
+    writer.close()
+    assert ticks == 30 and waiting and row_id is not None
+    assert rows(store) == [("r1", "m")]
+
+
+def test_rows_written_on_the_loop_are_checkpointed_out_of_the_log(store):
+    writer = AuditWriter(store)
+
+    async def one_at_a_time() -> None:
+        for n in range(1500):
+            await writer.write(row(n))
+
+    asyncio.run(one_at_a_time())
+    writer.close()
+    log = Path(store.engine.url.database + "-wal")
+    # Left to grow, the log would hold every page each of the 1,500 commits wrote (over 20 MB); checkpointed
+    # every few hundred rows, it is reused from its start.
+    assert log.stat().st_size < 8 * 2**20
+    assert len(rows(store)) == 1500

@@ -7,7 +7,7 @@ import pytest
 from morphguard.config import AuditSettings, PolicySettings
 from morphguard.models import Detection, Factoid, RagInput
 from morphguard.policy import actions, audit
-from morphguard.policy.engine import PolicyEngine, RequestFacts
+from morphguard.policy.engine import Finding, PolicyEngine, RequestFacts
 from morphguard.policy.record import DecisionRecord
 
 
@@ -64,8 +64,8 @@ def test_config_rejects_unknown_profiles_and_topics():
 def test_decision_uses_the_policy_threshold_not_the_detectors():
     e = engine()
     detection = Detection(detector="combined", score=0.22, threshold=0.5, flagged=False)
-    assert e.decide("general", "legal", detection).flagged  # the sensitive topic's 0.175
-    assert not e.decide("general", "general", detection).flagged  # the profile's 0.3
+    assert e.decide("general", "legal", Finding(detection)).flagged  # the sensitive topic's 0.175
+    assert not e.decide("general", "general", Finding(detection)).flagged  # the profile's 0.3
 
 
 def test_highlight_merges_overlapping_spans_and_skips_unplaced_factoids():

@@ -23,7 +23,7 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
 from morphguard.proxy.checker import Checker
 from tests.scripted_llm import ScriptedLLM, completion
 
@@ -47,8 +47,12 @@ def checker(base_url: str, *, on_error: str = "fail_open", budget_s: float | Non
     return Checker(build_detector(config), PolicyEngine(config.policy), config)
 
 
-def answered(text: str) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+async def decided(checker: Checker, request: CheckRequest, text: str) -> CheckOutcome:
+    """The check of an answer of this text, and policy's decision on what it found."""
+    answer = Answer.of_text(text)
+    found = await checker.find(request, answer)
+    decision = checker.engine.decide(request.profile, request.topic, found.finding, answer.holds())
+    return CheckOutcome(decision, found.finding.detection, found.latency_ms)
 
 
 def request() -> CheckRequest:
@@ -61,8 +65,8 @@ ANSWER = "Paris is the capital of France. Lyon is in France. Nice is in France."
 @pytest.mark.parametrize(("on_error", "action"), [("fail_open", "pass"), ("fail_closed", "block")])
 def test_a_check_needing_more_judge_calls_than_the_cap_fails_as_judge_call_cap(on_error, action):
     with ScriptedLLM(verdicts) as server:
-        outcome = asyncio.run(checker(server.base_url, on_error=on_error, max_judge_calls=2).check(
-            request(), answered(ANSWER)))
+        outcome = asyncio.run(decided(checker(server.base_url, on_error=on_error, max_judge_calls=2), request(),
+                                      ANSWER))
         assert server.requests == []  # none sent: the check knew its calls before making them
     assert (outcome.decision.action, outcome.decision.reason) == (action, f"{on_error}: judge_call_cap")
     assert outcome.detection is None
@@ -70,7 +74,7 @@ def test_a_check_needing_more_judge_calls_than_the_cap_fails_as_judge_call_cap(o
 
 def test_a_check_within_the_cap_is_judged_whole():
     with ScriptedLLM(verdicts) as server:
-        outcome = asyncio.run(checker(server.base_url, max_judge_calls=3).check(request(), answered(ANSWER)))
+        outcome = asyncio.run(decided(checker(server.base_url, max_judge_calls=3), request(), ANSWER))
         assert len(server.requests) == 3
     assert outcome.detection is not None and outcome.decision.reason is None
 
@@ -131,7 +135,7 @@ def test_a_check_whose_judge_call_fails_leaves_none_of_its_other_calls_running()
         guard = checker(f"http://127.0.0.1:{judge.port}/v1")
 
         async def check_then_count() -> tuple[Any, int]:
-            outcome = await guard.check(request(), answered(ANSWER))  # one call per sentence; the third refused
+            outcome = await decided(guard, request(), ANSWER)  # one call per sentence; the third refused
             return outcome, await judge.settled()
 
         outcome, still_running = asyncio.run(check_then_count())
@@ -144,9 +148,9 @@ def test_a_check_past_max_text_chars_is_not_made_and_fails_as_check_too_large():
     config = Config.model_validate({"detector": {"name": "grounding", "max_text_chars": 1000},
                                     "policy": {"profiles": {"general": {"on_error": "fail_closed"}}}})
     guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
-    small = asyncio.run(guard.check(request(), answered(ANSWER)))
+    small = asyncio.run(decided(guard, request(), ANSWER))
     assert small.detection is not None
-    large = asyncio.run(guard.check(request(), answered("Paris is in France. " * 60)))
+    large = asyncio.run(decided(guard, request(), "Paris is in France. " * 60))
     assert (large.decision.action, large.decision.reason) == ("block", "fail_closed: check_too_large")
     assert large.detection is None
 
@@ -157,5 +161,5 @@ def test_a_grounding_check_whose_alignment_passes_its_bound_fails_as_check_too_l
     passages = [" ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))]
     hostile = CheckRequest(body={}, rag=RagInput(question="Alpha?", passages=passages), source="explicit",
                            profile="general", topic="general")
-    outcome = asyncio.run(guard.check(hostile, answered(" ".join(["Alpha beta gamma."] * 100))))
+    outcome = asyncio.run(decided(guard, hostile, " ".join(["Alpha beta gamma."] * 100)))
     assert outcome.decision.reason == "fail_open: check_too_large"

@@ -14,7 +14,7 @@ from morphguard.config import ProxySettings
 from morphguard.detectors.text import sentences
 from morphguard.models import RagInput
 from morphguard.policy.record import Released
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.incremental import Claim, Closing, GuardChecks, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
 
@@ -35,6 +35,9 @@ class Plain:
 
     def delta(self, event: Ev) -> str:
         return event.text if event.kind == "delta" else ""
+
+    def opaque(self, event: Ev) -> bool:
+        return event.kind == "opaque"  # answer content that is not text (audio data, an image)
 
     def marked(self, event: Ev, verdict: dict[str, Any]) -> Ev:
         return replace(event, verdict=verdict)
@@ -493,19 +496,26 @@ def guard(tmp_path):
     asyncio.run(built.close())
 
 
-def _visit(guard) -> tuple[GuardChecks, Upstream]:
-    request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
-                           source="explicit", profile="general", topic="general")
-    return GuardChecks(guard, request), Upstream()
+class Visit:
+    """A stream about the visit checked by the guard: its checks, its upstream and its run; `whole(text)` makes the
+    whole answer of the text the run read (by default that text alone)."""
+
+    def __init__(self, guard, whole=None) -> None:
+        request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
+                               source="explicit", profile="general", topic="general")
+        self.checks = GuardChecks(guard, request, lambda: (whole or Answer.of_text)(self.engine.text))
+        self.upstream = Upstream()
+        self.engine = Incremental(Plain(), self.checks)
 
 
 def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_went_out(guard):
     # `grounding` sums its evidence: each sentence passes alone (0.22 < 0.3), the first two together do not (0.39)
     async def run() -> list[Ev]:
-        checks, upstream = _visit(guard)
+        visit = Visit(guard)
+        checks, upstream = visit.checks, visit.upstream
         upstream.push(*deltas("The museum opens at nine on weekdays, reliably. ", "The entry ticket is twenty ",
                               "euros, cash. ", "Parking is behind the building, free."), Ev(kind="finish"), None)
-        out = await collect(Incremental(Plain(), checks), upstream)
+        out = await collect(visit.engine, upstream)
         assert checks.record is not None
         record = checks.record
         assert (record.action, record.flagged) == ("block", True) and record.score is not None
@@ -520,19 +530,19 @@ def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_
 
 def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_second_check(guard):
     calls: list[str] = []
-    check = guard.checker.check
+    find = guard.checker.find
 
-    async def counted(request: CheckRequest, completion: dict[str, Any]) -> Any:
-        calls.append(guard.checker.answer_text(completion))
-        return await check(request, completion)
+    async def counted(request: CheckRequest, answer: Answer) -> Any:
+        calls.append(guard.checker.answer_text(answer))
+        return await find(request, answer)
 
-    guard.checker.check = counted
+    guard.checker.find = counted
 
     async def run() -> None:
-        checks, upstream = _visit(guard)
+        visit = Visit(guard)
+        checks, upstream, engine = visit.checks, visit.upstream, visit.engine
         answer = "The museum opens at nine on weekdays. "
         upstream.push(*deltas(answer))
-        engine = Incremental(Plain(), checks)
         task = asyncio.ensure_future(collect(engine, upstream))
         while not engine.checked:
             await asyncio.sleep(0.01)
@@ -542,5 +552,72 @@ def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_s
         assert calls == [answer.strip()]  # the whole answer is that prefix: its verdict stands
         assert checks.record is not None and checks.record.action == "pass"
         assert checks.record.released_chars == len(answer)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("whole_blocks", [True, False])
+def test_an_event_the_check_cannot_read_waits_for_the_verdict_of_the_whole_answer(whole_blocks):
+    """Audio data or an image between passing sentences: never released on a prefix's word, so a block of the whole
+    answer withholds it; when the whole answer passes, it goes out in its place. Framing goes as it comes."""
+    async def run() -> None:
+        judge, upstream = Judge(whole_blocks=whole_blocks), Upstream()
+        gate = asyncio.Event()
+        judge.gates["whole:"] = gate
+        upstream.push(Ev(kind="role"), *deltas("First holds. "), Ev("DATA", kind="opaque"),
+                      *deltas("Second holds. "))
+        engine = Incremental(Plain(), judge)
+        task = asyncio.ensure_future(collect(engine, upstream))
+        for _ in range(10):
+            await settle()
+        assert "prefix:First holds." in judge.finished  # the text before it passed...
+        upstream.push(None)
+        for _ in range(10):
+            await settle()
+        assert engine.checked and not task.done()  # ...and the event waits with the whole answer's check
+        gate.set()
+        out = await task
+        kinds = [e.kind for e in out]
+        if whole_blocks:
+            assert "opaque" not in kinds and out[-1].kind == "filtered"
+            assert kinds[0] == "role" and text_of(out).startswith("First holds.")
+        else:
+            assert kinds == ["role", "delta", "opaque", "delta", "end"]
+
+    asyncio.run(run())
+
+
+def test_a_whole_answer_whose_text_passed_as_a_prefix_is_still_decided_on_what_else_it_holds(tmp_path):
+    """Its text is the prefix that passed, so the check is not run again; but it holds audio the check cannot read,
+    which this policy blocks: the verdict is a block, not the prefix's pass."""
+    from morphguard.config import Config
+    from morphguard.detectors import build_detector
+    from morphguard.policy.engine import PolicyEngine
+    from morphguard.proxy.dialects.base import as_completion
+    from morphguard.proxy.guard import build_guard
+
+    config = Config.model_validate({
+        "detector": {"name": "grounding"},
+        "policy": {"audit": {"path": str(tmp_path / "audit.db")}, "unreadable_output": "block",
+                   "profiles": {"general": {"action": "block", "topics": {}}}}})
+    guard = build_guard(config, build_detector(config), PolicyEngine(config.policy))
+
+    def with_audio(text: str) -> Answer:
+        return Answer(as_completion({"role": "assistant", "content": text, "audio": {"id": "a", "data": "UklGRg=="}}))
+
+    async def run() -> None:
+        visit = Visit(guard, with_audio)
+        checks, upstream, engine = visit.checks, visit.upstream, visit.engine
+        answer = "The museum opens at nine on weekdays. "
+        upstream.push(*deltas(answer))
+        task = asyncio.ensure_future(collect(engine, upstream))
+        while not engine.checked:
+            await asyncio.sleep(0.01)
+        upstream.push(Ev(kind="finish"), None)
+        out = await task
+        assert out[-1].kind == "filtered"
+        assert checks.record is not None and checks.record.action == "block"
+        assert "unreadable_output: audio" in (checks.record.reason or "")
+        await guard.close()
 
     asyncio.run(run())

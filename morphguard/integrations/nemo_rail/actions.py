@@ -1,7 +1,8 @@
 """The action of morphguard's NeMo Guardrails output rail: the bot message checked by `morphguard serve`.
 
 `morphguard_check` sends `POST /v1/check` the user's question (`$user_message`), NeMo's retrieved context
-(`$relevant_chunks`) and the answer (`$bot_message`), and takes back the decision. It sets `$bot_message` to the
+(`$relevant_chunks`) and the answer (`$bot_message`), naming itself (`gateway: nemo`, so that the audit row says what
+NeMo was told), and takes back the decision. It sets `$bot_message` to the
 answer as the profile's action left it (the safe message of a block, the claims marked by `highlight`, ...) and
 `$morphguard` to the decision (request id, profile, score, flagged, action, reason), and returns whether the answer
 may go out: false when policy blocks it, or when morphguard cannot be asked (down, a wrong key, slower than
@@ -40,7 +41,7 @@ async def morphguard_check(context: dict[str, Any] | None = None, config: Any = 
         decision = {"checked": False, "reason": "no_context", "action": "pass"}
         return ActionResult(return_value=True, context_updates={"morphguard": decision})
     body = {"question": context.get("user_message") or "", "context": str(chunks), "answer": answer,
-            **{k: settings[k] for k in ("topic", "policy") if settings.get(k)}}
+            "gateway": "nemo", **{k: settings[k] for k in ("topic", "policy") if settings.get(k)}}
     key = os.environ.get(settings.get("api_key_env") or "MORPHGUARD_API_KEY", "")
     headers = {**(settings.get("headers") or {}), "Authorization": f"Bearer {key}"}
     try:

@@ -97,6 +97,11 @@ class Assembly(Protocol):
         reads. A field's words count once, whether they came in deltas or whole in an event that opens or closes
         the part (then only what no delta said before)."""
 
+    @property
+    def opaque(self) -> bool:
+        """Whether the event last taken carries part of the answer its words do not say: a tool call, audio data,
+        an output the check cannot read. A stream checked as it flows holds such an event until its verdict."""
+
     def add(self, event: Event) -> bool:
         """Take one event; True when it is the stream's last, which is held back until the verdict is known.
         Raises ProxyError for an event that breaks the stream."""
@@ -204,6 +209,9 @@ class NamedEvents(Protocol):
 
     def is_last(self, event: Event) -> bool: ...
 
+    def opaque(self, event: Event) -> bool:
+        """Whether `event` carries part of the answer other than its words (`Assembly.opaque`)."""
+
     def collected(self, events: list[Event]) -> dict[str, Any] | None: ...
 
     def completion(self, response: Any) -> dict[str, Any]: ...
@@ -218,6 +226,7 @@ class EventLog:
         self.parts: list[str] = []
         self.said: dict[Any, list[str]] = {}  # each part's words so far, in pieces, by the dialect's key
         self.added = ""
+        self.opaque = False
         self.last: Event | None = None
 
     @property
@@ -227,10 +236,12 @@ class EventLog:
     def add(self, event: Event) -> bool:
         self.events.append(event)
         self.added = ""
+        self.opaque = False
         if self.dialect.is_last(event):
             self.last = event
             return True
         self.added = self.dialect.added(event, self.said)
+        self.opaque = self.dialect.opaque(event)
         self.parts.append(self.added)
         return False
 
@@ -273,6 +284,10 @@ class EventDialect:
 
     @staticmethod
     def is_last(event: Event) -> bool:
+        raise NotImplementedError
+
+    @staticmethod
+    def opaque(event: Event) -> bool:
         raise NotImplementedError
 
     @staticmethod

@@ -100,6 +100,10 @@ class ChatAssembly:
     def added(self) -> str:
         return self.answer.added
 
+    @property
+    def opaque(self) -> bool:
+        return self.answer.opaque
+
     def add(self, event: Event) -> bool:
         self.answer.added = ""
         if event.data.strip() == "[DONE]":
@@ -144,6 +148,7 @@ class StreamedAnswer:
     finish_reason: str | None = None
     words: list[str] = field(default_factory=list)
     added: str = ""  # the words of the last chunk taken
+    opaque: bool = False  # the last chunk taken carries more than words: a tool call, audio data, a part not text
 
     @classmethod
     def of(cls, completion: dict[str, Any]) -> StreamedAnswer:
@@ -165,6 +170,7 @@ class StreamedAnswer:
         created = chunk.get("created")
         self.created = created if isinstance(created, int) else self.created
         self.added = ""
+        self.opaque = False
         for choice in choices:
             if choice.get("index", 0) == 0:
                 delta = choice.get("delta") or {}
@@ -176,6 +182,7 @@ class StreamedAnswer:
                 self._add_calls(delta.get("tool_calls"))
                 self._add_function_call(delta.get("function_call"))
                 self.added = said(delta)
+                self.opaque = _opaque(delta)
                 self.words.append(self.added)
                 if choice.get("finish_reason"):
                     self.finish_reason = str(choice["finish_reason"])
@@ -260,6 +267,16 @@ class StreamedAnswer:
             delta["function_call"] = message["function_call"]
         return [self.chunk([{"index": 0, "delta": delta, "finish_reason": None}]),
                 self.chunk([{"index": 0, "delta": {}, "finish_reason": finish_reason}])]
+
+
+def _opaque(delta: dict[str, Any]) -> bool:
+    """Whether a delta carries part of the answer other than words: a tool call (its name or arguments), audio data,
+    a content part that is not text or a refusal."""
+    audio, content = delta.get("audio"), delta.get("content")
+    return bool(delta.get("tool_calls") or delta.get("function_call")
+                or isinstance(audio, dict) and audio.get("data")
+                or isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") not in ("text", "refusal")
+                                                     for p in content))
 
 
 def _chunk(chunk: dict[str, Any]) -> Event:

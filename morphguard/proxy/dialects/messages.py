@@ -155,6 +155,26 @@ class Messages(EventDialect):
         return event.name == "message_stop"
 
     @staticmethod
+    def opaque(event: Event) -> bool:
+        """Whether the event carries content other than text: a tool use (its start or its input), a block of a
+        kind not known here; framing (`message_start`, `ping`, `message_delta`, a block's stop), text and output
+        that is not the answer (thinking, the provider's own tool runs) do not."""
+        if event.name in ("message_start", "ping", "message_delta", "content_block_stop"):
+            return False
+        data = event.json()
+        if not isinstance(data, dict):
+            return True
+        if event.name == "content_block_start":
+            block = data.get("content_block")
+            kind = block.get("type") if isinstance(block, dict) else None
+            return kind != "text" and kind not in _NOT_ANSWERS
+        if event.name == "content_block_delta":
+            delta = data.get("delta")
+            kind = delta.get("type") if isinstance(delta, dict) else None
+            return kind not in ("text_delta", "citations_delta", "thinking_delta", "signature_delta")
+        return True
+
+    @staticmethod
     def collected(events: list[Event]) -> dict[str, Any] | None:
         """The message the events build: message_start's, with the text blocks and the final stop reason."""
         message: dict[str, Any] | None = None

@@ -217,6 +217,30 @@ class Responses(EventDialect):
         return event.name in ("response.completed", "response.incomplete", "response.failed")
 
     @staticmethod
+    def opaque(event: Event) -> bool:
+        """Whether the event carries output other than a message's text and refusal parts (a function call's
+        arguments, an image, an item or event of a kind not known here); the events of the response's own framing,
+        of a message's text, and of output that is not the answer (reasoning, the provider's searches) do not."""
+        name = event.name or ""
+        if name in _FRAMING or name.startswith(_NOT_ANSWER_EVENTS):
+            return False
+        if name in _TEXT_EVENTS:
+            return False
+        data = event.json()
+        if not isinstance(data, dict):
+            return True
+        if name in ("response.output_item.added", "response.output_item.done"):
+            item = data.get("item")
+            kind = item.get("type") if isinstance(item, dict) else None
+            if kind in _NOT_ANSWERS:
+                return False
+            return kind != "message" or isinstance(item, dict) and any(_part_words(p) is None
+                                                                        for p in item.get("content") or [])
+        if name in ("response.content_part.added", "response.content_part.done"):
+            return _part_words(data.get("part")) is None
+        return True
+
+    @staticmethod
     def collected(events: list[Event]) -> dict[str, Any] | None:
         """The whole response, as the stream's last event carries it; where that response holds no output, with
         the items the stream finished (`response.output_item.done`), which are what the client read."""
@@ -277,6 +301,13 @@ class Responses(EventDialect):
 _NO_WORDS = frozenset({"response.created", "response.in_progress", "response.completed", "response.incomplete",
                        "response.failed", "response.function_call_arguments.delta",
                        "response.function_call_arguments.done"})
+
+
+# Events that frame the response, or carry a message's text (read by `added`), or output that is not the answer.
+_FRAMING = frozenset({"response.created", "response.in_progress", "response.queued"})
+_TEXT_EVENTS = frozenset({"response.output_text.delta", "response.output_text.done", "response.refusal.delta",
+                          "response.refusal.done", "response.output_text.annotation.added"})
+_NOT_ANSWER_EVENTS = ("response.reasoning", "response.file_search_call.", "response.web_search_call.")
 
 
 def _part_key(data: dict[str, Any], content_index: Any) -> tuple[Any, Any]:

@@ -5,8 +5,8 @@ for the review console. NULL: the detector recorded none.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0010"
+down_revision = "0009"
 
 
 def upgrade() -> None:

@@ -294,7 +294,8 @@ def _eval(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from morphguard.demo import run_demo
 
-    return run_demo(_load(args))
+    run_demo(_load(args))
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -527,6 +528,9 @@ def render_detection(answer: str, result: Detection, color: bool = False) -> str
             lines.append(f"{'':>20}evidence [{e.passage}] {e.start}-{e.end}: {e.text}")
         for v in f.variants:
             lines.append(f"{'':>20}{v.kind.value:<8} {v.verdict.value:<8} {v.penalty:4.2f}  {v.text}")
+    steps = result.settings.get("explanation") or []
+    if isinstance(steps, list) and steps:
+        lines += ["", "how the score came about:"] + [f"  {step['text']}" for step in steps]
     c = result.cost
     lines += ["", f"cost: {c.llm_calls} LLM calls ({c.cached_calls} cached), {c.input_tokens} input + "
                   f"{c.output_tokens} output tokens, {c.seconds:.1f} s"]

@@ -1,22 +1,20 @@
 """The combined check: the judge's verdicts and the grounding counts, weighed by a small fitted model.
 
-Up to five parts look at the answer: `grounding` (no call: content words the context never uses,
-copied sentences changed where a copy goes wrong, JSON record fields stated against their value,
-instructions to the checker) and, when the weights were fitted with them, `direct` (one call: is the
-whole answer supported?), `restatement` (one short call per changed copy, none for most answers: does the
-copy say what its source says?), `spotcheck` (one short call: does the context state the sentence
-grounding trusts least, or, where it trusts every word, the fullest sentence?) and the judge's per-factoid check
-(`metarag:factoids`, one call per factoid). They fail on different answers: the words of a negated or
-swapped claim are all in the context, while the small judge waves through invented detail it finds
-plausible in a whole answer. Their signals become features, and a logistic regression fitted
-on the fit halves (`morphguard eval --fit`, weights bounded at zero) turns them into the probability
-that the answer is hallucinated, so a threshold means the same here as in any other topic. The
-coefficients ship as data (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile)
-together with what they were fitted on. By default `direct` is asked last, and only for answers the other parts
-leave near the thresholds (`CASCADE`), or at once where the context is short (`SHORT_CONTEXT`), where a calibration
-of its own turns the channels' verdict into a probability (`Weights.short_calibration`). An answer that
-addresses its checker is raised to at least `INSTRUCTION_FLOOR`, and a short answer that is a close changed copy to
-at least `CHANGED_COPY_FLOOR`.
+Up to five parts look at the answer: `grounding` (no call: content words neither the context nor the question uses,
+copied sentences changed where a copy goes wrong, JSON record fields stated against their value, instructions to the
+checker) and, when the weights read them, `direct` (one call: is the whole answer supported?), `restatement` (one
+short call per changed copy: does the copy say what its source says?), `spotcheck` (one short call: does the context
+state the sentence grounding trusts least?) and the judge's per-factoid check (`metarag:factoids`). They fail on
+different answers: the words of a negated claim are all in the context, while a small judge waves through invented
+detail it finds plausible. Their signals are the features of five channels, each a logistic regression fitted by
+`morphguard eval --fit` (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile), joined by
+noisy-OR and calibrated into the probability that the answer is hallucinated.
+
+Beside the weights, `combined.json` holds the floors chosen on the fit halves for its judge (`Tuning`), which raise an
+answer that addresses its checker or a short answer that is a changed copy. The cascade's band and short-context
+limit, which decide when `direct` is asked, are the `combined` settings' defaults (`config.CombinedSettings`). Every
+step that moves the score (the cascade's branch, the calibration, a floor) is recorded in the detection's
+`explanation` with the score before and after.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 # CASCADE and SHORT_CONTEXT are the settings' defaults; eval and the benchmarks read them from here too.
 from morphguard.config import CASCADE, SHORT_CONTEXT, CombinedSettings  # noqa: F401
@@ -51,32 +49,17 @@ from morphguard.llm.client import LLMClient, together
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-# The judge parts, by the names `eval` records their outcomes under (a fit reads them from there; grounding,
-# which costs nothing, is recomputed from the item itself, so its features are always the current ones).
-# A part is asked only when the weights read it, that is when the fit had its outcomes.
+# The judge parts, by the names `eval` records their outcomes under. Grounding, which costs nothing, is recomputed
+# from the item itself. A part is asked only when the weights read it.
 PARTS = ("direct", "restatement", "spotcheck", "metarag:factoids")
 SHIPPED_PARTS = ("direct", "restatement", "spotcheck")  # the shipped weights' parts; `eval --fit`'s default
 JUDGE_FEATURES = ("direct", "restatement", "spotcheck", "factoid_max")  # their scores, as `features` names them
-# The shipped weights, by profile (`combined:fast`, or `combined: {profile: fast}` in the config). `fast` was
-# fitted without `direct`, whose whole-context read takes most of a check's time on the embedded judge, on the
-# same answers by the same command with `--detector restatement,spotcheck` (docs/evaluation-log.md, "the fast profile").
+# The shipped weights, by profile (`combined:fast`, or `combined: {profile: fast}` in the config). `fast` leaves out
+# `direct`, whose whole-context read takes most of a check's time on the embedded judge.
 WEIGHT_FILES = {"": "combined.json", "fast": "combined_fast.json"}
-# Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000
-# tokens, half the embedded judge's window, so that a long context is cut rather than the check failing. Every
-# benchmark context here is shorter (RAGTruth's longest: 9,918), so the fitted weights hold for it unchanged.
+# Characters of context the direct part reads (the sentences most relevant to the answer first): about 4,000 tokens,
+# half the embedded judge's window, so that a long context is cut rather than the check failing.
 DIRECT_CONTEXT_BUDGET = 16_000
-INSTRUCTION_FLOOR = 0.8  # the least probability of an answer that addresses its checker (detectors/injection.py)
-# A short answer (at most `SHORT_ANSWER` stating sentences) that copies a context sentence at least this closely but
-# changes it where a copy goes wrong (a negation, a number, a name, a dropped qualifier; detectors/alignment.py) is
-# raised to at least `CHANGED_COPY_FLOOR`, so that both thresholds flag it. The fitted channels cannot learn this: they
-# are fitted on whole answers, where those changes also turn up in faithful paraphrases, and gave the name and qualifier
-# kinds no weight. On the fit halves such answers are 44 of the short contrast set's 80 edited answers and 2 of its 80
-# faithful ones, and 2 of the 305 RAGTruth QA and Summary answers (faithful); closeness 0.6 caught 9 more edits but cost
-# Summary 0.029 AUROC. The floor is the general threshold (config.GENERAL_THRESHOLD): joined by noisy-OR to a fitted
-# probability, which is above 0, it lifts a raised answer to at least that threshold (flagged means score >= threshold).
-SHORT_ANSWER = 2
-CHANGED_COPY_CLOSENESS = 0.8
-CHANGED_COPY_FLOOR = 0.3
 
 
 def features(direct: float | None, restatement: float | None, factoid_scores: Sequence[float] | None,
@@ -118,26 +101,14 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
     }
 
 
-# Five witnesses, five channels, each a logistic regression of its own: invented content (words, numbers and
-# names the context lacks), contradicted content (a changed copy the judge says differs from its source, a
-# negated copy, a copy with one number put in another's place), the judge's NO on the whole answer, which can
-# mean either kind, the judge's NO on the sentence with the most unsupported words (whether those words are
-# rewording or invention, which counting cannot tell),
-# and misread facts (a claim a registered rule finds stated against a fact of the context, detectors/rules: a
-# record's yes/no field or its opening hours; every word of such a claim is the context's own, so the invented
-# channel cannot see it). Any
-# channel can raise the answer's probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). One regression
-# over all of them let data of one kind switch off the other kind's signal (the contrast set, where vocabulary
-# is noise by construction, zeroed the unsupported counts), and a judge's sure NO weighed little beside a
-# restatement that found nothing.
-# The invented and misread channels ask no judge, so `eval --fit` can teach them from many more answers than the
-# judge has read (RAGTruth's Summary and Data2txt fit halves besides QA), and never from a contrast set
-# (eval/fit.py). Compared with other designs by grouped cross-validation on the fit halves
-# (benchmarks/combined_designs.py); the answer's length, the unsupported shares and the name and qualifier kinds
-# of changed copy added noise there (those copies still count through `restatement`, which judges each one; the
-# number kind counts, a list's own renumbering being no changed number, alignment.py), and so did
-# a last logistic over the channels' log-odds in place of the noisy-OR, which the contrast set's strong
-# contradicted channel came to dominate.
+# Five channels, each a logistic regression of its own: invented content (words, numbers and names neither the context
+# nor the question uses), contradicted content (a changed copy the judge says differs from its source, a negated copy,
+# a copy with one number put in another's place), the judge's NO on the whole answer, its NO on the sentence grounding
+# trusts least, and misread facts (a claim a registered rule finds stated against a fact of the context,
+# detectors/rules; every word of such a claim is the context's own, so the invented channel cannot see it). Any
+# channel can raise the probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). Kept apart, one kind of
+# evidence cannot switch off another's weight in the fit. The design was chosen by grouped cross-validation on the fit
+# halves (benchmarks/combined_designs.py; docs/evaluation-log.md).
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
     "contradicted": ("restatement", "negation_conflict", "number_conflict"),
@@ -175,29 +146,43 @@ class Channel(BaseModel):
         return sigmoid(self.intercept + sum(self._terms(values).values()))
 
 
+class ChangedCopyFloor(BaseModel):
+    """A short answer (at most `short_answer` stating sentences) that copies a context sentence at least `closeness`
+    closely but changes it where a copy goes wrong (detectors/alignment.py) is raised to at least `floor`. The
+    channels, fitted on whole answers where such changes also turn up in faithful paraphrases, do not learn it."""
+
+    floor: float = Field(ge=0, le=1)
+    closeness: float = Field(ge=0, le=1)
+    short_answer: int = Field(ge=1)
+
+
+class Tuning(BaseModel):
+    """The floors chosen on the fit halves beside the weights, for the judge named in `judge`: read from the weights
+    file that scores the answer (the shipped default's where it has none)."""
+
+    judge: dict[str, Any]
+    instruction_floor: float = Field(ge=0, le=1)  # the least score of an answer that addresses its checker
+    changed_copy: ChangedCopyFloor
+
+
 class Weights(BaseModel):
-    """The fitted channels, their joint calibration, and what they were fitted on."""
+    """The fitted channels, their joint calibration, what they were fitted on, and the constants chosen with them."""
 
     channels: dict[str, Channel]
     # Each channel alone learns the overall error rate, so their noisy-OR counts it twice; a last logistic over
-    # the noisy-OR's log-odds (slope, intercept; fitted on the same data) makes the result a probability again.
-    # It is monotone, so it changes no ranking.
+    # the noisy-OR's log-odds (slope, intercept) makes the result a probability again. Monotone: it changes no ranking.
     calibration: tuple[float, float] = (1.0, 0.0)
-    # Answers about a structured record (a context of JSON records alone with yes/no fields: `record_fields`, counted
-    # by the records rule, detectors/rules/records.py). On the
-    # fit halves the judge's verdicts on them ran against the labels (RAGTruth Data2txt, n 80: `direct` AUROC
-    # 0.44, `restatement` 0.37): the small judge reads prose, not records. When this is set, such answers are
-    # scored by the channels that need no judge, with a calibration of their own, and the judge is not asked.
-    # None: every answer is scored by every channel.
+    # Answers about a structured record (a context of JSON records alone with yes/no fields: `record_fields`,
+    # detectors/rules/records.py): the small judge reads prose, not records, so where this is set such answers are
+    # scored by the channels that need no judge, with this calibration, and the judge is not asked. None: every
+    # answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
-    # Answers over a short context (`SHORT_CONTEXT`: a paragraph, not a retrieved page), where every part reads the
-    # whole context and the channels' verdict means more than over a long one: on the short-context fit halves
-    # (HaluEval, the brief contrast pairs) the long contexts' calibration ranked the answers well but flagged only 20
-    # of 45 swapped names at the general threshold (on the report halves: docs/evaluation-log.md, 2026-11-24, "a
-    # calibration of its own for answers over a short context"). Fitted on such answers
-    # alone, the channels kept (`eval --fit --recalibrate`). None: they take `calibration`.
+    # Answers over a short context (`combined.short_context`: a paragraph, not a retrieved page), where every part reads
+    # the whole context and the channels' verdict means more than over a long one (`eval --fit --recalibrate`).
+    # None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
+    tuning: Tuning | None = None  # None: the shipped default's (`TUNING`, from combined.json)
 
     @property
     def features(self) -> set[str]:
@@ -216,15 +201,17 @@ class Weights(BaseModel):
 
     def probability(self, values: Mapping[str, float], record: bool = False, short: bool = False) -> float:
         """The calibrated probability of an answer (about a record, over a short context, or neither)."""
-        slope, intercept = self._calibration_for(record, short)
-        return sigmoid(slope * log_odds(self.either(values, record)) + intercept)
+        return self.calibrated(self.either(values, record), record, short)[0]
 
-    def _calibration_for(self, record: bool, short: bool) -> tuple[float, float]:
+    def calibrated(self, either: float, record: bool = False, short: bool = False) -> tuple[float, str]:
+        """The channels' noisy-OR made a probability, and the name of the calibration that did it."""
         if record and self.record_calibration:
-            return self.record_calibration
-        if short and self.short_calibration:
-            return self.short_calibration
-        return self.calibration
+            name, (slope, intercept) = "record", self.record_calibration
+        elif short and self.short_calibration:
+            name, (slope, intercept) = "short-context", self.short_calibration
+        else:
+            name, (slope, intercept) = "long-context" if self.short_calibration else "the", self.calibration
+        return sigmoid(slope * log_odds(either) + intercept), name
 
     def contributions(self, values: Mapping[str, float], record: bool = False) -> dict[str, float]:
         """Each channel's probability, and how much each feature moved that channel's log-odds
@@ -236,24 +223,58 @@ class Weights(BaseModel):
         return out
 
 
+@dataclass(frozen=True)
+class Step:
+    """One step that moved a check's score: what it is, the score before and after, and why it applied."""
+
+    name: str  # calibration | cascade | instruction_floor | changed_copy_floor | quoted | record
+    before: float
+    after: float
+    why: str
+
+    def record(self) -> dict[str, Any]:
+        """As a detection's `explanation` holds it: the numbers, and a line a reviewer reads."""
+        return {"step": self.name, "before": round(self.before, 4), "after": round(self.after, 4),
+                "text": f"{self.why}: {self.before:.3f} -> {self.after:.3f}"}
+
+
+def scored(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float], short_copy: bool,
+           short: bool = False) -> tuple[float, list[Step]]:
+    """What the weights make of the features (over a short context if `short`), then the floors: an answer that tells
+    its checker what to conclude is suspect whatever the parts say, and a short changed copy is a wrong claim the
+    channels do not learn (`ChangedCopyFloor`). Each floor is joined by noisy-OR, which keeps the raised answers in the
+    order the evidence puts them. With every step that moved the score."""
+    tuning = weights.tuning or TUNING
+    record = weights.reads_record(grounding)
+    either = weights.either(values, record)
+    score, calibration = weights.calibrated(either, record, short)
+    steps = [Step("calibration", either, score, f"{calibration} calibration of the channels' noisy-OR")]
+    if grounding.get("instruction"):
+        raised = 1.0 - (1.0 - score) * (1.0 - tuning.instruction_floor)
+        steps.append(Step("instruction_floor", score, raised,
+                          f"instruction floor {tuning.instruction_floor:g} (the answer addresses its checker)"))
+        score = raised
+    if short_copy:
+        floor = tuning.changed_copy.floor
+        raised = 1.0 - (1.0 - score) * (1.0 - floor)
+        steps.append(Step("changed_copy_floor", score, raised,
+                          f"changed-copy floor {floor:g} (a short answer copies a context sentence but changes it)"))
+        score = raised
+    return score, steps
+
+
 def answer_probability(weights: Weights, values: Mapping[str, float], grounding: Mapping[str, float],
                        short_copy: bool, short: bool = False) -> float:
-    """What the weights make of the features (over a short context if `short`, from `short_context`), raised for an
-    answer that tells its checker what to conclude (such an answer is suspect whatever the parts say) and for a short
-    answer that is a changed copy (`short_copy`, from `short_changed_copy`). Each floor is joined by noisy-OR, which
-    keeps the raised answers in the order the evidence puts them."""
-    score = weights.probability(values, weights.reads_record(grounding), short)
-    if grounding.get("instruction"):
-        score = 1.0 - (1.0 - score) * (1.0 - INSTRUCTION_FLOOR)
-    if short_copy:
-        score = 1.0 - (1.0 - score) * (1.0 - CHANGED_COPY_FLOOR)
-    return score
+    """The answer's probability (`scored`), without its steps."""
+    return scored(weights, values, grounding, short_copy, short)[0]
 
 
-def short_changed_copy(answer: str, grounding: Mapping[str, float]) -> bool:
-    """Whether `answer` is short and copies a context sentence closely with a change (`CHANGED_COPY_FLOOR`)."""
+def short_changed_copy(answer: str, grounding: Mapping[str, float], rule: ChangedCopyFloor | None = None) -> bool:
+    """Whether `answer` is short and copies a context sentence closely with a change (`ChangedCopyFloor`; default:
+    the shipped one)."""
+    rule = rule or TUNING.changed_copy
     closest = max(grounding.get(f"{kind}_conflict", 0.0) for kind in CONFLICT_KINDS)
-    return closest >= CHANGED_COPY_CLOSENESS and len(statements(answer, SHORT_ANSWER + 1)) <= SHORT_ANSWER
+    return closest >= rule.closeness and len(statements(answer, rule.short_answer + 1)) <= rule.short_answer
 
 
 def load_weights(path: str | None, profile: str = "") -> Weights:
@@ -263,6 +284,17 @@ def load_weights(path: str | None, profile: str = "") -> Weights:
     else:
         text = resources.files("morphguard.detectors").joinpath(WEIGHT_FILES[profile]).read_text(encoding="utf-8")
     return Weights.model_validate(json.loads(text))
+
+
+def _shipped_tuning() -> Tuning:
+    tuning = load_weights(None).tuning
+    if tuning is None:
+        raise RuntimeError("the shipped combined.json holds no tuning")
+    return tuning
+
+
+# The constants chosen with the shipped default weights: those of any weights file without its own `tuning`.
+TUNING = _shipped_tuning()
 
 
 @dataclass(frozen=True)
@@ -297,12 +329,12 @@ class TextEvidence:
         return self.judged(weights) and not self.short
 
 
-def read_text(rag: RagInput, answer: str, short_limit: int) -> TextEvidence:
-    """The text evidence of one check (`TextEvidence`); pure Python over the whole context, so a caller on the event
-    loop runs it in a thread."""
+def read_text(rag: RagInput, answer: str, short_limit: int, rule: ChangedCopyFloor | None = None) -> TextEvidence:
+    """The text evidence of one check (`TextEvidence`; `rule`: the weights' changed-copy floor, default the shipped
+    one); pure Python over the whole context, so a caller on the event loop runs it in a thread."""
     grounded = Grounding(GroundingSettings()).measure(rag, answer)
-    return TextEvidence(grounded, short_changed_copy(answer, grounded.features), short_context(rag.passages,
-                                                                                                short_limit))
+    return TextEvidence(grounded, short_changed_copy(answer, grounded.features, rule),
+                        short_context(rag.passages, short_limit))
 
 
 def judged_values(evidence: TextEvidence, judged: Mapping[str, float], read: Collection[str],
@@ -320,15 +352,21 @@ def judged_values(evidence: TextEvidence, judged: Mapping[str, float], read: Col
 
 
 def fused(weights: Weights, evidence: TextEvidence, values: Mapping[str, float], short: bool | None = None) -> float:
-    """The answer's probability: `values` through `weights`, with the floors (`answer_probability`). `short`: which
-    calibration reads it (default: the evidence's own; a cascade's first stage reads the long contexts')."""
-    return answer_probability(weights, values, evidence.features, evidence.short_copy,
-                              evidence.short if short is None else short)
+    """The answer's probability (`fusion`), without its steps."""
+    return fusion(weights, evidence, values, short)[0]
+
+
+def fusion(weights: Weights, evidence: TextEvidence, values: Mapping[str, float],
+           short: bool | None = None) -> tuple[float, list[Step]]:
+    """The answer's probability: `values` through `weights`, with the floors (`scored`), and the steps that moved it.
+    `short`: which calibration reads it (default: the evidence's own; a cascade's first stage reads the long
+    contexts')."""
+    return scored(weights, values, evidence.features, evidence.short_copy, evidence.short if short is None else short)
 
 
 def short_context(passages: Sequence[str], limit: int) -> bool:
-    """Whether the context is short (`SHORT_CONTEXT`): the cascade then asks `direct` at once, and the weights'
-    `short_calibration` reads the answer."""
+    """Whether the context is short (`combined.short_context`): the cascade then asks `direct` at once, and the
+    weights' `short_calibration` reads the answer."""
     return sum(len(p) for p in passages) <= limit
 
 
@@ -344,7 +382,7 @@ class Combined:
         self.llm = llm  # the proxy's readiness probe looks for the judge here
         self.weights = load_weights(settings.weights, settings.profile)
         self.threshold = threshold
-        # The first stage's weights where a cascade holds `direct` back (CASCADE), and its band; None: all at once.
+        # The first stage's weights where a cascade holds `direct` back (`cascade`), and its band; None: all at once.
         self.first = (load_weights(settings.cascade_weights, "fast")
                       if settings.cascaded and "direct" in self.weights.features else None)
         if self.first is not None and "direct" in self.first.features:
@@ -352,6 +390,7 @@ class Combined:
                              "restatement,spotcheck)")
         self.band = settings.cascade or (0.0, 1.0)
         self.short_context = settings.short_context
+        self.changed_copy = (self.weights.tuning or TUNING).changed_copy
         read = self.weights.features | (self.first.features if self.first else set())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
                        if "direct" in read else None)
@@ -366,7 +405,8 @@ class Combined:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
         # the event loop, once for both stages.
-        evidence = await in_thread(read_text, rag, answer, self.short_context, size=rag.size(answer))
+        evidence = await in_thread(read_text, rag, answer, self.short_context, self.changed_copy,
+                                   size=rag.size(answer))
         grounded = evidence.grounding
         record, quoted, short = evidence.about_record(self.weights), evidence.quoted, evidence.short
         held_back = self.first is not None and evidence.staged(self.weights)
@@ -376,18 +416,24 @@ class Combined:
         asked = {} if not evidence.judged(self.weights) else await _all_at_once(
             {"direct": None if held_back else self.direct, "restatement": self.restatement,
              "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
-        weights, first_stage = self.weights, None
+        weights, first_stage, branch = self.weights, None, []
         if held_back:
             assert self.first is not None
             first_stage = fused(self.first, evidence, judged_values(evidence, _said(asked), ()), short=False)
+            band = f"[{self.band[0]:g}, {self.band[1]:g})"
             if asks_direct(first_stage, self.band) and self.direct is not None:
                 asked["direct"] = await self.direct.detect(rag, answer)
+                branch = [f"cascade: the first stage, without direct, lies in {band}, so direct was asked"]
             else:
                 weights = self.first
+                branch = [f"cascade: the first stage, without direct, lies outside {band}, so direct was not asked "
+                          "and the first stage's weights score the answer"]
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
         values = judged_values(evidence, _said(asked), self.weights.features, record)
-        score = fused(weights, evidence, values)
+        score, steps = fusion(weights, evidence, values)
+        explanation = [Step("cascade", first_stage, score, why).record() for why in branch if first_stage is not None]
+        explanation += [step.record() for step in steps]
         stages: dict[str, StageCost] = {}
         judged: list[Factoid] = []
         if direct is not None:
@@ -413,6 +459,8 @@ class Combined:
                       "short_context": short,  # which calibration read it (Weights.short_calibration)
                       # the cascade's first verdict, without `direct` (None: no cascade, a record or a quote)
                       "first_stage": first_stage,
+                      # each step that moved the score, with its value before and after
+                      "explanation": explanation,
                       "unsupported_words": grounded.settings.get("unsupported_words", [])},
         )
 
@@ -452,17 +500,17 @@ def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     cascade = settings.cascaded and "direct" in weights.features
     return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights",
                                                     "short_context"}),
-            "weights": weights.model_dump(exclude={"fitted_on"}),
+            "weights": weights.model_dump(exclude={"fitted_on", "tuning"}),
             # what a short context is: it decides which calibration reads the answer and whether the cascade holds
             # `direct` back (None: it decides neither)
             "short_context": settings.short_context if cascade or weights.short_calibration else None,
             **({"cascade": {"band": list(settings.cascade or ()),
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
-                                exclude={"fitted_on"})}} if cascade else {}),
+                                exclude={"fitted_on", "tuning"})}} if cascade else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION, **rules_fingerprint(),
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
-            "changed_copy_floor": [SHORT_ANSWER, CHANGED_COPY_CLOSENESS, CHANGED_COPY_FLOOR],
+            "floors": (weights.tuning or TUNING).model_dump(include={"instruction_floor", "changed_copy"}),
             "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)
 
 

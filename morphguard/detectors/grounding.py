@@ -2,7 +2,8 @@
 
 An answer made of the context's own words may still be wrong (a negation, a swapped entity), but a
 number, a name or a content word that appears nowhere in the context is the commonest trace of invented
-content. Per answer sentence this detector lists those words with their offsets; the answer's score
+content. Words the question supplies count as supported: an answer restating what was asked takes them from
+there. Per answer sentence this detector lists those words with their offsets; the answer's score
 grows with how many there are, numbers and names weighing more. Its counts are also exposed as
 `Detection.features`, for checks that combine it with a judge.
 
@@ -62,9 +63,11 @@ def changed_copy(found: list[Conflict]) -> str:
     return f"copies a context sentence but changes it ({kinds})"
 
 
-def ungrounded(answer: str, passages: list[str]) -> list[SentenceReport]:
-    """Per answer sentence: its content words, and those the context does not contain."""
-    known = vocabulary(passages)
+def ungrounded(answer: str, passages: list[str], question: str = "") -> list[SentenceReport]:
+    """Per answer sentence: its content words, and those neither the context nor the question contains. An answer
+    that restates the question ("No, pregnant women should not take ibuprofen for back pain") takes its words from
+    there, so they are no invented content; what it claims with them is the judge's to check."""
+    known = vocabulary([*passages, question])
     reports = []
     for start, end in sentences(answer):
         content = 0
@@ -128,7 +131,7 @@ class Grounding:
 
     def measure(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        reports = ungrounded(answer, rag.passages)
+        reports = ungrounded(answer, rag.passages, rag.question)
         ruled = read_all(answer, rag.passages)
         misread = ruled.conflicts
         # An answer about a record is read against its fields, not sentence by sentence: the record's
@@ -195,7 +198,7 @@ def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     return list({c.start: c for c in reversed(changed)}.values())
 
 
-VERSION = 8  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 9  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

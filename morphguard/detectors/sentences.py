@@ -40,7 +40,7 @@ from morphguard.llm.client import LLMClient, reserve, together
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-VERSION = 3
+VERSION = 4
 LABELS = ("SUPPORTED", "UNSUPPORTED")
 # How near 0 or 1 a score's log-odds are read (`logistic.log_odds`): a verdict given as a word is a certain 0 or 1,
 # read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
@@ -65,8 +65,8 @@ class Sentences:
         Even "Yes." is one: a short sentence can carry the whole claim, and the judge is told that one stating
         nothing is supported."""
         planted = instructions(answer)
-        return [(r.start, r.end, [w.text for w in r.unsupported],
-                 any(s < r.end and r.start < e for s, e in planted)) for r in ungrounded(answer, rag.passages)]
+        return [(r.start, r.end, [w.text for w in r.unsupported], any(s < r.end and r.start < e for s, e in planted))
+                for r in ungrounded(answer, rag.passages, rag.question)]
 
     def _messages(self, rag: RagInput, answer: str, batch: Batch, context: Focus) -> list[dict[str, str]]:
         lines = []

@@ -47,7 +47,7 @@ class SpotCheck:
         """The sentences to judge, each with the context cut for it: those with unsupported words that state
         something, the most unsupported weight first; where there are none, the stating sentence with the most
         content words."""
-        stating = [r for r in ungrounded(answer, rag.passages) if statements(answer[r.start:r.end])]
+        stating = [r for r in ungrounded(answer, rag.passages, rag.question) if statements(answer[r.start:r.end])]
         candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in stating if r.unsupported]
         candidates.sort(key=lambda c: (-c[0], c[1]))
         chosen = [(start, end) for _, start, end in candidates[: self.settings.max_calls]]

@@ -98,10 +98,13 @@ class DecisionRecord(BaseModel):
     # An answer a gateway asked about: which gateway, and what morphguard told it, as `<gateway>:<told>`: `deny`
     # (withhold the answer), `pass`, or `failed` (no verdict reached it; its own error setting decided)
     gateway: str | None = None
+    # each step that moved the check's score (a calibration, a cascade branch, a floor): its name, the score before
+    # and after, and a line a reviewer reads (`Detection.settings["explanation"]`); None: the detector records none
+    explanation: list[dict[str, Any]] | None = None
 
     # kept in the audit trail, never sent to the client
     AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",
-                                                      "context", "text_kept_until", "gateway"})
+                                                      "context", "text_kept_until", "gateway", "explanation"})
     TEXTS: ClassVar[tuple[str, ...]] = ("question", "answer", "context")  # stored as `store_text` says
 
     @classmethod
@@ -113,7 +116,8 @@ class DecisionRecord(BaseModel):
             checked = {"checked": True, "detector": detection.detector, "score": round(detection.score, 4),
                        "latency_ms": round(latency_ms),
                        "factoids": [FactoidRecord.of(f, decision.threshold) for f in claims(detection.factoids)],
-                       "cost": detection.cost.model_dump(exclude={"stages"})}
+                       "cost": detection.cost.model_dump(exclude={"stages"}),
+                       "explanation": _explanation(detection)}
         return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
                    action=decision.action, threshold=decision.threshold, escalated=decision.escalate,
                    reason=decision.reason, **checked, **facts)
@@ -144,3 +148,8 @@ class DecisionRecord(BaseModel):
     def escalation(self) -> dict[str, Any]:
         """What the escalation webhook gets: the whole decision, never the texts."""
         return self.model_dump(exclude=set(self.TEXTS))
+
+
+def _explanation(detection: Detection) -> list[dict[str, Any]] | None:
+    steps = detection.settings.get("explanation")
+    return [dict(step) for step in steps if isinstance(step, dict)] if isinstance(steps, list) and steps else None

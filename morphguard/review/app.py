@@ -268,7 +268,8 @@ class ReviewConsole:
         return self._page(
             request, "detail.html", row=row, kept=kept, judgements=judgements, labels=LABELS,
             claims=claims, answer=answer, passages=marked, assignee=assignee,
-            cost=row.get("cost") or {}, trace_url=trace_url, newer=newer, older=older, delivery=delivery,
+            cost=row.get("cost") or {}, explanation=_steps(row), trace_url=trace_url, newer=newer, older=older,
+            delivery=delivery,
             saved=request.query_params.get("saved") == "1")
 
     async def review(self, request: Request) -> Response:
@@ -371,3 +372,10 @@ def reviewer_keys(settings: ReviewSettings) -> tuple[dict[str, str], str | None]
         return {name: key.get_secret_value() for name, key in settings.reviewers.items()}, None
     key = secrets.token_urlsafe(18)
     return {"local": key}, key
+
+
+def _steps(row: dict[str, Any]) -> list[str]:
+    """The lines that say how the decision's score came about (each a step with its score before and after)."""
+    steps = row.get("explanation")
+    return [str(step["text"]) for step in steps if isinstance(step, dict) and step.get("text")] \
+        if isinstance(steps, list) else []

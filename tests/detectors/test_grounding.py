@@ -10,7 +10,7 @@ CONTEXT = ["Ibuprofen is contraindicated in the third trimester of pregnancy. Do
 
 def check(answer: str):
     detector = build_detector(Config(), name="grounding")
-    return asyncio.run(detector.detect(RagInput(question="Is ibuprofen safe?", passages=CONTEXT), answer))
+    return asyncio.run(detector.detect(RagInput(question="What about ibuprofen?", passages=CONTEXT), answer))
 
 
 def test_rewording_of_the_context_is_grounded():
@@ -85,3 +85,32 @@ def test_a_long_token_is_keyed_without_taking_a_place_in_the_shared_cache():
     long = "x" * (CACHED_TOKEN_CHARS + 1)
     assert keys(long) == (long,) and keys(long + "s") == (long,)  # stemmed like any word
     assert _cached_keys.cache_info().currsize == before
+
+
+RESTATED = "Can pregnant women take ibuprofen for back pain in the third trimester?"
+
+
+def test_an_answer_restating_the_question_takes_its_words_from_there():
+    """Words the question supplies are no invented content: an honest answer that restates the question is not
+    flagged, while one that adds a fact neither the question nor the context states still is."""
+    detector = build_detector(Config(), name="grounding")
+
+    def check_restating(answer):
+        return asyncio.run(detector.detect(RagInput(question=RESTATED, passages=CONTEXT), answer))
+
+    honest = check_restating("No, pregnant women should not take ibuprofen for back pain in the third trimester.")
+    assert honest.settings["unsupported_words"] == [] and honest.score == 0.0 and not honest.flagged
+    assert not honest.factoids
+    added = check_restating("No, pregnant women should not take ibuprofen for back pain. Aspirin twice daily helps.")
+    assert added.settings["unsupported_words"] == ["Aspirin", "twice", "daily", "helps"] and added.flagged
+    (claim,) = added.factoids
+    assert claim.text == "Aspirin twice daily helps."
+    assert claim.reason == "not in the context: Aspirin, twice, daily, helps"
+    # the same words are unsupported where the question does not supply them
+    assert check("No, pregnant women should not take ibuprofen for back pain.").settings["unsupported_words"] == [
+        "pregnant", "women", "take", "back", "pain"]
+
+
+def test_the_question_counts_for_every_sentence_but_not_for_words_it_lacks():
+    reports = ungrounded("Pregnant women ask. Back pain is rare.", CONTEXT, RESTATED)
+    assert [[w.text for w in r.unsupported] for r in reports] == [["ask"], ["rare"]]

@@ -18,7 +18,9 @@ ASYLUM_PASSAGE = "Refugees may receive protection after their asylum claim has b
 
 @pytest.fixture(scope="module")
 def metarag_proxy(proxy_factory) -> str:
-    return proxy_factory(detector="metarag", policy={"audit": {"store_text": "full"}})
+    return proxy_factory(detector="metarag", policy={"audit": {"store_text": "full"},
+                                                     "profiles": {"cite": {"action": "cite", "topics": {}}},
+                                                     "routes": [{"profile": "cite", "path_prefix": "/cite"}]})
 
 
 def check(base: str, model: str, passage: str = PASSAGE, question: str = QUESTION, stream: bool = False):
@@ -58,3 +60,9 @@ def test_a_stream_ends_with_metarags_verdict(metarag_proxy):
     chunks = list(raw.parse())
     verdict = chunks[-1].model_extra["morphguard"]
     assert verdict["detector"] == "metarag" and verdict["flagged"] and verdict["score"] == 1.0
+
+
+def test_cite_names_the_source_of_a_flagged_factoid(metarag_proxy):
+    content = check(metarag_proxy + "/cite", "hallucinated").parse().choices[0].message.content
+    assert content.startswith("Ibuprofen is safe throughout pregnancy.\n\nChecked against the sources:")
+    assert f'- "Ibuprofen is safe throughout pregnancy.": source [1] says "{PASSAGE}"' in content

@@ -34,7 +34,7 @@ def verdicts(body: dict[str, Any]) -> str:
 
 def detector(server: ScriptedLLM, **settings: object):
     config = Config.model_validate({
-        "judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test", "timeout_s": 5,
+        "judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test", "timeout_s": 60,
                   "max_attempts": 1},
         "detector": {"name": "sentences"}, "sentences": {"batch": 2, **settings}})
     return build_detector(config)

@@ -19,7 +19,8 @@ ASYLUM_PASSAGE = "Refugees may receive protection after their asylum claim has b
 @pytest.fixture(scope="module")
 def metarag_proxy(proxy_factory) -> str:
     return proxy_factory(detector="metarag", policy={"audit": {"store_text": "full"},
-                                                     "profiles": {"cite": {"action": "cite", "topics": {}}},
+                                                     "profiles": {"general": {"action": "annotate", "topics": {}},
+                                                                  "cite": {"action": "cite", "topics": {}}},
                                                      "routes": [{"profile": "cite", "path_prefix": "/cite"}]})
 
 

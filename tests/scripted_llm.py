@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -84,3 +85,45 @@ class ScriptedLLM:
 
 def error(status: int, message: str = "scripted failure") -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": message, "type": "server_error", "code": status}}
+
+
+def tag(text: str, name: str) -> str:
+    """What a prompt holds between `<name>` and `</name>`."""
+    match = re.search(rf"<{name}>\n?(.*?)\n?</{name}>", text, re.S)
+    return match.group(1).strip() if match else ""
+
+
+def asked_sentences(user: str) -> list[tuple[int, str]]:
+    """The numbered sentences of a `sentences` prompt (its user message), without the hints that follow them."""
+    return [(int(n), text) for n, text in re.findall(r"^(\d+)\. (.*?)(?: {3}\[.*)?$", tag(user, "answer"), re.M)]
+
+
+Label = Callable[[str, str], "tuple[str, list[str]]"]
+
+
+def sentences_reply(user: str, label: Label, whole: str | None = None) -> str:
+    """The `sentences` check's reply to its prompt: `label(sentence, passages)` gives each numbered sentence's
+    verdict and the phrases named; the whole answer is `whole`, else UNSUPPORTED where any sentence is."""
+    passages = tag(user, "passages")
+    entries = []
+    for n, sentence in asked_sentences(user):
+        verdict, phrases = label(sentence, passages)
+        entries.append({"id": n, "verdict": verdict, "phrases": phrases})
+    if whole is None:
+        whole = "UNSUPPORTED" if any(e["verdict"] == "UNSUPPORTED" for e in entries) else "SUPPORTED"
+    return json.dumps({"sentences": entries, "answer": whole})
+
+
+def lexical_label(sentence: str, passages: str) -> tuple[str, list[str]]:
+    """SUPPORTED where the passages hold the sentence word for word; else UNSUPPORTED, naming each run of its words
+    the passages never use (none named where every word is used, only not in that order)."""
+    if sentence.rstrip(".").lower() in passages.lower():
+        return "SUPPORTED", []
+    known = {w.lower() for w in re.findall(r"[\w'-]+", passages)}
+    runs: list[list[re.Match[str]]] = [[]]
+    for word in re.finditer(r"[\w'-]+", sentence):
+        if word.group().lower() in known:
+            runs.append([])
+        else:
+            runs[-1].append(word)
+    return "UNSUPPORTED", [sentence[run[0].start():run[-1].end()] for run in runs if run]

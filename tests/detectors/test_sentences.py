@@ -1,5 +1,6 @@
-"""The `sentences` check against a scripted judge on a real loopback socket: what it sends, from which thread
-its text work runs, and how many calls a check may make."""
+"""The `sentences` check against a scripted judge on a real loopback socket: how it batches the sentences, what
+it sends, how it reads the verdicts (phrases, the whole answer, replies it cannot read), from which thread its
+text work runs, and how many calls a check may make."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import pytest
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, sentences
-from morphguard.errors import JudgeCallCapError
+from morphguard.errors import JudgeCallCapError, LLMError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
-from tests.scripted_llm import ScriptedLLM
+from morphguard.policy.engine import PolicyEngine
+from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.checker import Checker
+from tests.scripted_llm import ScriptedLLM, asked_sentences, error, sentences_reply
 
 RAG = RagInput(question="Where is Paris?", passages=["Paris is the capital of France. Lyon is in France too."])
 
@@ -30,7 +34,7 @@ def verdicts(body: dict[str, Any]) -> str:
 
 def detector(server: ScriptedLLM, **settings: object):
     config = Config.model_validate({
-        "judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test", "timeout_s": 5,
+        "judge": {"model": "openai/scripted", "api_base": server.base_url, "api_key": "sk-test", "timeout_s": 60,
                   "max_attempts": 1},
         "detector": {"name": "sentences"}, "sentences": {"batch": 2, **settings}})
     return build_detector(config)
@@ -79,3 +83,173 @@ def test_a_check_past_its_judge_call_budget_fails_before_sending_any():
         assert server.requests == []
         assert asyncio.run(run(3)).settings["calls"] == 3
     assert len(server.requests) == 3
+
+
+def body_user(body: dict[str, Any]) -> str:
+    return str(body["messages"][-1]["content"])
+
+
+def by_label(unsupported: dict[str, list[str]], whole: str | None = None):
+    """A judge that finds UNSUPPORTED each sentence holding a key of `unsupported`, naming its phrases."""
+
+    def label(sentence: str, passages: str) -> tuple[str, list[str]]:
+        found = next((phrases for key, phrases in unsupported.items() if key in sentence), None)
+        return ("SUPPORTED", []) if found is None else ("UNSUPPORTED", found)
+
+    return lambda body: sentences_reply(body_user(body), label, whole)
+
+
+FRANCE = ["Paris is the capital of France.", "Lyon is in France.", "Nice is in Italy.", "Lille is in France.",
+          "Brest is in France."]
+
+
+def test_the_sentences_go_in_batches_sent_at_once_each_numbered_from_one_and_read_back_in_place():
+    answer = " ".join(FRANCE)
+    with ScriptedLLM(by_label({"Lille": []}), delay_s=0.3) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    asked = [[s for _, s in asked_sentences(body_user(b))] for b in server.requests]
+    # batch 2: every sentence once, in order
+    assert sorted(asked, key=lambda batch: FRANCE.index(batch[0])) == [FRANCE[0:2], FRANCE[2:4], FRANCE[4:]]
+    assert all([n for n, _ in asked_sentences(body_user(b))] == list(range(1, len(a) + 1))
+               for b, a in zip(server.requests, asked, strict=True))
+    assert server.max_in_flight == 3  # one round: the batches are asked side by side
+    assert sorted(b["max_tokens"] for b in server.requests) == [48 * 1 + 64, 48 * 2 + 64, 48 * 2 + 64]
+    assert found.settings == {"judged": 5, "calls": 3} and found.cost.llm_calls == 3
+    # sentence 2 of the second batch is the answer's fourth: its verdict lands there, and only there
+    assert [f.text for f in found.factoids if f.label == "unsupported"] == ["Lille is in France."]
+    assert found.flagged and found.score == 1.0
+
+
+def test_every_sentence_is_its_own_entry_however_short_and_hints_name_the_words_the_context_never_uses():
+    with ScriptedLLM(by_label({})) as server:
+        found = asyncio.run(detector(server).detect(RAG, "Yes. Nice is in Italy."))
+    prompt = body_user(server.requests[0])
+    assert [s for _, s in asked_sentences(prompt)] == ["Yes.", "Nice is in Italy."]
+    assert "2. Nice is in Italy.   [words the documents never use: Nice, Italy]" in prompt
+    assert not found.flagged and found.score == 0.0
+    with ScriptedLLM(by_label({})) as server:
+        asyncio.run(detector(server, hints=False).detect(RAG, "Nice is in Italy."))
+    assert "never use" not in body_user(server.requests[0])
+
+
+def test_a_flagged_sentence_is_pointed_at_by_the_phrases_the_judge_names():
+    answer = "Paris is the capital of France. Nice is in Italy, near Genoa."
+    judge = by_label({"Nice": ["in italy", "near Genoa", "in Spain", " "]})  # any case; absent or blank: ignored
+    with ScriptedLLM(judge) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    flagged = [f for f in found.factoids if f.label == "unsupported"]
+    assert [(f.text, answer[f.start:f.end]) for f in flagged] == [("in Italy", "in Italy"),
+                                                                   ("near Genoa", "near Genoa")]
+    assert all(f.score == 1.0 and "names this phrase" in (f.reason or "") for f in flagged)
+    assert [f.text for f in found.factoids if f.label == "supported"] == ["Paris is the capital of France."]
+
+
+def test_a_flagged_sentence_whose_phrases_are_not_in_it_is_pointed_at_whole():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    with ScriptedLLM(by_label({"Nice": ["Rome"]})) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    [flagged] = [f for f in found.factoids if f.label == "unsupported"]
+    assert (flagged.text, flagged.start, flagged.end) == ("Nice is in Italy.", 32, 49)
+
+
+def test_the_whole_answer_verdict_weighs_against_the_worst_sentence():
+    answer = "Paris is the capital of France. Lyon is in France."
+    with ScriptedLLM(by_label({}, whole="UNSUPPORTED")) as server:  # every sentence fine, the answer not
+        whole = asyncio.run(detector(server, batch=12).detect(RAG, answer))
+    assert whole.features["whole"] == 1.0 and whole.features["worst"] == 0.0
+    assert whole.score == pytest.approx(0.6) and whole.flagged  # whole_weight 0.6
+    assert all(f.label == "supported" for f in whole.factoids)
+
+    with ScriptedLLM(by_label({"Lyon": []}, whole="SUPPORTED")) as server:  # one sentence wrong, the answer fine
+        worst = asyncio.run(detector(server, batch=12, whole_weight=0.8).detect(RAG, answer))
+    assert worst.score == pytest.approx(0.2) and worst.threshold > 0.2 and not worst.flagged
+    # no sentence scores above its answer: the one the judge doubted is not flagged in an answer that is not
+    assert [f.score for f in worst.factoids] == [0.0, pytest.approx(0.2)]
+    assert all(f.label == "supported" for f in worst.factoids)
+
+
+def test_the_whole_answer_verdict_is_the_worst_over_the_batches():
+    answer = " ".join(FRANCE)
+    wholes = iter(["SUPPORTED", "UNSUPPORTED", "SUPPORTED"])
+
+    def judge(body: dict[str, Any]) -> str:
+        return sentences_reply(body_user(body), lambda s, p: ("SUPPORTED", []), next(wholes))
+
+    with ScriptedLLM(judge) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert len(server.requests) == 3 and found.features["whole"] == 1.0 and found.score == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(("reply", "unreadable"), [
+    ("not JSON at all", 2),
+    ('{"sentences": "SUPPORTED", "answer": "SUPPORTED"}', 2),
+    ('{"sentences": [{"id": 1, "verdict": "MAYBE"}, {"id": 2, "verdict": "SUPPORTED"}]}', 1),
+    ('{"sentences": [{"id": 1, "verdict": "SUPPORTED"}], "answer": "SUPPORTED"}', 1),
+    ('{"sentences": [7, {"verdict": "SUPPORTED", "phrases": [3, null]}], "answer": "PERHAPS"}', 1),
+])
+def test_an_unreadable_verdict_counts_as_one_and_scores_a_half(reply, unreadable):
+    answer = "Paris is the capital of France. Lyon is in France."
+    with ScriptedLLM(lambda body: reply) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert found.stats.unparseable_verdicts == unreadable
+    # no verdict: a half, weighed with the whole-answer verdict where there is one (SUPPORTED here)
+    assert "whole" not in found.features or found.features["whole"] == 0.0
+    assert found.score == pytest.approx(0.5 if "whole" not in found.features else 0.4 * 0.5)
+    assert sorted(f.score for f in found.factoids) == [0.0] * (2 - unreadable) + [min(0.5, found.score)] * unreadable
+
+
+def test_entries_without_ids_are_read_by_their_place():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    reply = json.dumps({"sentences": [{"verdict": "SUPPORTED", "phrases": []},
+                                      {"verdict": "UNSUPPORTED", "phrases": ["Italy"]}], "answer": "UNSUPPORTED"})
+    with ScriptedLLM(lambda body: reply) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert found.stats.unparseable_verdicts == 0 and [f.text for f in found.factoids] == [
+        "Paris is the capital of France.", "Italy"]
+
+
+def test_a_judge_that_fails_fails_the_check():
+    with ScriptedLLM(lambda body: error(500)) as server:
+        with pytest.raises(LLMError):
+            asyncio.run(detector(server).detect(RAG, "Paris is the capital of France."))
+
+
+LONG = " ".join(f"Town number {i} is in France." for i in range(300))  # 300 sentences
+
+
+def long_checker(base_url: str, **detector_settings: object) -> Checker:
+    config = Config.model_validate({
+        "judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "sk-test", "timeout_s": 30,
+                  "max_attempts": 1},
+        "detector": {"name": "sentences", **detector_settings},
+        "policy": {"profiles": {"general": {"on_error": "fail_closed"}}}})
+    return Checker(build_detector(config), PolicyEngine(config.policy), config)
+
+
+def check_request() -> CheckRequest:
+    return CheckRequest(body={}, rag=RAG, source="explicit", profile="general", topic="general")
+
+
+def answered(text: str) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+
+
+def test_a_long_answer_is_judged_whole_in_a_bounded_number_of_calls():
+    with ScriptedLLM(by_label({"number 123 ": []})) as server:
+        outcome = asyncio.run(long_checker(server.base_url).check(check_request(), answered(LONG)))
+    asked = [s for b in server.requests for _, s in asked_sentences(body_user(b))]
+    assert len(server.requests) == 25 and max(len(asked_sentences(body_user(b))) for b in server.requests) == 12
+    assert sorted(asked) == sorted(f"Town number {i} is in France." for i in range(300))  # each sentence once
+    assert outcome.detection is not None and outcome.detection.settings == {"judged": 300, "calls": 25}
+    [flagged] = [f for f in outcome.detection.factoids if f.label == "unsupported"]
+    assert flagged.text == "Town number 123 is in France." and outcome.decision.reason is None
+
+
+def test_a_long_answer_past_max_judge_calls_sends_no_call_and_fails_as_the_profile_says():
+    with ScriptedLLM(by_label({})) as server:
+        capped = asyncio.run(long_checker(server.base_url, max_judge_calls=24).check(check_request(), answered(LONG)))
+        assert server.requests == []
+        larger = asyncio.run(long_checker(server.base_url, max_judge_calls=24).check(
+            check_request(), answered(LONG[:LONG.index("Town number 288")])))  # 288 sentences: 24 calls
+    assert (capped.decision.action, capped.decision.reason) == ("block", "fail_closed: judge_call_cap")
+    assert larger.decision.reason is None and len(server.requests) == 24

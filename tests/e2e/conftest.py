@@ -62,11 +62,13 @@ def serve(config: dict, folder: Path, port: int | None = None,
 
 @pytest.fixture(scope="session")
 def proxy_factory(provider, tmp_path_factory):
-    """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider."""
+    """Start `morphguard serve` with the given proxy settings; the judge is the scripted provider. The detector is
+    the product's default, `auto`, which with this API judge runs `sentences`; `detector="metarag"` pins MetaRAG
+    (its paper profile, or the embedded one with the local judge)."""
     started: list[subprocess.Popen[bytes]] = []
 
     def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
-             processes: int = 1, detector: str = "metarag", **proxy: object) -> str:
+             processes: int = 1, detector: str = "auto", **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})

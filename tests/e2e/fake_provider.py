@@ -5,9 +5,12 @@ It stands in for a paid API in two roles, told apart by the request:
   last user message, so a client can make the answer whatever it likes) or a failure ("fail-400", "fail-500",
   "slow"); a request that ends with the proxy's regeneration instruction gets
   the faithful answer;
-- the judge: MetaRAG's prompts are answered by a lexical rule (a statement is supported when the
-  passages contain it word for word), so verdicts are exact and known in advance. Statements with
-  "automatically" get NOT SURE except the second antonym (NO): a score of exactly 0.375. The judge
+- the judge: the `sentences` check's prompts and MetaRAG's are answered by a lexical rule (a sentence or
+  statement is supported when the passages contain it word for word; `sentences` is told the runs of words the
+  passages never use as its phrases), so verdicts are exact and known in advance. A sentence with
+  "automatically" is unsupported while the answer as a whole is supported: `sentences` scores it
+  1 - `sentences.whole_weight` (0.4). MetaRAG's statements with "automatically" get NOT SURE except the second
+  antonym (NO): a score of exactly 0.375. The judge
   models "slow-judge" (3 s per call) and "broken-judge" (HTTP 400) make checks fail.
 Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit headers), "unavailable"
 (503), "stall-body" (headers, half a body, then silence), "reset" (headers, half a body, then the
@@ -57,6 +60,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.scripted_llm import asked_sentences, lexical_label, sentences_reply, tag
+
 ANSWERS = {
     "faithful": "Ibuprofen is contraindicated in the third trimester of pregnancy.",
     "hallucinated": "Ibuprofen is safe throughout pregnancy.",
@@ -75,7 +80,16 @@ def _tag(text: str, tag: str) -> str:
     return match.group(1).strip() if match else ""
 
 
+def _sentences(user: str) -> str:
+    passages = tag(user, "passages")
+    whole = "UNSUPPORTED" if any(lexical_label(s, passages)[0] == "UNSUPPORTED"
+                                 for _, s in asked_sentences(user) if "automatically" not in s) else "SUPPORTED"
+    return sentences_reply(user, lexical_label, whole)
+
+
 def _judge(system: str, user: str) -> str | None:
+    if "sentences are numbered" in system:
+        return _sentences(user)
     if "atomic factoids" in system:
         return json.dumps({"factoids": [_tag(user, "answer")]})
     if "paraphrases" in system:

@@ -36,7 +36,7 @@ messages = st.fixed_dictionaries(
 ours = st.one_of(json_values, st.fixed_dictionaries({}, optional={
     "context": st.one_of(texts, st.lists(texts, max_size=3), json_values),
     "topic": st.one_of(texts, json_values), "policy": st.one_of(texts, json_values),
-    "detector": st.one_of(st.sampled_from(["length", "metarag:paper", "oracle"]), json_values)}))
+    "detector": st.one_of(st.sampled_from(["length", "sentences", "metarag:paper", "oracle"]), json_values)}))
 bodies = st.one_of(
     json_values,
     st.fixed_dictionaries({"model": st.one_of(st.sampled_from(["faithful", "hallucinated"]), json_values),

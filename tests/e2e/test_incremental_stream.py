@@ -79,7 +79,10 @@ def text_of(chunks: list) -> str:
 
 def assert_blocked_and_audited(proxy_factory, base: str, verdict: dict) -> None:
     assert verdict["action"] == "block" and verdict["flagged"] is True
-    assert [(s["start"], s["flagged"]) for s in verdict["sentences"]] == [(0, False), (len(PASSAGE) + 1, True)]
+    entries = [(s["start"], s["flagged"]) for s in verdict["sentences"]]
+    assert entries[:2] == [(0, False), (len(PASSAGE) + 1, True)]
+    # the sentence after it, where the check had it before it blocked (a stream that came at once): not stated either
+    assert all(flagged for _, flagged in entries[2:]) and len(entries) <= 3
     row = audit_row(proxy_factory, base, verdict["request_id"])
     assert (row["action"], row["flagged"]) == ("block", 1)
     assert row["answer"].startswith(f"{PASSAGE} {INVENTED}")  # the audit keeps what the model said

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from morphguard.detectors.sentences import SentencesSettings
 from tests.e2e.conftest import ROOT
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -93,20 +94,24 @@ def test_annotate_flags_without_touching_the_answer(policy_proxy):
 
 def test_highlight_marks_the_flagged_span(policy_proxy):
     completion = ask(client(policy_proxy, prefix="/highlight"))
-    assert completion.choices[0].message.content == "[!Ibuprofen is safe throughout pregnancy!]."
+    # the phrase the judge names (the scripted judge: the words the passage never uses), not its whole sentence
+    assert completion.choices[0].message.content == "Ibuprofen is [!safe throughout!] pregnancy."
     assert verdict_of(completion)["action"] == "highlight"
 
 
-def test_cite_appends_what_the_context_says(policy_proxy):
+def test_cite_appends_what_the_context_says_of_each_flagged_phrase(policy_proxy):
+    """Cite looks up a source for each flagged span: with `sentences`, the phrases the judge names. A phrase that shares
+    no word with the passage has no source (tests/e2e/test_metarag.py cites a whole flagged sentence's source)."""
     content = ask(client(policy_proxy, prefix="/cite")).choices[0].message.content
-    assert content.startswith("Ibuprofen is safe throughout pregnancy.\n\nChecked against the sources:")
-    assert f'- "Ibuprofen is safe throughout pregnancy.": source [1] says "{PASSAGE}"' in content
+    assert content == ("Ibuprofen is safe throughout pregnancy.\n\nChecked against the sources:\n"
+                       '- "safe throughout": no retrieved source supports this.')
 
 
 def test_cite_says_when_no_source_bears_on_a_claim(policy_proxy):
     reply = ask(client(policy_proxy, prefix="/cite"), context="Paracetamol is widely used.")
     content = reply.choices[0].message.content
-    assert content.endswith('- "Ibuprofen is safe throughout pregnancy.": no retrieved source supports this.')
+    assert content.endswith('- "Ibuprofen": no retrieved source supports this.\n'
+                            '- "safe throughout pregnancy": no retrieved source supports this.')
 
 
 def test_regenerate_reasks_with_the_unsupported_claims_and_keeps_the_better_answer(policy_proxy, provider):
@@ -117,7 +122,7 @@ def test_regenerate_reasks_with_the_unsupported_claims_and_keeps_the_better_answ
     assert not verdict["flagged"] and verdict["score"] == 0.0
     reask = [r["body"] for r in httpx.get(provider.removesuffix("/v1") + "/_requests").json()
              if "Answer again" in str(r["body"]["messages"][-1].get("content"))][-1]
-    assert '"Ibuprofen is safe throughout pregnancy."' in reask["messages"][-1]["content"]
+    assert '"safe throughout"' in reask["messages"][-1]["content"]  # the phrase the judge names
     assert "morphguard" not in reask
 
 
@@ -149,13 +154,16 @@ def test_profile_chosen_by_header(policy_proxy):
     assert verdict["profile"] == "maternity" and verdict["action"] == "block"
 
 
-def test_refugees_answer_scoring_0375_is_flagged_under_asylum_and_a_requested_topic_cannot_loosen_it(
+def test_refugees_answer_scoring_between_thresholds_is_flagged_under_asylum_and_a_requested_topic_cannot_loosen_it(
         policy_proxy, provider):
     c = client(policy_proxy)
     asylum = ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE)
     verdict = verdict_of(asylum)
     assert verdict["profile"] == "asylum"  # chosen by the model glob "refug*"
-    assert verdict["topic"] == "migration" and verdict["score"] == 0.375 and verdict["threshold"] == 0.3
+    # its one sentence unsupported, the answer as a whole supported (the scripted judge): the worst sentence's share
+    between = round(1 - SentencesSettings().whole_weight, 4)
+    assert 0.3 < between < 0.5  # flagged under the asylum profile's threshold, not under the general one
+    assert verdict["topic"] == "migration" and verdict["score"] == between and verdict["threshold"] == 0.3
     assert verdict["flagged"] and verdict["action"] == "block" and verdict["escalated"]
     # the escalation reached the webhook on its third attempt (two 503s first)
     deadline = time.monotonic() + 30
@@ -193,8 +201,8 @@ def test_audit_lists_filters_and_exports(policy_proxy, proxy_factory):
     assert blocked["action"] == "block" and blocked["score"] == 1.0 and blocked["topic"] == "pregnancy"
     # store_text: full; the audit keeps the model's answer, not the safe message the client got
     assert blocked["answer"] == "Ibuprofen is safe throughout pregnancy." and blocked["question"] == IBUPROFEN_Q
-    assert blocked["factoids"][0]["text"] == "Ibuprofen is safe throughout pregnancy."
-    assert blocked["cost"]["llm_calls"] + blocked["cost"]["cached_calls"] >= 7  # decompose, 2 mutations, 4 verifies
+    assert [f["text"] for f in blocked["factoids"]] == ["safe throughout"]  # the phrase the judge names
+    assert blocked["cost"]["llm_calls"] + blocked["cost"]["cached_calls"] == 1  # one sentence: one batch
     topic = audit(proxy_factory, policy_proxy, "--topic", "migration", "--format", "csv")
     lines = topic.stdout.splitlines()
     assert lines[0].startswith("id,time,request_id") and len(lines) > 1

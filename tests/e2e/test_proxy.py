@@ -70,7 +70,8 @@ def test_tool_messages_are_context_and_a_hallucination_is_flagged(annotate_proxy
     verdict = verdict_of(raw.parse())
     assert verdict["context_source"] == "tool"
     assert verdict["flagged"] and verdict["score"] == 1.0
-    assert verdict["factoids"][0]["text"] == "Ibuprofen is safe throughout pregnancy."
+    assert verdict["detector"] == "sentences"  # `auto` with an API judge
+    assert [f["text"] for f in verdict["factoids"]] == ["safe throughout"]  # the phrase the judge names
     assert raw.headers["x-morphguard-flagged"] == "true"
     assert raw.headers["x-morphguard-action"] == "annotate"
     assert float(raw.headers["x-morphguard-score"]) == 1.0
@@ -210,7 +211,8 @@ def test_injected_upstream_key_requires_a_proxy_key(block_proxy, provider):
 
 
 def judge_calls(provider: str) -> int:
-    return sum("reference passages" in json.dumps(r["body"]["messages"][:1]) for r in upstream_requests(provider))
+    """The `sentences` check's calls the provider has had (one per batch of sentences)."""
+    return sum("sentences are numbered" in json.dumps(r["body"]["messages"][:1]) for r in upstream_requests(provider))
 
 
 def test_async_mode_answers_at_once_and_checks_in_the_background(async_proxy, provider):
@@ -225,9 +227,9 @@ def test_async_mode_answers_at_once_and_checks_in_the_background(async_proxy, pr
                                        extra_body={"morphguard": {"context": PASSAGE + " Ask a doctor."}})
     assert list(stream)[-1].model_extra["morphguard"]["reason"] == "queued"
     deadline = time.monotonic() + 120  # a bounded wait for the background checks, not a timing claim
-    while judge_calls(provider) < before + 8 and time.monotonic() < deadline:  # 2 checks x 4 variants
+    while judge_calls(provider) < before + 2 and time.monotonic() < deadline:  # 2 checks of one sentence each
         time.sleep(0.2)
-    assert judge_calls(provider) >= before + 8
+    assert judge_calls(provider) >= before + 2
 
 
 @pytest.mark.model

@@ -28,8 +28,7 @@ def checker(provider, tmp_path_factory):  # noqa: F811
     folder = tmp_path_factory.mktemp("check")
     config = {
         "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
-        "detector": {"name": "metarag"},
-        "metarag": {"profile": "paper"},
+        "detector": {"name": "auto"},
         "proxy": {"upstream": {"base_url": provider, "timeout_s": 2}, "keys": [KEY, CLINIC_KEY]},
         "policy": {
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
@@ -54,8 +53,7 @@ def gateway_config(base_url: str, folder: Path, judge: str = "openai/judge") -> 
     block too, with a 1 s latency budget, failing closed and open), `general` annotates."""
     return {
         "judge": {"model": judge, "api_base": base_url, "api_key": "sk-judge", "max_attempts": 1, "timeout_s": 10},
-        "detector": {"name": "metarag"},
-        "metarag": {"profile": "paper"},
+        "detector": {"name": "auto"},
         "proxy": {"upstream": {"base_url": base_url, "timeout_s": 2}, "keys": [KEY]},
         "policy": {
             "profiles": {

@@ -59,7 +59,8 @@ def test_a_hallucinated_answer_is_flagged_with_its_spans(checker):
     verdict = post(base, "/v1/check", check_body(HALLUCINATED, context=PASSAGE)).json()  # context as one string
     assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
     [claim] = verdict["factoids"]
-    assert claim["flagged"] and HALLUCINATED[claim["start"]:claim["end"]] == "Ibuprofen is safe throughout pregnancy"
+    # the words the judge names as unsupported (the scripted judge: those the passage never uses)
+    assert claim["flagged"] and HALLUCINATED[claim["start"]:claim["end"]] == "safe throughout"
     assert rows(folder)[verdict["request_id"]]["flagged"] == 1
 
 
@@ -69,7 +70,7 @@ def test_the_profile_decides_the_action_block_and_highlight(checker):
     assert (blocked["profile"], blocked["action"], blocked["answer"]) == ("strict", "block", SAFE)
     assert "text" not in blocked["factoids"][0]  # where the blocked claim was, never its words
     marked = post(base, "/v1/check", check_body(HALLUCINATED), **{"x-tenant": "marked"}).json()
-    assert marked["action"] == "highlight" and marked["answer"] == "[!Ibuprofen is safe throughout pregnancy!]."
+    assert marked["action"] == "highlight" and marked["answer"] == "Ibuprofen is [!safe throughout!] pregnancy."
     assert rows(folder)[blocked["request_id"]]["action"] == "block"
 
 

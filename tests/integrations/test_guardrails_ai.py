@@ -38,7 +38,7 @@ def test_a_hallucinated_answer_fails_with_the_flagged_claim_as_its_span(checker)
     assert outcome.validation_passed is False
     [summary] = outcome.validation_summaries
     [span] = summary.error_spans
-    assert HALLUCINATED[span.start:span.end] == "Ibuprofen is safe throughout pregnancy"
+    assert HALLUCINATED[span.start:span.end] == "safe throughout"  # the phrase the judge names
     with pytest.raises(Exception, match="not supported by its context"):
         guard(base, "exception").validate(HALLUCINATED, metadata=METADATA)
 

@@ -31,8 +31,7 @@ def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "op
     morphguard = {
         "proxy": proxy,
         "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
-        "detector": {"name": "metarag"},
-        "metarag": {"profile": "paper"},
+        "detector": {"name": "auto"},
         "policy": {
             "profiles": {"general": {"threshold": 0.5, "action": "annotate", "topics": {}},
                          "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},

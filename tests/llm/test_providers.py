@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -56,8 +57,8 @@ def config_for(fakes: str, model: str, detector: str, **judge: object) -> Config
 
 
 @pytest.mark.parametrize("model", list(PROVIDERS))
-@pytest.mark.parametrize("detector", ["spotcheck", "restatement", "direct", "combined", "metarag:paper", "claims",
-                                      "hierarchical"])
+@pytest.mark.parametrize("detector", ["sentences", "spotcheck", "restatement", "direct", "combined", "metarag:paper",
+                                      "claims", "hierarchical"])
 def test_every_judge_part_returns_a_verdict_on_every_provider(fakes, model, detector):
     found = detect(QUESTION, [PASSAGE], ANSWER, config=config_for(fakes, model, detector))
     assert found.cost.llm_calls > 0, found
@@ -94,6 +95,35 @@ def test_votes_make_a_soft_verdict_without_log_probabilities(fakes):
     config = config_for(fakes, "anthropic/claude-sonnet-4-5", "spotcheck", votes=3)
     found = detect(QUESTION, [PASSAGE], ANSWER, config=config)
     assert found.cost.llm_calls >= 3 and found.flagged
+
+
+@pytest.mark.parametrize("model", list(PROVIDERS))
+def test_votes_leave_the_sentences_check_at_one_call_per_batch(fakes, model):
+    """Votes sample a yes/no question; `sentences` asks for a list of verdicts, one call per batch, votes or not."""
+    answer = "Ibuprofen is not contraindicated in pregnancy."  # a reply of its own: the judge cache holds none
+    found = detect(QUESTION, [PASSAGE], answer, config=config_for(fakes, model, "sentences", votes=3))
+    assert found.cost.llm_calls == 1 and found.settings == {"judged": 1, "calls": 1}
+    assert found.stats.unparseable_verdicts == 0 and found.flagged
+
+
+def seen(fakes: str) -> list[dict]:
+    return httpx.get(f"{fakes}/_seen").json()
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-4.1-mini", "openai/o3-mini", "openai/gpt-5-mini"])
+def test_the_sentences_check_sends_openai_a_strict_schema_and_reasoning_models_their_own_fields(fakes, model):
+    before = len(seen(fakes))
+    answer = "Ibuprofen is not contraindicated in the third trimester."  # a reply of its own: the cache holds none
+    found = detect(QUESTION, [PASSAGE], answer, config=config_for(fakes, model, "sentences"))
+    [call] = [s["body"] for s in seen(fakes)[before:]]
+    schema = call["response_format"]["json_schema"]
+    assert call["response_format"]["json_schema"]["strict"] is True
+    assert schema["schema"]["additionalProperties"] is False
+    assert set(schema["schema"]["required"]) == {"sentences", "answer"}
+    reasoning = model != "openai/gpt-4.1-mini"
+    assert ("max_completion_tokens" in call) == reasoning and ("max_tokens" in call) != reasoning
+    assert bool(call.get("logprobs")) != reasoning  # log-probabilities asked for where the model gives them
+    assert found.flagged and found.stats.unparseable_verdicts == 0
 
 
 def test_strict_schemas_close_every_object_and_require_every_property():

@@ -1,7 +1,6 @@
 """Fetching the embedded judge's weights: checksum first, nothing half-written."""
 
 import hashlib
-import socket
 import threading
 import time
 
@@ -14,6 +13,7 @@ from starlette.routing import Route
 from morphguard.config import LocalModelSettings
 from morphguard.errors import ModelUnavailableError
 from morphguard.llm.weights import ensure_model, is_verified, pull_model
+from tests.servers import bound_socket
 
 BLOB = b"GGUF" + bytes(range(256)) * 4096
 
@@ -22,10 +22,9 @@ class FakeHub:
     def __init__(self) -> None:
         self.hits = 0
         app = Starlette(routes=[Route("/acme/judge/resolve/main/{name}", self._file)])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.url = f"http://127.0.0.1:{s.getsockname()[1]}"
-            port = s.getsockname()[1]
+        self.socket = bound_socket()  # the port is ours from here on, whatever else starts meanwhile
+        port = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
 
     async def _file(self, request):
@@ -33,7 +32,7 @@ class FakeHub:
         return Response(BLOB, media_type="application/octet-stream")
 
     def __enter__(self):
-        threading.Thread(target=self.server.run, daemon=True).start()
+        threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True).start()
         while not self.server.started:
             time.sleep(0.02)
         return self

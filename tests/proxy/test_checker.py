@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
 from morphguard.proxy.checker import Checker
 from tests.scripted_llm import ScriptedLLM, completion
+from tests.servers import bound_socket
 
 RAG = RagInput(question="Where is Paris?", passages=["Paris is the capital of France. Lyon is in France too."])
 
@@ -86,9 +86,8 @@ class SlowJudge:
     def __init__(self, delay_s: float, refuse: str | None = None) -> None:
         self.delay_s, self.in_flight, self.started = delay_s, 0, 0
         self.refuse = refuse  # a prompt holding this is refused at once (400), the others answered late
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.socket = bound_socket()  # the port is ours from here on, whatever else starts meanwhile
+        self.port = self.socket.getsockname()[1]
         app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"])])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
 
@@ -110,7 +109,7 @@ class SlowJudge:
 
     @contextmanager
     def running(self) -> Iterator[SlowJudge]:
-        thread = threading.Thread(target=self.server.run, daemon=True)
+        thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         thread.start()
         while not self.server.started:
             time.sleep(0.02)

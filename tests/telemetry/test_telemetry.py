@@ -4,7 +4,6 @@ process so in-memory exporters can read what it emitted), with a scripted upstre
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -22,6 +21,7 @@ from morphguard.proxy.app import create_app
 from morphguard.telemetry import names, setup
 from tests.detectors.scripted_judge import judge
 from tests.scripted_llm import ScriptedLLM, completion
+from tests.servers import bound_socket
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 FALSE_FACT = "Ibuprofen is safe throughout pregnancy."
@@ -40,13 +40,12 @@ def scripted(body):
 
 class InProcessProxy:
     def __init__(self, config: Config) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.socket = bound_socket()  # the port is ours from here on, whatever else starts meanwhile
+        self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=self.port,
                                                     log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> InProcessProxy:
         self.thread.start()

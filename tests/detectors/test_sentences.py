@@ -18,7 +18,7 @@ from morphguard.errors import JudgeCallCapError, LLMError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.check import CheckRequest
+from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
 from morphguard.proxy.checker import Checker
 from tests.scripted_llm import ScriptedLLM, asked_sentences, error, sentences_reply
 
@@ -230,13 +230,17 @@ def check_request() -> CheckRequest:
     return CheckRequest(body={}, rag=RAG, source="explicit", profile="general", topic="general")
 
 
-def answered(text: str) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+async def decided(checker: Checker, text: str) -> CheckOutcome:
+    """The check of `text` and policy's decision on it, as the guard asks for them."""
+    request, answer = check_request(), Answer.of_text(text)
+    found = await checker.find(request, answer)
+    decision = checker.engine.decide(request.profile, request.topic, found.finding, answer.holds())
+    return CheckOutcome(decision, found.finding.detection, found.latency_ms)
 
 
 def test_a_long_answer_is_judged_whole_in_a_bounded_number_of_calls():
     with ScriptedLLM(by_label({"number 123 ": []})) as server:
-        outcome = asyncio.run(long_checker(server.base_url).check(check_request(), answered(LONG)))
+        outcome = asyncio.run(decided(long_checker(server.base_url), LONG))
     asked = [s for b in server.requests for _, s in asked_sentences(body_user(b))]
     assert len(server.requests) == 25 and max(len(asked_sentences(body_user(b))) for b in server.requests) == 12
     assert sorted(asked) == sorted(f"Town number {i} is in France." for i in range(300))  # each sentence once
@@ -247,9 +251,9 @@ def test_a_long_answer_is_judged_whole_in_a_bounded_number_of_calls():
 
 def test_a_long_answer_past_max_judge_calls_sends_no_call_and_fails_as_the_profile_says():
     with ScriptedLLM(by_label({})) as server:
-        capped = asyncio.run(long_checker(server.base_url, max_judge_calls=24).check(check_request(), answered(LONG)))
+        capped = asyncio.run(decided(long_checker(server.base_url, max_judge_calls=24), LONG))
         assert server.requests == []
-        larger = asyncio.run(long_checker(server.base_url, max_judge_calls=24).check(
-            check_request(), answered(LONG[:LONG.index("Town number 288")])))  # 288 sentences: 24 calls
+        larger = asyncio.run(decided(long_checker(server.base_url, max_judge_calls=24),
+                                      LONG[:LONG.index("Town number 288")]))  # 288 sentences: 24 calls
     assert (capped.decision.action, capped.decision.reason) == ("block", "fail_closed: judge_call_cap")
     assert larger.decision.reason is None and len(server.requests) == 24

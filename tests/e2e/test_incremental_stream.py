@@ -31,6 +31,10 @@ VISIT = ["The museum opens at nine on weekdays, reliably.", "The entry ticket is
 VISIT_CONTEXT = ("The museum opens at nine on weekdays. The entry ticket is twenty euros. "
                  "Parking is behind the building.")
 VISIT_QUESTION = {"morphguard": {"context": [VISIT_CONTEXT]}}
+# The echo model repeats the last message: the answer comes after the question, so its words are not the question's
+# (which count as supported).
+VISIT_ASKED = "When can I go, and what does it cost?"
+VISIT_MESSAGES = [{"role": "user", "content": VISIT_ASKED}, {"role": "assistant", "content": " ".join(VISIT)}]
 
 
 class Advice(pydantic.BaseModel):  # a structured output asked for: the refusal is not parsed as one, no error
@@ -89,7 +93,8 @@ def assert_blocked_and_audited(proxy_factory, base: str, verdict: dict) -> None:
 
 
 def grounding_score(text: str) -> float:
-    return Grounding(GroundingSettings(), 0.3).measure(RagInput(question="", passages=[VISIT_CONTEXT]), text).score
+    rag = RagInput(question=VISIT_ASKED, passages=[VISIT_CONTEXT])
+    return Grounding(GroundingSettings(), 0.3).measure(rag, text).score
 
 
 def assert_only_a_passing_prefix_went_out(proxy_factory, base: str, said: str, verdict: dict) -> None:
@@ -153,8 +158,7 @@ def test_chat_an_upstream_that_breaks_mid_stream_sends_nothing_unchecked_and_the
 
 def test_chat_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy, proxy_factory):
     chunks = list(oai(grounding_proxy).chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": " ".join(VISIT)}], stream=True,
-        extra_body=VISIT_QUESTION))
+        model="echo", messages=VISIT_MESSAGES, stream=True, extra_body=VISIT_QUESTION))
     said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and not c.choices[0].delta.refusal)
     assert [c.choices[0].delta.refusal for c in chunks if c.choices and c.choices[0].delta.refusal] == [SAFE]
     assert_only_a_passing_prefix_went_out(proxy_factory, grounding_proxy, said, chunks[-1].model_extra["morphguard"])
@@ -214,7 +218,7 @@ def test_responses_a_supported_answer_streams_whole_and_is_audited(block_proxy, 
 
 def test_responses_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy,
                                                                                       proxy_factory):
-    with oai(grounding_proxy).responses.stream(model="echo", input=" ".join(VISIT),
+    with oai(grounding_proxy).responses.stream(model="echo", input=VISIT_MESSAGES,
                                                extra_body=VISIT_QUESTION) as stream:
         events = list(stream)
     said = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -267,8 +271,7 @@ def test_messages_a_supported_answer_streams_whole_and_is_audited(block_proxy, p
 def test_messages_evidence_adding_up_over_sentences_blocks_before_any_of_it_leaves(grounding_proxy,
                                                                                      proxy_factory):
     with claude(grounding_proxy).messages.stream(
-            model="echo", max_tokens=100, messages=[{"role": "user", "content": " ".join(VISIT)}],
-            extra_body=VISIT_QUESTION) as stream:
+            model="echo", max_tokens=100, messages=VISIT_MESSAGES, extra_body=VISIT_QUESTION) as stream:
         events = list(stream)
         final = stream.get_final_message()
     said = "".join(e.text for e in events if e.type == "text")

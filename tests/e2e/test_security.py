@@ -263,8 +263,10 @@ def test_an_answer_with_thousands_of_flagged_sentences_does_not_stall_other_clie
     the loop, and /healthz answers meanwhile."""
     base = proxy_factory(policy={"profiles": {"general": {"action": "cite", "topics": {}}}}, detector="grounding")
     context = " ".join(f"Kettle {i} is safe for adults." for i in range(4_000))
-    body = {"model": "echo", "morphguard": {"context": context},
-            "messages": [{"role": "user", "content": " ".join(f"Kettle {i} is cheap in Paris." for i in range(4_000))}]}
+    said = " ".join(f"Kettle {i} is cheap in Paris." for i in range(4_000))
+    body = {"model": "echo", "morphguard": {"context": context},  # echo repeats the last message, after the question
+            "messages": [{"role": "user", "content": "Which kettles are cheap?"},
+                         {"role": "assistant", "content": said}]}
     results: list[tuple[int, bytes]] = []
     sender = threading.Thread(target=lambda: results.append(
         raw(base, "POST", "/v1/chat/completions", body, timeout=120)[::2]))

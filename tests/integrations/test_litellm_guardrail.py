@@ -356,7 +356,7 @@ def test_a_stream_of_several_choices_carries_each_choices_action(gateway):
     chunks = list(stream)
     texts = {i: "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
              for i in (0, 1)}
-    assert texts[0] == FAITHFUL and texts[1] == f"[!{HALLUCINATED[:-1]}!]."  # the claim marked, its stop outside
+    assert texts[0] == FAITHFUL and texts[1] == "Ibuprofen is [!safe throughout!] pregnancy."  # the judge's phrase
     [verdict] = [c.model_extra["morphguard"] for c in chunks if (c.model_extra or {}).get("morphguard")]
     assert [c["action"] for c in verdict["choices"]] == ["pass", "highlight"]
     assert sorted((r["answer"], r["action"]) for r in new_rows(folder, before)) == [

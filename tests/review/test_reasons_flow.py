@@ -26,6 +26,30 @@ FALSE_FACT = "Ibuprofen is safe throughout pregnancy."
 WHY = "the passage says ibuprofen is contraindicated in the third trimester"
 
 
+def ask_in_process(config: Config, question: str, passage: str) -> dict:
+    """The `morphguard` verdict of one chat completion through the app served by uvicorn in this process."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    try:
+        body = {"model": "rag-model", "messages": [{"role": "user", "content": question}],
+                "morphguard": {"context": [passage]}}
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                         data=json.dumps(body).encode(), method="POST",
+                                         headers={"authorization": "Bearer sk-client",
+                                                  "content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())["morphguard"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 def scripted(body):
     if body["messages"][0]["role"] == "system" and "<" in body["messages"][-1]["content"]:
         def verdict(statement: str) -> str:  # synonyms refuted, antonyms confirmed, each with the judge's reason
@@ -44,26 +68,7 @@ def test_the_judges_reason_reaches_the_reviewer(tmp_path):
             "proxy": {"upstream": {"base_url": llm.base_url}},
             "policy": {"audit": {"path": str(audit)}},
         })
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        try:
-            question = {"role": "user", "content": "Can pregnant women take ibuprofen?"}
-            body = {"model": "rag-model", "messages": [question], "morphguard": {"context": [PASSAGE]}}
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                             data=json.dumps(body).encode(), method="POST",
-                                             headers={"authorization": "Bearer sk-client",
-                                                      "content-type": "application/json"})
-            with urllib.request.urlopen(request, timeout=60) as response:
-                verdict = json.loads(response.read())["morphguard"]
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+        verdict = ask_in_process(config, "Can pregnant women take ibuprofen?", PASSAGE)
     assert verdict["flagged"] is True
     assert all(set(f) <= {"text", "start", "end", "score", "flagged"} for f in verdict["factoids"])  # not for clients
 

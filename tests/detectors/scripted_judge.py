@@ -49,3 +49,16 @@ def judge(factoids: list[str], verdict: Callable[[str], str], n: int = 2,
         return completion(text, logprobs=logprobs(statement))
 
     return reply
+
+
+def every_part_says(word: str) -> Callable[[dict[str, Any]], Any]:
+    """A judge giving `word` ("YES" or "NO") to every part of the combined check: the probe, `direct` (naming no
+    phrase) and the rest."""
+    def reply(body: dict[str, Any]) -> Any:
+        stage = stage_of(body)
+        if stage == "probe":
+            return json.dumps({"verdict": word}) if body.get("response_format") else word
+        if stage == "direct":
+            return json.dumps({"verdict": word, "unsupported": []})
+        return completion(word)
+    return reply

@@ -10,11 +10,11 @@ detail it finds plausible. Their signals are the features of five channels, each
 `morphguard eval --fit` (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile), joined by
 noisy-OR and calibrated into the probability that the answer is hallucinated.
 
-Beside the weights, `combined.json` holds the floors chosen on the fit halves for its judge (`Tuning`), which raise an
-answer that addresses its checker or a short answer that is a changed copy. The cascade's band and short-context
-limit, which decide when `direct` is asked, are the `combined` settings' defaults (`config.CombinedSettings`). Every
-step that moves the score (the cascade's branch, the calibration, a floor) is recorded in the detection's
-`explanation` with the score before and after.
+Beside the weights, each file holds the figures chosen with them for its judge (`Tuning`): the floors that raise an
+answer that addresses its checker or a short answer that is a changed copy, and the cascade's band and short-context
+limit, which decide when `direct` is asked and which calibration reads an answer. The config's `combined.cascade` and
+`combined.short_context` replace the file's where set (`tuned`). Every step that moves the score (the cascade's
+branch, the calibration, a floor) is recorded in the detection's `explanation` with the score before and after.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-# CASCADE and SHORT_CONTEXT are the settings' defaults; eval and the benchmarks read them from here too.
-from morphguard.config import CASCADE, SHORT_CONTEXT, CombinedSettings  # noqa: F401
+from morphguard.config import FITTED, CombinedSettings
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
@@ -157,12 +156,26 @@ class ChangedCopyFloor(BaseModel):
 
 
 class Tuning(BaseModel):
-    """The floors chosen on the fit halves beside the weights, for the judge named in `judge`: read from the weights
-    file that scores the answer (the shipped default's where it has none)."""
+    """The figures chosen beside the weights, for the judge named in `judge`: read from the weights file that scores
+    the answer (the shipped default's where it has none). `eval --fit` fits the channels, not these: the file it
+    writes carries the tuning it ran with, and the judge that tuning was chosen for."""
 
     judge: dict[str, Any]
     instruction_floor: float = Field(ge=0, le=1)  # the least score of an answer that addresses its checker
     changed_copy: ChangedCopyFloor
+    # Where the cascade asks `direct`: [low, high) of its first stage's probability (`combined.cascade`); None: weights
+    # that do not read `direct`, or every part asked at once.
+    cascade: tuple[float, float] | None
+    # Characters of context up to which a context is short (`combined.short_context`): the cascade then asks `direct`
+    # at once, and `Weights.short_calibration` reads the answer.
+    short_context: int = Field(ge=0)
+
+    @field_validator("cascade")
+    @classmethod
+    def _band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+            raise ValueError("a cascade band is [low, high] with 0 <= low <= high <= 1")
+        return band
 
 
 class Weights(BaseModel):
@@ -177,12 +190,12 @@ class Weights(BaseModel):
     # scored by the channels that need no judge, with this calibration, and the judge is not asked. None: every
     # answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
-    # Answers over a short context (`combined.short_context`: a paragraph, not a retrieved page), where every part reads
+    # Answers over a short context (`Tuning.short_context`: a paragraph, not a retrieved page), where every part reads
     # the whole context and the channels' verdict means more than over a long one (`eval --fit --recalibrate`).
     # None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
-    tuning: Tuning | None = None  # None: the shipped default's (`TUNING`, from combined.json)
+    tuning: Tuning | None = None  # None: the shipped default's (`TUNING`, from combined.json); a check reads `tuned`
 
     @property
     def features(self) -> set[str]:
@@ -293,8 +306,27 @@ def _shipped_tuning() -> Tuning:
     return tuning
 
 
-# The constants chosen with the shipped default weights: those of any weights file without its own `tuning`.
+# The figures chosen with the shipped default weights: those of any weights file without its own `tuning`.
 TUNING = _shipped_tuning()
+
+
+def tuned(settings: CombinedSettings, weights: Weights | None = None) -> Tuning:
+    """The figures a check configured by `settings` runs with: its weights file's `tuning` (`weights`, default the
+    file `settings` names), with the config's `cascade` and `short_context` in place of the file's where they are not
+    "fitted". The check, `eval --fit`, `eval --rescore` and the benchmarks all read them here."""
+    weights = weights or load_weights(settings.weights, settings.profile)
+    given = {"cascade": settings.cascade, "short_context": settings.short_context}
+    return (weights.tuning or TUNING).model_copy(update={k: v for k, v in given.items() if v != FITTED})
+
+
+def cascade_band(settings: CombinedSettings, weights: Weights | None = None) -> tuple[float, float] | None:
+    """The band in which the check holds `direct` back (`tuned`); None: every part is asked at once, because no band
+    is set, the weights do not read `direct`, or weights of one's own have no first stage of one's own
+    (`CombinedSettings.cascaded`)."""
+    weights = weights or load_weights(settings.weights, settings.profile)
+    if not settings.cascaded or "direct" not in weights.features:
+        return None
+    return tuned(settings, weights).cascade
 
 
 @dataclass(frozen=True)
@@ -382,15 +414,16 @@ class Combined:
         self.llm = llm  # the proxy's readiness probe looks for the judge here
         self.weights = load_weights(settings.weights, settings.profile)
         self.threshold = threshold
-        # The first stage's weights where a cascade holds `direct` back (`cascade`), and its band; None: all at once.
-        self.first = (load_weights(settings.cascade_weights, "fast")
-                      if settings.cascaded and "direct" in self.weights.features else None)
+        tuning = tuned(settings, self.weights)
+        # The first stage's weights where a cascade holds `direct` back, and its band; None: all at once.
+        band = cascade_band(settings, self.weights)
+        self.first = load_weights(settings.cascade_weights, "fast") if band is not None else None
         if self.first is not None and "direct" in self.first.features:
             raise ValueError("combined.cascade_weights must be fitted without direct (eval --fit --detector "
                              "restatement,spotcheck)")
-        self.band = settings.cascade or (0.0, 1.0)
-        self.short_context = settings.short_context
-        self.changed_copy = (self.weights.tuning or TUNING).changed_copy
+        self.band = band or (0.0, 1.0)
+        self.short_context = tuning.short_context
+        self.changed_copy = tuning.changed_copy
         read = self.weights.features | (self.first.features if self.first else set())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
                        if "direct" in read else None)
@@ -403,8 +436,7 @@ class Combined:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
-        # the event loop, once for both stages.
+        # Reading the text is pure Python over the whole context: off the event loop, once for both stages.
         evidence = await in_thread(read_text, rag, answer, self.short_context, self.changed_copy,
                                    size=rag.size(answer))
         grounded = evidence.grounding
@@ -497,20 +529,20 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights, settings.profile)
-    cascade = settings.cascaded and "direct" in weights.features
+    tuning, band = tuned(settings, weights), cascade_band(settings, weights)
     return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights",
                                                     "short_context"}),
             "weights": weights.model_dump(exclude={"fitted_on", "tuning"}),
             # what a short context is: it decides which calibration reads the answer and whether the cascade holds
             # `direct` back (None: it decides neither)
-            "short_context": settings.short_context if cascade or weights.short_calibration else None,
-            **({"cascade": {"band": list(settings.cascade or ()),
+            "short_context": tuning.short_context if band is not None or weights.short_calibration else None,
+            **({"cascade": {"band": list(band),
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
-                                exclude={"fitted_on", "tuning"})}} if cascade else {}),
+                                exclude={"fitted_on", "tuning"})}} if band is not None else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION, **rules_fingerprint(),
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
-            "floors": (weights.tuning or TUNING).model_dump(include={"instruction_floor", "changed_copy"}),
+            "floors": tuning.model_dump(include={"instruction_floor", "changed_copy"}),
             "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -166,7 +166,7 @@ class CombinedSettings(Section):
     # characters of context up to which the cascade asks `direct` at once with the other parts and the weights'
     # `short_calibration` reads the answer; "fitted": the weights file's `tuning`; 0: the band alone decides, and one
     # calibration reads all
-    short_context: Annotated[int, Field(ge=0)] | Literal["fitted"] = FITTED
+    short_context: int | Literal["fitted"] = FITTED
     # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
     # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
     cascade_weights: str | None = None
@@ -178,9 +178,11 @@ class CombinedSettings(Section):
         return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
 
     @model_validator(mode="after")
-    def _band(self) -> CombinedSettings:
+    def _figures(self) -> CombinedSettings:
         if isinstance(self.cascade, tuple) and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
             raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
+        if isinstance(self.short_context, int) and self.short_context < 0:
+            raise ValueError("combined.short_context must be 0 or more, or fitted")
         return self
 
 

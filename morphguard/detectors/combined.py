@@ -163,11 +163,14 @@ class Tuning(BaseModel):
     judge: dict[str, Any]
     instruction_floor: float = Field(ge=0, le=1)  # the least score of an answer that addresses its checker
     changed_copy: ChangedCopyFloor
-    # Where the cascade asks `direct`: [low, high) of its first stage's probability (`combined.cascade`); None: weights
-    # that do not read `direct`, or every part asked at once.
+    # `direct` reads the whole context, most of a check's time on the embedded judge, and changes little but the
+    # answers the other parts leave near the thresholds. So the other parts answer first, and the cascade asks `direct`
+    # only where their probability by the first stage's weights (fitted without it) lies in [low, high)
+    # (`combined.cascade`); elsewhere that probability is the answer's. None: weights that do not read `direct`, or
+    # every part asked at once.
     cascade: tuple[float, float] | None
-    # Characters of context up to which a context is short (`combined.short_context`): the cascade then asks `direct`
-    # at once, and `Weights.short_calibration` reads the answer.
+    # Characters of context up to which a context is short (`combined.short_context`): `direct` reads it in a few
+    # seconds, so the cascade asks it at once with the other parts, and `Weights.short_calibration` reads the answer.
     short_context: int = Field(ge=0)
 
     @field_validator("cascade")
@@ -436,7 +439,8 @@ class Combined:
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
-        # Reading the text is pure Python over the whole context: off the event loop, once for both stages.
+        # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
+        # the event loop, once for both stages.
         evidence = await in_thread(read_text, rag, answer, self.short_context, self.changed_copy,
                                    size=rag.size(answer))
         grounded = evidence.grounding

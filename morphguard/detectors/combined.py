@@ -106,8 +106,8 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 # trusts least, and misread facts (a claim a registered rule finds stated against a fact of the context,
 # detectors/rules; every word of such a claim is the context's own, so the invented channel cannot see it). Any
 # channel can raise the probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). Kept apart, one kind of
-# evidence cannot switch off another's weight in the fit. The design was chosen by grouped cross-validation on the fit
-# halves (benchmarks/combined_designs.py; docs/evaluation-log.md).
+# evidence cannot switch off another's weight in the fit. How the designs compare: benchmarks/combined_designs.py and
+# docs/evaluation-log.md.
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
     "contradicted": ("restatement", "negation_conflict", "number_conflict"),
@@ -316,7 +316,8 @@ TUNING = _shipped_tuning()
 def tuned(settings: CombinedSettings, weights: Weights | None = None) -> Tuning:
     """The figures a check configured by `settings` runs with: its weights file's `tuning` (`weights`, default the
     file `settings` names), with the config's `cascade` and `short_context` in place of the file's where they are not
-    "fitted". The check, `eval --fit`, `eval --rescore` and the benchmarks all read them here."""
+    "fitted". The check, `eval --fit` and `eval --rescore` read them here (the benchmarks, which read the shipped
+    check, `TUNING`)."""
     weights = weights or load_weights(settings.weights, settings.profile)
     given = {"cascade": settings.cascade, "short_context": settings.short_context}
     return (weights.tuning or TUNING).model_copy(update={k: v for k, v in given.items() if v != FITTED})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -35,10 +35,10 @@ from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
-from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.grounding import Grounding, GroundingSettings, Reading
 from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.metarag import PROFILES, MetaRAG
-from morphguard.detectors.registry import Detector, DetectorSpec, register
+from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
@@ -342,6 +342,7 @@ class TextEvidence:
     grounding: Detection
     short_copy: bool  # `short_changed_copy`
     short: bool  # `short_context`
+    reading: Reading  # what grounding read on the way, handed to the judge parts that read the same
 
     @property
     def features(self) -> dict[str, float]:
@@ -368,9 +369,9 @@ class TextEvidence:
 def read_text(rag: RagInput, answer: str, short_limit: int, rule: ChangedCopyFloor | None = None) -> TextEvidence:
     """The text evidence of one check (`TextEvidence`; `rule`: the weights' changed-copy floor, default the shipped
     one); pure Python over the whole context, so a caller on the event loop runs it in a thread."""
-    grounded = Grounding(GroundingSettings()).measure(rag, answer)
+    grounded, reading = Grounding(GroundingSettings()).read(rag, answer)
     return TextEvidence(grounded, short_changed_copy(answer, grounded.features, rule),
-                        short_context(rag.passages, short_limit))
+                        short_context(rag.passages, short_limit), reading)
 
 
 def judged_values(evidence: TextEvidence, judged: Mapping[str, float], read: Collection[str],
@@ -438,6 +439,22 @@ class Combined:
                                               verify_models=(settings.model,)))
                          if "factoid_max" in read else None)
 
+    def _parts(self, rag: RagInput, answer: str, evidence: TextEvidence,
+               held_back: bool) -> dict[str, Awaitable[Detection]]:
+        """The checks of the judge parts there are (`direct` not where a cascade holds it back); restatement and
+        the spot check are handed what grounding read of the answer rather than reading it again."""
+        read = evidence.reading
+        parts: dict[str, Awaitable[Detection]] = {}
+        if self.direct is not None and not held_back:
+            parts["direct"] = self.direct.detect(rag, answer)
+        if self.restatement is not None:
+            parts["restatement"] = self.restatement.detect(rag, answer, read.changed)
+        if self.spotcheck is not None:
+            parts["spotcheck"] = self.spotcheck.detect(rag, answer, read.sentences)
+        if self.factoids is not None:
+            parts["factoids"] = self.factoids.detect(rag, answer)
+        return parts
+
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Reading the text is pure Python over the whole context (a tenth of a second for a hostile 2 MB answer): off
@@ -450,9 +467,8 @@ class Combined:
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
         # answer about a record asks none (Weights.record_calibration), nor does one that quotes its context.
-        asked = {} if not evidence.judged(self.weights) else await _all_at_once(
-            {"direct": None if held_back else self.direct, "restatement": self.restatement,
-             "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
+        asked = await _all_at_once(self._parts(rag, answer, evidence, held_back)) if evidence.judged(
+            self.weights) else {}
         weights, first_stage, branch = self.weights, None, []
         if held_back:
             assert self.first is not None
@@ -502,11 +518,10 @@ class Combined:
         )
 
 
-async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answer: str) -> dict[str, Detection]:
-    """What each part that is there found; if one fails, the others' calls are not waited for."""
-    named = [(name, part) for name, part in parts.items() if part is not None]
-    found = await together(part.detect(rag, answer) for _, part in named)
-    return {name: detection for (name, _), detection in zip(named, found, strict=True)}
+async def _all_at_once(parts: Mapping[str, Awaitable[Detection]]) -> dict[str, Detection]:
+    """What each part found; if one fails, the others' calls are not waited for."""
+    found = await together(parts.values())
+    return dict(zip(parts, found, strict=True))
 
 
 def _said(asked: Mapping[str, Detection]) -> dict[str, float]:

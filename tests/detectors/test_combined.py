@@ -347,3 +347,44 @@ def test_an_answer_restating_the_question_is_not_flagged_for_its_words(scripted_
     assert passed.settings["unsupported_words"] == [] and flagged.settings["unsupported_words"] == [
         "Aspirin", "warm", "compresses", "cures", "sciatica", "overnight"]
     assert flagged.flagged and flagged.score > passed.score
+
+
+def test_one_check_reads_the_text_once_and_its_parts_find_what_they_find_alone(scripted_config, monkeypatch):
+    """Restatement and the spot check are handed what grounding read of the answer (its changed copies and
+    unsupported words) rather than reading the whole context again, and find what they find on their own."""
+    from morphguard.detectors import alignment, grounding, restatement, spotcheck
+
+    reads = {"conflicts": 0, "ungrounded": 0}
+
+    def counted(module, name):
+        original = getattr(module, name)
+
+        def count(*args, **kwargs):
+            reads[name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, count)
+
+    for module in (grounding, restatement):
+        counted(module, "conflicts")
+    for module in (grounding, spotcheck):
+        counted(module, "ungrounded")
+    assert alignment.conflicts is not grounding.conflicts  # both copies counted, whichever module calls
+
+    def reply(body):
+        return '{"verdict": "NO", "unsupported": []}' if stage_of(body) == "direct" else completion(
+            "NO", logprobs=p_no(0.7))
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    with ScriptedLLM(reply) as server:
+        config = without_cascade(scripted_config(server.base_url))
+        detector = build_detector(config, name="combined")
+        assert isinstance(detector, Combined) and detector.restatement and detector.spotcheck
+        combined = run(detector, answer)
+        assert reads == {"conflicts": 1, "ungrounded": 1}
+        alone = {"restatement": run(detector.restatement, answer), "spotcheck": run(detector.spotcheck, answer)}
+    assert alone["restatement"].factoids and alone["spotcheck"].factoids
+    pointed = {(f.start, f.end, f.reason) for f in combined.factoids}
+    for name, detection in alone.items():
+        assert combined.features[name] == pytest.approx(detection.score)
+        assert {(f.start, f.end, f.reason) for f in detection.factoids} <= pointed

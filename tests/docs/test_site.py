@@ -81,6 +81,7 @@ def test_every_configuration_key_is_in_the_reference_with_its_default_and_a_desc
         assert json.loads(default.strip("`")) == _docs._plain(expected), key
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_the_cli_reference_lists_every_option_that_help_prints():
     page = _docs.cli_reference()
     sections = page.split("\n## ")

@@ -98,6 +98,7 @@ def test_the_rules_cover_what_an_operator_of_a_fleet_is_paged_for():
     assert '"audit_failed"' in judged and "judge_error" in judged
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_every_rule_names_metrics_and_labels_a_replica_or_worker_exports(provider, redis_url, postgres_url,
                                                                          tmp_path):
     # A judge that refuses every call, only warned of at start: each check fails, fails open and is a judge error.

@@ -192,6 +192,7 @@ def test_messages_buffered_stream_can_block_and_async_client(block_proxy):
     assert message.stop_reason == "refusal" and "reliable answer" in message.content[0].text
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_messages_to_their_own_upstream_with_the_proxys_key(proxy_factory, provider):
     base = proxy_factory(upstream={"api_key": "sk-openai-upstream"}, keys=["mg-key"],
                          anthropic={"base_url": provider, "api_key": "sk-ant-upstream"})

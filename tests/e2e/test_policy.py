@@ -257,6 +257,7 @@ def test_fail_closed_blocks_and_an_undeliverable_escalation_is_kept(broken_judge
     assert record["payload"]["request_id"] == verdict["request_id"]
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
     base = proxy_factory(judge_model="openai/slow-judge",
                          policy={"profiles": {"general": profile("block", latency_budget_s=0.5)}})
@@ -264,6 +265,7 @@ def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
     assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency_budget_exceeded"
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_an_escalation_given_up_on_is_sent_again_on_demand(proxy_factory, provider):
     """The webhook stays down past `retry_for_s` (0 here: no retries), the escalation waits undelivered; once the
     webhook is back, `morphguard audit --redeliver` makes it due and the running proxy's sweep sends it."""

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import openai
+import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT
@@ -29,6 +30,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_several_processes_check_and_audit_every_request_once(proxy_factory):
     base = proxy_factory(processes=2)
     folder = proxy_factory.folders[base]

@@ -295,6 +295,7 @@ def test_uvicorn_parse_errors_are_openai_shaped(guarded):
     assert head.startswith(b"HTTP/1.1 400") and is_openai_error(body)
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_the_official_client_sees_stream_failures_as_errors(proxy_factory):
     base = proxy_factory(stream_mode="passthrough")
     c = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=30)

@@ -116,6 +116,7 @@ def test_answers_outside_the_text_are_checked(block_proxy, request_of):
         assert response.json()["choices"][0]["message"] == {"role": "assistant", "content": SAFE, "refusal": SAFE}
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_policy_names_what_happens_to_tool_calls_and_output_it_cannot_read(proxy_factory):
     lenient = proxy_factory(policy={"profiles": {"general": {"action": "block", "topics": {}}},
                                     "tool_calls": "record"})

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.scripted_llm import ScriptedLLM
@@ -44,6 +45,7 @@ def morphguard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
     labelled(tmp_path / "labels.jsonl")
     with ScriptedLLM(judge) as server:

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.scripted_llm import ScriptedLLM
@@ -60,6 +61,7 @@ def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tm
     assert other.returncode == 2 and "holds a different run" in other.stderr
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     with ScriptedLLM(direct_judge) as server:
         assert morphguard_eval(tmp_path, server.base_url).returncode == 0

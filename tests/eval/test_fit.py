@@ -55,6 +55,7 @@ def run(tmp_path, base_url, *args, config=None):
                           cwd=tmp_path)
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -176,6 +177,7 @@ def test_answers_over_a_short_context_get_a_calibration_of_their_own_which_recal
         fit.recalibrate(without, short_rows[:8], short_labels[:8], {}, short=[True] * 8)
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_recalibrating_from_the_command_line_keeps_the_shipped_channels_and_refuses_too_few_answers(tmp_path):
     weights = tmp_path / "weights.json"
     every_context_short = {"combined": {"short_context": 39}}  # the landmarks' contexts have 37 to 39 characters
@@ -201,6 +203,7 @@ def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overco
     assert round(metrics.calibration_error(labels, [0.95] * 10), 2) == 0.65
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_one_call(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -215,6 +218,7 @@ def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_on
     assert calls == sum(r["hallucinated"] for r in RECORDS)
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_weights_fitted_without_direct_make_the_combined_check_skip_it(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -239,6 +243,7 @@ CAFES = [  # answers about a structured record: wrong where they state a field a
 ]
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_answers_about_records_teach_their_own_channel_and_are_checked_without_the_judge(tmp_path):
     cafes = tmp_path / "cafes.jsonl"
     cafes.write_text("".join(json.dumps(r) + "\n" for r in CAFES))
@@ -259,6 +264,7 @@ def test_answers_about_records_teach_their_own_channel_and_are_checked_without_t
     assert "| 1.000 [1.00, 1.00] |" in row
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_path):
     """`--rescore` reads the default's cascade from a finished run of the whole check (every part asked) and of the
     fast profile, without the judge; a fresh run of the cascade with the same judge gives the same scores. Where the

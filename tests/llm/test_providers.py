@@ -160,6 +160,7 @@ def test_a_judge_key_the_provider_echoes_is_masked_in_what_doctor_and_check_prin
     assert done.returncode == 2 and "Traceback" not in printed
 
 
+@pytest.mark.slow  # ten seconds or more of its own
 def test_doctor_and_serve_say_when_a_judge_cannot_be_called(fakes, tmp_path):
     good = {"judge": {"model": "openai/o3-mini", "api_base": f"{fakes}/openai/v1", "api_key": "sk-judge"},
             "detector": {"name": "spotcheck"}}

@@ -20,6 +20,14 @@ Prints tables, writes benchmarks/results/check_cost.json and benchmarks/results/
 minutes with the defaults; run it niced on a shared machine.
 
     nice -n 10 python benchmarks/check_cost.py --data-dir /work/shared/data [--seconds 8] [--judge-ms 400]
+
+A/B mode, for a change meant to cut a check's CPU: `--baseline-ref REF` serves (a) from this tree and from REF's
+(unpacked with git archive) side by side, each level of checks in flight measured on both in alternating rounds
+(A B, B A, ...), and prints both with the per-round ratios' medians; nothing else is measured, and the results go
+to benchmarks/results/check_cost_ab.json (no plot).
+
+    nice -n 10 python benchmarks/check_cost.py --data-dir /work/shared/data --baseline-ref main --rounds 3 \
+        --in-flight 64,256
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import aiohttp
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import HERE, cpu_seconds, free_port, morphguard, pinned, process  # noqa: E402
+from proxy_overhead import HERE, ROOT, cpu_seconds, free_port, morphguard, pinned, process, release_tree  # noqa: E402
 
 HEADERS = {"Authorization": "Bearer sk-bench", "Content-Type": "application/json"}
 IN_FLIGHT = (1, 8, 64, 256)
@@ -78,9 +86,9 @@ def take(text: str, size: int) -> str:
 
 
 def serve(stack: ExitStack, folder: Path, judge_url: str, name: str, check: str, cores: list[int] | None,
-          **extra: Any) -> tuple[str, int]:
-    """A morphguard process whose judge is at `judge_url`, checking with the detector `check`; its base URL and
-    pid. `extra`: config sections, merged into the defaults."""
+          tree: Path = ROOT, **extra: Any) -> tuple[str, int]:
+    """A morphguard process of the source `tree` whose judge is at `judge_url`, checking with the detector
+    `check`; its base URL and pid. `extra`: config sections, merged into the defaults."""
     cmd, base, log = morphguard(folder, judge_url, name)
     config_path = Path(cmd[cmd.index("--config") + 1])
     config = yaml.safe_load(config_path.read_text())
@@ -89,7 +97,8 @@ def serve(stack: ExitStack, folder: Path, judge_url: str, name: str, check: str,
     config["proxy"].update({"keys": ["sk-bench"], **extra.pop("proxy", {})})
     config.update(extra)
     config_path.write_text(yaml.safe_dump(config))
-    proc = stack.enter_context(process(pinned(cores, cmd), base + "/healthz", log, timeout=240))
+    proc = stack.enter_context(process(pinned(cores, cmd), base + "/healthz", log, timeout=240, cwd=tree,
+                                       env={"PYTHONPATH": str(tree)}))
     return base, proc.pid
 
 
@@ -233,6 +242,59 @@ def plot(result: dict[str, Any], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def ab(args: argparse.Namespace, items: list[dict[str, Any]], detectors: list[str], levels: list[int],
+       near: list[int] | None, far: list[int] | None) -> None:
+    """(a) for this tree and `--baseline-ref`'s, side by side, in alternating rounds; medians over the rounds, and
+    the median of each round's candidate over baseline."""
+    measured: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        folder = Path(tmp)
+        trees = {"candidate": ROOT, "baseline": release_tree(args.baseline_ref, folder)}
+        port = free_port()
+        judge = f"http://127.0.0.1:{port}/v1"
+        stack.enter_context(process(pinned(near, [sys.executable, str(HERE / "fixed_upstream.py"), str(port),
+                                                  str(args.judge_ms)]), judge + "/models", folder / "judge.log"))
+        servers = {(who, detector): serve(stack, folder, judge, f"{who}-{detector}", detector, far, tree,
+                                          judge={"concurrency": 4 * max(levels)})
+                   for who, tree in trees.items() for detector in detectors}
+        for round_ in range(args.rounds):
+            for detector in detectors:
+                for in_flight in levels:
+                    for who in (trees if round_ % 2 == 0 else list(trees)[::-1]):
+                        print(f"… round {round_ + 1}/{args.rounds}: {detector}, {in_flight} in flight, {who}",
+                              file=sys.stderr)
+                        base, pid = servers[(who, detector)]
+                        row = asyncio.run(throughput(base, pid, items, in_flight, args.seconds))
+                        measured.setdefault((who, detector, in_flight), []).append(row)
+    lines = [f"A/B: this tree against {args.baseline_ref}, judge {args.judge_ms:.0f} ms per call, {args.rounds} "
+             f"alternating rounds of {args.seconds:g} s, {platform.node()} ({os.cpu_count()} cores, shared), "
+             "medians over the rounds", "",
+             f"{'detector':<10} {'in flight':>9} {'tree':<10} {'checks/s':>9} {'CPU ms/check':>13} {'median s':>9}"]
+    summary = []
+    for detector in detectors:
+        for in_flight in levels:
+            for who in ("baseline", "candidate"):
+                runs = measured[(who, detector, in_flight)]
+                row = {"detector": detector, "in_flight": in_flight, "tree": who, "rounds": len(runs),
+                       "checks_per_s": statistics.median(r["checks_per_s"] for r in runs),
+                       "cpu_ms_per_check": statistics.median(r["cpu_ms_per_check"] for r in runs),
+                       "median_s": statistics.median(r["median_s"] for r in runs), "runs": runs}
+                summary.append(row)
+                lines.append(f"{detector:<10} {in_flight:>9} {who:<10} {row['checks_per_s']:>9.1f} "
+                             f"{row['cpu_ms_per_check']:>13.2f} {row['median_s']:>9.3f}")
+            pairs = list(zip(measured[("candidate", detector, in_flight)], measured[("baseline", detector, in_flight)],
+                             strict=True))
+            rate = statistics.median(c["checks_per_s"] / b["checks_per_s"] for c, b in pairs)
+            cpu = statistics.median(c["cpu_ms_per_check"] / b["cpu_ms_per_check"] for c, b in pairs)
+            lines.append(f"{detector:<10} {in_flight:>9} {'ratio':<10} {rate:>9.3f} {cpu:>13.3f}")
+    print("\n".join(lines))
+    out = args.out.with_name("check_cost_ab.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"baseline_ref": args.baseline_ref, "judge_ms": args.judge_ms, "rounds": args.rounds,
+                               "seconds": args.seconds, "host": platform.node(), "rows": summary}, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, required=True)
@@ -242,6 +304,9 @@ def main() -> None:
     parser.add_argument("--max-cpu-s", type=float, default=30.0,
                         help="(b): a size whose check took more CPU than this ends that axis")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "check_cost.json")
+    parser.add_argument("--baseline-ref", help="A/B mode: (a) for this tree and this git ref's, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="A/B mode: rounds")
+    parser.add_argument("--in-flight", default=",".join(map(str, IN_FLIGHT)), help="A/B mode: levels of (a)")
     args = parser.parse_args()
     detectors = args.detectors.split(",")
     items = ragtruth_qa(args.data_dir)
@@ -249,6 +314,9 @@ def main() -> None:
     near, far = ([cores[0]], cores[-1:]) if len(cores) > 1 else (None, None)
     if near:
         os.sched_setaffinity(0, near)  # the load generator and the judge away from the worker
+    if args.baseline_ref:
+        ab(args, items, detectors, [int(n) for n in args.in_flight.split(",")], near, far)
+        return
     result: dict[str, Any] = {"judge_ms": args.judge_ms, "items": len(items), "host": platform.node(),
                               "cores": len(cores), "throughput": {}, "cpu_by_size": {}, "slopes": {}}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:

@@ -17,12 +17,12 @@ its spread over the shuffles. The RAGTruth fit answers no judge has read join th
 the channels that need no judge; the short contrast pairs (`HELD_OUT`) are scored and never taught, as the
 shipped weights never saw them. Then, for the policy thresholds, the shipped weights' precision and recall
 at each τ on the judged fit-half answers (pooled, and recall per set). Between the two, the cascade's band
-(detectors/combined.CASCADE): in the same folds the shipped design and the same design without `direct` (the fast
-profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the fast probability
-outside the band, the whole check's inside. The band chosen is the one that skips `direct` for the largest mean
-share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole check's. The
-thresholds are those of the shipped cascade. No fit-half context here is short enough for the cascade to ask `direct`
-at once (`SHORT_CONTEXT`; the script stops if one is), so the band alone decides. Writes
+(`tuning.cascade` in detectors/combined.json): in the same folds the shipped design and the same design without
+`direct` (the fast profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the
+fast probability outside the band, the whole check's inside. The band chosen is the one that skips `direct` for the
+largest mean share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole
+check's. The thresholds are those of the shipped cascade. No fit-half context here is short enough for the cascade
+to ask `direct` at once (`tuning.short_context`; the script stops if one is), so the band alone decides. Writes
 benchmarks/results/combined_designs.json.
 """
 
@@ -37,10 +37,9 @@ from pathlib import Path
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
 from morphguard.detectors.combined import (
-    CASCADE,
     CHANNELS,
     JUDGE_FEATURES,
-    SHORT_CONTEXT,
+    TUNING,
     Weights,
     asks_direct,
     load_weights,
@@ -49,6 +48,9 @@ from morphguard.detectors.combined import (
 from morphguard.eval import datasets, fit, metrics, runner
 
 HERE = Path(__file__).resolve().parent
+SHIPPED_BAND = TUNING.cascade  # the shipped default's cascade band (detectors/combined.json, `tuning`)
+if SHIPPED_BAND is None:
+    raise SystemExit("the shipped combined.json holds no cascade band")
 JUDGED = ("ragtruth-qa", "contrast-qa", "ragtruth-summary")  # those with a fit-half judge run
 # Scored in every fold and taught in none, as the shipped weights never saw it: contrast-qa's pairs cut to the
 # sentence each edit changed, the form of the hidden short contradiction cases. Its pairs share their sources
@@ -88,9 +90,9 @@ def main() -> None:
         if dataset in HELD_OUT and dataset not in judged_sets:
             continue
         items = datasets.load_half(dataset, "fit")
-        if any(short_context(item.passages, SHORT_CONTEXT) for item in items):
+        if any(short_context(item.passages, TUNING.short_context) for item in items):
             raise SystemExit(f"{dataset} has contexts short enough for the cascade to ask direct at once, which the "
-                             "bands below do not model (detectors/combined.SHORT_CONTEXT)")
+                             "bands below do not model (`tuning.short_context` in detectors/combined.json)")
         judged: set[str] = set()
         if dataset in RECORDS:
             values, labels, groups, _ = fit.rows(items, [], parts=())
@@ -146,7 +148,7 @@ def main() -> None:
              for d in judged_sets if d.startswith("contrast")}
     bands = _cascade_bands(rows, extra, sources, args.shuffles, judged_sets, pairs)
     thresholds = _thresholds(rows, judged_sets)
-    print(f"\nshipped weights and cascade {list(CASCADE)} on the fit halves (in sample), by threshold:")
+    print(f"\nshipped weights and cascade {list(SHIPPED_BAND)} on the fit halves (in sample), by threshold:")
     for tau, at in thresholds.items():
         print(f"  τ {tau:<5} pooled P {at['precision']:.3f} R {at['recall']:.3f} F1 {at['f1']:.3f}   recall "
               + "  ".join(f"{d} {at['recall_' + d]:.2f}" for d in judged_sets))
@@ -159,7 +161,7 @@ def main() -> None:
 def _thresholds(rows: list[tuple[dict[str, float], bool, str, str]], judged_sets: list[str]
                 ) -> dict[float, dict[str, float]]:
     weights, first = load_weights(None), load_weights(None, "fast")
-    scored = [(cascaded(weights, first, r[0], CASCADE), r[1], r[3]) for r in rows]
+    scored = [(cascaded(weights, first, r[0], SHIPPED_BAND), r[1], r[3]) for r in rows]
     out = {}
     for tau in (0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 0.4, 0.5, 0.6):
         at = metrics.at_threshold([y for _, y, _ in scored], [p for p, _, _ in scored], tau).as_dict()
@@ -181,7 +183,7 @@ def cascaded(whole: Weights, first: Weights, values: dict[str, float], band: tup
              at_once: bool = False) -> float:
     """The probability as the cascade gives it (detectors/combined.Combined.detect): an answer about a record is read
     by the whole check's weights without any judge; otherwise the first stage's, unless its probability lies in the
-    band or the context is short (`at_once`: `SHORT_CONTEXT`). (Without the floors, which raise both alike.)"""
+    band or the context is short (`at_once`: `tuning.short_context`). (Without the floors, which raise both alike.)"""
     if whole.reads_record(values) or not any(f in values for f in JUDGE_FEATURES):
         return whole.probability(values, whole.reads_record(values))
     early = first.probability(without_direct(values))
@@ -249,7 +251,7 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
             chosen = (band, skip)
         if pairs_kept and (keeping_pairs is None or skip > keeping_pairs[1]):
             keeping_pairs = (band, skip)
-    print(f"chosen band: {chosen}; shipped: {list(CASCADE)}; if no set's pairs may fall by more than 0.01 either: "
+    print(f"chosen band: {chosen}; shipped: {list(SHIPPED_BAND)}; if no set's pairs may fall by more than 0.01 either: "
           f"{keeping_pairs}")
     return {"whole": whole, "grid": rows_out, "chosen": chosen, "keeping_pairs": keeping_pairs}
 

@@ -1,6 +1,7 @@
 """How often the edited answer of a contrast pair outscores its faithful twin, by kind of edit, with and without
-the cascade: the shipped weights asking every part, the cascade (detectors/combined.CASCADE, and every part at once
-over a context of at most `SHORT_CONTEXT` characters, as in `contrast-brief`), the fast profile.
+the cascade: the shipped weights asking every part, the cascade (`tuning.cascade` in detectors/combined.json, and
+every part at once over a context of at most `tuning.short_context` characters, as in `contrast-brief`), the fast
+profile.
 
 AUROC compares every answer with every other; a pair compares an answer with its own minimal edit, which is
 what the hidden contradiction cases test. Reads the judge parts' stored outcomes of a finished run (nothing
@@ -18,11 +19,11 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from combined_designs import PARTS, cascaded, without_direct
+from combined_designs import PARTS, SHIPPED_BAND, cascaded, without_direct
 
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
-from morphguard.detectors.combined import CASCADE, SHORT_CONTEXT, load_weights, short_context
+from morphguard.detectors.combined import TUNING, load_weights, short_context
 from morphguard.eval import datasets, fit, runner
 
 
@@ -43,12 +44,13 @@ def main() -> None:
     outcomes = [o for o in runner.load_outcomes(folder) if o.fingerprint == current.get(o.detector)]
     whole, first = load_weights(None), load_weights(None, "fast")
     readings = {"every part asked": lambda v, short: whole.probability(v, short=short),
-                f"cascade {list(CASCADE)}": lambda v, short: cascaded(whole, first, v, CASCADE, at_once=short),
+                f"cascade {list(SHIPPED_BAND)}": lambda v, short: cascaded(whole, first, v, SHIPPED_BAND,
+                                                                          at_once=short),
                 "combined:fast": lambda v, short: first.probability(without_direct(v), short=short)}
     scores: dict[str, dict[str, float]] = defaultdict(dict)
     for item in items:
         values, _, _, _ = fit.rows([item], outcomes, PARTS)
-        short = short_context(item.passages, SHORT_CONTEXT)
+        short = short_context(item.passages, TUNING.short_context)
         for name, read in readings.items():
             scores[name] |= {item.id: read(values[0], short)} if values else {}
     kinds: dict[str, list[str]] = defaultdict(list)  # kind -> edited ids whose twin was scored too

@@ -24,7 +24,7 @@ from pathlib import Path
 from morphguard.config import Config
 from morphguard.detectors import fingerprint
 from morphguard.detectors.combined import (
-    SHORT_CONTEXT,
+    TUNING,
     Weights,
     answer_probability,
     load_weights,
@@ -89,7 +89,8 @@ def main() -> None:
                 "long contexts' calibration": _figures(long_only, rows[held_out]),
                 "learnt on the other sets": _figures(learnt, rows[held_out])}
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"held-out short-context fit halves (contexts of at most {SHORT_CONTEXT} characters); wrote {args.out}")
+    print(f"held-out short-context fit halves (contexts of at most {TUNING.short_context} characters); "
+          f"wrote {args.out}")
     print(f"{'profile / held-out set':38s} {'n':>4s}  {'calibration':28s} " + " ".join(
         f"{'F1@' + str(t):>8s} {'P':>5s} {'R':>5s}" for t in THRESHOLDS) + f" {'AUROC':>6s} {'ECE':>6s}")
     for name, result in results.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,12 @@ from morphguard.masking import mask_config_secrets, mask_secrets
 from morphguard.models import Detection
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
+
+# litellm sends OpenAI-compatible calls with its own HTTP handler rather than through the openai SDK, whose
+# per-request work (typed-dict transforms of the body, the response's model objects) cost 15 to 20% of a check's CPU
+# (docs/evaluation-log.md, 2026-11-28). Set here, for the processes the command runs, not in `llm.client`, which a
+# host process (the LiteLLM proxy running the guardrail) imports too; `=false` in the environment turns it off.
+os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "true")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -148,22 +148,9 @@ class ClaimsSettings(Section):
     model: str | None = None  # None: the judge's default model
 
 
-# `direct` reads the whole context, most of a check's time on the embedded judge, and on the fit halves it changes
-# little but the answers the other parts leave near the policy's thresholds. So where the weights read it, the other
-# parts answer first, and `direct` is asked only when their probability, by the fast profile's weights (fitted
-# without it), lies in [low, high); elsewhere that probability is the answer's. The band is the one that skips
-# `direct` for the most fit-half answers while no judged fit set's cross-validated AUROC falls more than 0.005 below
-# always asking it (benchmarks/combined_designs.py; docs/evaluation-log.md, 2026-11-24, "the cascade").
-CASCADE = (0.225, 0.3)
-# The cascade holds `direct` back because reading a long context takes the embedded judge most of a check's time.
-# Where the whole context is this short, `direct` reads it in a few seconds, and the cascade asks it at once with the
-# other parts: on HaluEval's fit half (two Wikipedia sentences, 109 to 724 characters), read by weights not fitted on
-# it, the check takes a median 5.7 s against 2.3 s with the band alone, and ranks better (docs/evaluation-log.md,
-# 2026-11-24, "`direct` asked at once over a short context").
-# No RAGTruth context is this short (the shortest has 703 characters); there, always asking `direct` ranked worse
-# than the band on the fit halves, so the limit stays below them. The same limit says which answers the weights'
-# short-context calibration reads (`Weights.short_calibration`).
-SHORT_CONTEXT = 700
+# `combined.cascade` and `combined.short_context` default to the figures chosen with the weights, which their file's
+# `tuning` holds (detectors/combined.py reads them there); a number in the config replaces the file's.
+FITTED: Final = "fitted"
 
 
 class CombinedSettings(Section):
@@ -172,25 +159,30 @@ class CombinedSettings(Section):
     weights: str | None = None  # a weights file written by `morphguard eval --fit`; None: the profile's shipped one
     model: str | None = None  # the judge's model for every judge part; None: the judge's default
     profile: Literal["", "fast"] = ""  # which shipped weights (WEIGHT_FILES); "": the default
-    # where `direct` is asked (`CASCADE`); None: always, at once with the other parts (an API judge answers them side
-    # by side, so there the cascade trades latency for a call saved)
-    cascade: tuple[float, float] | None = CASCADE
-    # characters of context up to which the cascade asks `direct` at once with the other parts (`SHORT_CONTEXT`) and
-    # the weights' `short_calibration` reads the answer; 0: the band alone decides, and one calibration reads all
-    short_context: int = Field(SHORT_CONTEXT, ge=0)
+    # where `direct` is asked: [low, high) of the first stage's probability; "fitted": the band in the weights file's
+    # `tuning`; None: always, at once with the other parts (an API judge answers them side by side, so there the
+    # cascade trades latency for a call saved)
+    cascade: tuple[float, float] | None | Literal["fitted"] = FITTED
+    # characters of context up to which the cascade asks `direct` at once with the other parts and the weights'
+    # `short_calibration` reads the answer; "fitted": the weights file's `tuning`; 0: the band alone decides, and one
+    # calibration reads all
+    short_context: int | Literal["fitted"] = FITTED
     # the first stage's weights, fitted without `direct` on the data `weights` was; None: the fast profile's shipped
     # ones, which go only with the shipped default weights (with `weights` set and this not, there is no cascade)
     cascade_weights: str | None = None
 
     @property
     def cascaded(self) -> bool:
-        """Whether `direct` waits for the other parts (where the weights read it at all)."""
+        """Whether `direct` may wait for the other parts: where the weights read it, and a band is set here or in
+        their file (detectors/combined.cascade_band)."""
         return self.cascade is not None and (self.weights is None or self.cascade_weights is not None)
 
     @model_validator(mode="after")
-    def _band(self) -> CombinedSettings:
-        if self.cascade is not None and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
+    def _figures(self) -> CombinedSettings:
+        if isinstance(self.cascade, tuple) and not 0.0 <= self.cascade[0] <= self.cascade[1] <= 1.0:
             raise ValueError("combined.cascade must be [low, high] with 0 <= low <= high <= 1")
+        if isinstance(self.short_context, int) and self.short_context < 0:
+            raise ValueError("combined.short_context must be 0 or more, or fitted")
         return self
 
 

@@ -13,19 +13,38 @@ from tests import servers
 MODEL_TIMEOUT_S = 1800
 
 
+# The model-backed tests live in this folder and nowhere else: under `--dist loadfile` the folder is one unit of
+# work, so one worker runs them one after another while the other workers take the rest of the suite.
+MODEL_TESTS = "tests/model/"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`model` tests are `slow` too, with a longer time limit. Files with slow tests run first, those with the
-    most first: under `--dist loadfile` each file is one worker's unit of work, handed out in this order, so
-    the longest units start at once instead of last."""
+    """`model` tests are `slow` too, with a longer time limit. They run first, then the files with slow tests,
+    those with the most first: under `--dist loadfile` (and `--no-loadscope-reorder`, both in pyproject.toml)
+    units of work are handed out in this order, so the longest start at once instead of last."""
     for item in items:
         if item.get_closest_marker("model"):
+            assert item.nodeid.startswith(MODEL_TESTS), f"{item.nodeid}: a model-backed test belongs in {MODEL_TESTS}"
             item.add_marker(pytest.mark.slow)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(MODEL_TIMEOUT_S))
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    # most slow tests first; stable, so each file stays whole and the others keep their order
-    items.sort(key=lambda item: -slow[item.path])
+    # stable, so each file stays whole and the others keep their order
+    items.sort(key=lambda item: (not item.nodeid.startswith(MODEL_TESTS), -slow[item.path]))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadfile`: each file is a unit of work, except the model-backed folder, which is one."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModelTestsTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return MODEL_TESTS if nodeid.startswith(MODEL_TESTS) else super()._split_scope(nodeid)
+
+    return ModelTestsTogether(config, log)
 
 
 @pytest.fixture(autouse=True)

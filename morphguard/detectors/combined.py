@@ -10,11 +10,11 @@ detail it finds plausible. Their signals are the features of five channels, each
 `morphguard eval --fit` (`combined.json`; `combined_fast.json`, without `direct`, for the `fast` profile), joined by
 noisy-OR and calibrated into the probability that the answer is hallucinated.
 
-Beside the weights, `combined.json` holds the floors chosen on the fit halves for its judge (`Tuning`), which raise an
-answer that addresses its checker or a short answer that is a changed copy. The cascade's band and short-context
-limit, which decide when `direct` is asked, are the `combined` settings' defaults (`config.CombinedSettings`). Every
-step that moves the score (the cascade's branch, the calibration, a floor) is recorded in the detection's
-`explanation` with the score before and after.
+Beside the weights, each file holds the figures chosen with them for its judge (`Tuning`): the floors that raise an
+answer that addresses its checker or a short answer that is a changed copy, and the cascade's band and short-context
+limit, which decide when `direct` is asked and which calibration reads an answer. The config's `combined.cascade` and
+`combined.short_context` replace the file's where set (`tuned`). Every step that moves the score (the cascade's
+branch, the calibration, a floor) is recorded in the detection's `explanation` with the score before and after.
 """
 
 from __future__ import annotations
@@ -22,24 +22,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-# CASCADE and SHORT_CONTEXT are the settings' defaults; eval and the benchmarks read them from here too.
-from morphguard.config import CASCADE, SHORT_CONTEXT, CombinedSettings  # noqa: F401
+from morphguard.config import FITTED, CombinedSettings
 from morphguard.detectors.alignment import KINDS as CONFLICT_KINDS
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
 from morphguard.detectors.baselines import DirectJudge
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
-from morphguard.detectors.grounding import Grounding, GroundingSettings
+from morphguard.detectors.grounding import Grounding, GroundingSettings, Reading
 from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.metarag import PROFILES, MetaRAG
-from morphguard.detectors.registry import Detector, DetectorSpec, register
+from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.restatement import RestatementJudge, RestatementSettings
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
@@ -107,8 +106,8 @@ def vocabulary_features(grounding: Mapping[str, float]) -> dict[str, float]:
 # trusts least, and misread facts (a claim a registered rule finds stated against a fact of the context,
 # detectors/rules; every word of such a claim is the context's own, so the invented channel cannot see it). Any
 # channel can raise the probability on its own: P = 1 - (1 - P_a)(1 - P_b)...(1 - P_e). Kept apart, one kind of
-# evidence cannot switch off another's weight in the fit. The design was chosen by grouped cross-validation on the fit
-# halves (benchmarks/combined_designs.py; docs/evaluation-log.md).
+# evidence cannot switch off another's weight in the fit. How the designs compare: benchmarks/combined_designs.py and
+# docs/evaluation-log.md.
 CHANNELS = {
     "invented": ("unsupported", "unsupported_numbers", "unsupported_names"),
     "contradicted": ("restatement", "negation_conflict", "number_conflict"),
@@ -157,12 +156,29 @@ class ChangedCopyFloor(BaseModel):
 
 
 class Tuning(BaseModel):
-    """The floors chosen on the fit halves beside the weights, for the judge named in `judge`: read from the weights
-    file that scores the answer (the shipped default's where it has none)."""
+    """The figures chosen beside the weights, for the judge named in `judge`: read from the weights file that scores
+    the answer (the shipped default's where it has none). `eval --fit` fits the channels, not these: the file it
+    writes carries the tuning it ran with, and the judge that tuning was chosen for."""
 
     judge: dict[str, Any]
     instruction_floor: float = Field(ge=0, le=1)  # the least score of an answer that addresses its checker
     changed_copy: ChangedCopyFloor
+    # `direct` reads the whole context, most of a check's time on the embedded judge, and changes little but the
+    # answers the other parts leave near the thresholds. So the other parts answer first, and the cascade asks `direct`
+    # only where their probability by the first stage's weights (fitted without it) lies in [low, high)
+    # (`combined.cascade`); elsewhere that probability is the answer's. None: weights that do not read `direct`, or
+    # every part asked at once.
+    cascade: tuple[float, float] | None
+    # Characters of context up to which a context is short (`combined.short_context`): `direct` reads it in a few
+    # seconds, so the cascade asks it at once with the other parts, and `Weights.short_calibration` reads the answer.
+    short_context: int = Field(ge=0)
+
+    @field_validator("cascade")
+    @classmethod
+    def _band(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 <= band[0] <= band[1] <= 1.0:
+            raise ValueError("a cascade band is [low, high] with 0 <= low <= high <= 1")
+        return band
 
 
 class Weights(BaseModel):
@@ -177,12 +193,12 @@ class Weights(BaseModel):
     # scored by the channels that need no judge, with this calibration, and the judge is not asked. None: every
     # answer is scored by every channel.
     record_calibration: tuple[float, float] | None = None
-    # Answers over a short context (`combined.short_context`: a paragraph, not a retrieved page), where every part reads
+    # Answers over a short context (`Tuning.short_context`: a paragraph, not a retrieved page), where every part reads
     # the whole context and the channels' verdict means more than over a long one (`eval --fit --recalibrate`).
     # None: they take `calibration`.
     short_calibration: tuple[float, float] | None = None
     fitted_on: dict[str, Any] = {}
-    tuning: Tuning | None = None  # None: the shipped default's (`TUNING`, from combined.json)
+    tuning: Tuning | None = None  # None: the shipped default's (`TUNING`, from combined.json); a check reads `tuned`
 
     @property
     def features(self) -> set[str]:
@@ -293,8 +309,28 @@ def _shipped_tuning() -> Tuning:
     return tuning
 
 
-# The constants chosen with the shipped default weights: those of any weights file without its own `tuning`.
+# The figures chosen with the shipped default weights: those of any weights file without its own `tuning`.
 TUNING = _shipped_tuning()
+
+
+def tuned(settings: CombinedSettings, weights: Weights | None = None) -> Tuning:
+    """The figures a check configured by `settings` runs with: its weights file's `tuning` (`weights`, default the
+    file `settings` names), with the config's `cascade` and `short_context` in place of the file's where they are not
+    "fitted". The check, `eval --fit` and `eval --rescore` read them here (the benchmarks, which read the shipped
+    check, `TUNING`)."""
+    weights = weights or load_weights(settings.weights, settings.profile)
+    given = {"cascade": settings.cascade, "short_context": settings.short_context}
+    return (weights.tuning or TUNING).model_copy(update={k: v for k, v in given.items() if v != FITTED})
+
+
+def cascade_band(settings: CombinedSettings, weights: Weights | None = None) -> tuple[float, float] | None:
+    """The band in which the check holds `direct` back (`tuned`); None: every part is asked at once, because no band
+    is set, the weights do not read `direct`, or weights of one's own have no first stage of one's own
+    (`CombinedSettings.cascaded`)."""
+    weights = weights or load_weights(settings.weights, settings.profile)
+    if not settings.cascaded or "direct" not in weights.features:
+        return None
+    return tuned(settings, weights).cascade
 
 
 @dataclass(frozen=True)
@@ -306,6 +342,7 @@ class TextEvidence:
     grounding: Detection
     short_copy: bool  # `short_changed_copy`
     short: bool  # `short_context`
+    reading: Reading  # what grounding read on the way, handed to the judge parts that read the same
 
     @property
     def features(self) -> dict[str, float]:
@@ -332,9 +369,9 @@ class TextEvidence:
 def read_text(rag: RagInput, answer: str, short_limit: int, rule: ChangedCopyFloor | None = None) -> TextEvidence:
     """The text evidence of one check (`TextEvidence`; `rule`: the weights' changed-copy floor, default the shipped
     one); pure Python over the whole context, so a caller on the event loop runs it in a thread."""
-    grounded = Grounding(GroundingSettings()).measure(rag, answer)
+    grounded, reading = Grounding(GroundingSettings()).read(rag, answer)
     return TextEvidence(grounded, short_changed_copy(answer, grounded.features, rule),
-                        short_context(rag.passages, short_limit))
+                        short_context(rag.passages, short_limit), reading)
 
 
 def judged_values(evidence: TextEvidence, judged: Mapping[str, float], read: Collection[str],
@@ -382,15 +419,16 @@ class Combined:
         self.llm = llm  # the proxy's readiness probe looks for the judge here
         self.weights = load_weights(settings.weights, settings.profile)
         self.threshold = threshold
-        # The first stage's weights where a cascade holds `direct` back (`cascade`), and its band; None: all at once.
-        self.first = (load_weights(settings.cascade_weights, "fast")
-                      if settings.cascaded and "direct" in self.weights.features else None)
+        tuning = tuned(settings, self.weights)
+        # The first stage's weights where a cascade holds `direct` back, and its band; None: all at once.
+        band = cascade_band(settings, self.weights)
+        self.first = load_weights(settings.cascade_weights, "fast") if band is not None else None
         if self.first is not None and "direct" in self.first.features:
             raise ValueError("combined.cascade_weights must be fitted without direct (eval --fit --detector "
                              "restatement,spotcheck)")
-        self.band = settings.cascade or (0.0, 1.0)
-        self.short_context = settings.short_context
-        self.changed_copy = (self.weights.tuning or TUNING).changed_copy
+        self.band = band or (0.0, 1.0)
+        self.short_context = tuning.short_context
+        self.changed_copy = tuning.changed_copy
         read = self.weights.features | (self.first.features if self.first else set())
         self.direct = (DirectJudge(llm, model=settings.model, context_budget=DIRECT_CONTEXT_BUDGET)
                        if "direct" in read else None)
@@ -400,6 +438,22 @@ class Combined:
         self.factoids = (MetaRAG(llm, replace(PROFILES["factoids"], decompose_model=settings.model,
                                               verify_models=(settings.model,)))
                          if "factoid_max" in read else None)
+
+    def _parts(self, rag: RagInput, answer: str, evidence: TextEvidence,
+               held_back: bool) -> dict[str, Awaitable[Detection]]:
+        """The checks of the judge parts there are (`direct` not where a cascade holds it back); restatement and
+        the spot check are handed what grounding read of the answer rather than reading it again."""
+        read = evidence.reading
+        parts: dict[str, Awaitable[Detection]] = {}
+        if self.direct is not None and not held_back:
+            parts["direct"] = self.direct.detect(rag, answer)
+        if self.restatement is not None:
+            parts["restatement"] = self.restatement.detect(rag, answer, read.changed)
+        if self.spotcheck is not None:
+            parts["spotcheck"] = self.spotcheck.detect(rag, answer, read.sentences)
+        if self.factoids is not None:
+            parts["factoids"] = self.factoids.detect(rag, answer)
+        return parts
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -413,9 +467,8 @@ class Combined:
         # The judge parts at once: an API judge answers them side by side, so a check waits for its slowest part
         # rather than for all of them in turn; the embedded judge's client queues them (llm/__init__.py). An
         # answer about a record asks none (Weights.record_calibration), nor does one that quotes its context.
-        asked = {} if not evidence.judged(self.weights) else await _all_at_once(
-            {"direct": None if held_back else self.direct, "restatement": self.restatement,
-             "spotcheck": self.spotcheck, "factoids": self.factoids}, rag, answer)
+        asked = await _all_at_once(self._parts(rag, answer, evidence, held_back)) if evidence.judged(
+            self.weights) else {}
         weights, first_stage, branch = self.weights, None, []
         if held_back:
             assert self.first is not None
@@ -465,11 +518,10 @@ class Combined:
         )
 
 
-async def _all_at_once(parts: Mapping[str, Detector | None], rag: RagInput, answer: str) -> dict[str, Detection]:
-    """What each part that is there found; if one fails, the others' calls are not waited for."""
-    named = [(name, part) for name, part in parts.items() if part is not None]
-    found = await together(part.detect(rag, answer) for _, part in named)
-    return {name: detection for (name, _), detection in zip(named, found, strict=True)}
+async def _all_at_once(parts: Mapping[str, Awaitable[Detection]]) -> dict[str, Detection]:
+    """What each part found; if one fails, the others' calls are not waited for."""
+    found = await together(parts.values())
+    return dict(zip(parts, found, strict=True))
 
 
 def _said(asked: Mapping[str, Detection]) -> dict[str, float]:
@@ -497,20 +549,20 @@ def _implicated(probability: float, judged: list[Factoid], ungrounded: list[Fact
 
 def _fingerprint(settings: CombinedSettings) -> dict[str, Any]:
     weights = load_weights(settings.weights, settings.profile)
-    cascade = settings.cascaded and "direct" in weights.features
+    tuning, band = tuned(settings, weights), cascade_band(settings, weights)
     return {"options": settings.model_dump(exclude={"weights", "profile", "cascade", "cascade_weights",
                                                     "short_context"}),
             "weights": weights.model_dump(exclude={"fitted_on", "tuning"}),
             # what a short context is: it decides which calibration reads the answer and whether the cascade holds
             # `direct` back (None: it decides neither)
-            "short_context": settings.short_context if cascade or weights.short_calibration else None,
-            **({"cascade": {"band": list(settings.cascade or ()),
+            "short_context": tuning.short_context if band is not None or weights.short_calibration else None,
+            **({"cascade": {"band": list(band),
                             "weights": load_weights(settings.cascade_weights, "fast").model_dump(
-                                exclude={"fitted_on", "tuning"})}} if cascade else {}),
+                                exclude={"fitted_on", "tuning"})}} if band is not None else {}),
             "factoids": asdict(PROFILES["factoids"]), "spotcheck": SpotCheckSettings().model_dump(exclude={"model"}),
             "logprob_reader": 2, "grounding": GROUNDING_VERSION, **rules_fingerprint(),
             "alignment": ALIGNMENT_VERSION, "spotcheck_plan": SPOTCHECK_PLAN,
-            "floors": (weights.tuning or TUNING).model_dump(include={"instruction_floor", "changed_copy"}),
+            "floors": tuning.model_dump(include={"instruction_floor", "changed_copy"}),
             "quoted_answers": "undoubted"}  # an answer quoting its context is not judged (`undoubted`)
 
 

@@ -50,6 +50,16 @@ class SentenceReport:
     unsupported: list[Word]
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What grounding read of one answer that other detectors read too, so that a check running several of them
+    reads the text once: each sentence's unsupported words (`ungrounded`) and the changed copies
+    (`alignment.conflicts`; None where the answer is about a record and they were not looked for)."""
+
+    sentences: list[SentenceReport]
+    changed: list[Conflict] | None
+
+
 def missing_words(words: list[Word], shown: int = 8) -> str:
     """A reviewer's reason for an unsupported claim: the words of it the context does not contain."""
     unique = list(dict.fromkeys(w.text for w in words))
@@ -130,6 +140,10 @@ class Grounding:
         return await in_thread(self.measure, rag, answer, size=rag.size(answer))
 
     def measure(self, rag: RagInput, answer: str) -> Detection:
+        return self.read(rag, answer)[0]
+
+    def read(self, rag: RagInput, answer: str) -> tuple[Detection, Reading]:
+        """The detection (`measure`) and what it read on the way (`Reading`)."""
         started = time.perf_counter()
         reports = ungrounded(answer, rag.passages, rag.question)
         ruled = read_all(answer, rag.passages)
@@ -184,13 +198,14 @@ class Grounding:
             # every stating sentence is a context sentence as written: the combined check asks no judge about it
             "quoted": float(not about_record and not changed and quotes_context(answer, rag.passages)),
         }
-        return Detection(
+        detection = Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=factoids, features=features,
             cost=Cost.of({}, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(factoids)),
             settings={"unsupported_words": [w.text for w in missing]},
         )
+        return detection, Reading(reports, None if about_record else changed)
 
 
 def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:

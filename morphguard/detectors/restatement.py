@@ -40,11 +40,13 @@ class RestatementJudge:
         ]
         return await ask_yes_no(self.llm, messages, self.settings.model, stage)
 
-    async def detect(self, rag: RagInput, answer: str) -> Detection:
+    async def detect(self, rag: RagInput, answer: str, found: list[Conflict] | None = None) -> Detection:
+        """`found`: the answer's changed copies where the caller has read them already (`grounding.Reading`)."""
         started = time.perf_counter()
-        # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the event
-        # loop, as in grounding, so that one such request cannot stall the proxy's others.
-        found = await in_thread(conflicts, answer, rag.passages, size=rag.size(answer))
+        if found is None:
+            # Pure Python over the whole context and answer, seconds for a hostile multi-megabyte pair: off the
+            # event loop, as in grounding, so that one such request cannot stall the proxy's others.
+            found = await in_thread(conflicts, answer, rag.passages, size=rag.size(answer))
         changed = {c.start: c for c in reversed(found)}  # one per sentence
         closest = sorted(changed.values(), key=lambda c: -c.strength)[: self.settings.max_calls]
         stage = StageCost()

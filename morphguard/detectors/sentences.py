@@ -101,8 +101,7 @@ class Sentences:
         entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]
         out: list[tuple[float | None, list[str]]] = []
         for i in range(len(batch)):
-            # Entries are read by their id, else by their place; log-probabilities by the verdict's place in the reply.
-            at = next((k for k, e in enumerate(entries) if e.get("id") == i + 1), i if i < len(entries) else None)
+            at = _entry_at(entries, i, len(batch))  # log-probabilities are read by the verdict's place in the reply
             entry: dict[str, Any] = entries[at] if at is not None else {}
             verdict = str(entry.get("verdict", "")).strip().upper()
             phrases = [p for p in entry.get("phrases") or [] if isinstance(p, str) and p.strip()]
@@ -188,6 +187,24 @@ def load_calibration(path: str) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise MorphguardError(f"sentences.calibration {path}: not a calibration file ({exc})") from None
     return dict(found)
+
+
+def _entry_at(entries: list[dict[str, Any]], i: int, size: int) -> int | None:
+    """The place in `entries` of the verdict on sentence `i` (0-based) of a batch of `size`: the entry carrying its
+    id, else the one in its place if that one names no sentence of the batch. An entry naming another sentence is
+    never read for this one: the sentence then has no verdict."""
+    at = next((k for k, e in enumerate(entries) if _id(e, size) == i + 1), None)
+    if at is None and i < len(entries) and _id(entries[i], size) is None:
+        at = i
+    return at
+
+
+def _id(entry: dict[str, Any], size: int) -> int | None:
+    """The sentence an entry names: a whole number from 1 to `size` (2 or 2.0), else None."""
+    named = entry.get("id")
+    if isinstance(named, bool) or not isinstance(named, int | float) or named not in range(1, size + 1):
+        return None
+    return int(named)
 
 
 def _whole(text: str, logprobs: Any) -> float | None:

@@ -22,7 +22,7 @@ import time
 from morphguard.config import SpotCheckSettings
 from morphguard.detectors.focus import focus
 from morphguard.detectors.grounding import VERSION as GROUNDING_VERSION
-from morphguard.detectors.grounding import Grounding, GroundingSettings, ungrounded
+from morphguard.detectors.grounding import Grounding, GroundingSettings, SentenceReport, ungrounded
 from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
@@ -43,11 +43,14 @@ class SpotCheck:
         self.threshold = threshold
         self.grounding = Grounding(GroundingSettings())
 
-    def plan(self, rag: RagInput, answer: str) -> list[tuple[int, int, str]]:
+    def plan(self, rag: RagInput, answer: str,
+             reports: list[SentenceReport] | None = None) -> list[tuple[int, int, str]]:
         """The sentences to judge, each with the context cut for it: those with unsupported words that state
         something, the most unsupported weight first; where there are none, the stating sentence with the most
-        content words."""
-        stating = [r for r in ungrounded(answer, rag.passages, rag.question) if statements(answer[r.start:r.end])]
+        content words. `reports`: the answer's `ungrounded` sentences where the caller has read them already."""
+        if reports is None:
+            reports = ungrounded(answer, rag.passages, rag.question)
+        stating = [r for r in reports if statements(answer[r.start:r.end])]
         candidates = [(self.grounding.weight(r.unsupported), r.start, r.end) for r in stating if r.unsupported]
         candidates.sort(key=lambda c: (-c[0], c[1]))
         chosen = [(start, end) for _, start, end in candidates[: self.settings.max_calls]]
@@ -64,11 +67,13 @@ class SpotCheck:
         ]
         return await ask_yes_no(self.llm, messages, self.settings.model, stage)
 
-    async def detect(self, rag: RagInput, answer: str) -> Detection:
+    async def detect(self, rag: RagInput, answer: str, reports: list[SentenceReport] | None = None) -> Detection:
+        """`reports`: the answer's `ungrounded` sentences where the caller has read them already
+        (`grounding.Reading`)."""
         started = time.perf_counter()
         # Pure Python over the whole context, seconds for a hostile multi-megabyte one: off the event loop, so that
         # one such request cannot stall the proxy's others (as in grounding).
-        chosen = await in_thread(self.plan, rag, answer, size=rag.size(answer))
+        chosen = await in_thread(self.plan, rag, answer, reports, size=rag.size(answer))
         stage = StageCost()
         factoids = []
         for start, end, passages in chosen:  # one after the other: the embedded judge decodes one request at a time

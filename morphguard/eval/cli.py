@@ -15,7 +15,15 @@ from tqdm import tqdm
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, configured, fingerprint, resolve
-from morphguard.detectors.combined import PARTS, SHIPPED_PARTS, Weights, load_weights, read_text
+from morphguard.detectors.combined import (
+    PARTS,
+    SHIPPED_PARTS,
+    Weights,
+    cascade_band,
+    load_weights,
+    read_text,
+    tuned,
+)
 from morphguard.detectors.judges import judge_identity
 from morphguard.errors import MorphguardError
 from morphguard.eval import datasets, fit, report, rescore, runner, thresholds
@@ -91,13 +99,16 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
                  datasets_used: list[str]) -> None:
     parts = [p for p in PARTS if p in names]
     _, settings = resolve(config, "combined")
-    found = [(fit.rows(run.items, run.outcomes, parts, settings.short_context), dataset)
+    configured_weights = load_weights(settings.weights, settings.profile)
+    # the figures the configured check runs with, carried into the file written: the fit learns none of them
+    tuning = tuned(settings, configured_weights)
+    found = [(fit.rows(run.items, run.outcomes, parts, tuning.short_context), dataset)
              for run, dataset in zip(runs, datasets_used, strict=True)]
     unjudged = [d.strip() for d in (args.fit_without_judge or "").split(",") if d.strip()]
     sampled = {i.id for run in runs for i in run.items}  # a dataset both judged (a sample) and not: the rest of it
     for dataset in unjudged:
         rest = [i for i in datasets.load_half(dataset, args.half, args.data_dir, config) if i.id not in sampled]
-        found.append((fit.rows(rest, [], (), settings.short_context), dataset))
+        found.append((fit.rows(rest, [], (), tuning.short_context), dataset))
     values = [v for (rows, _) in found for v in rows[0]]
     labels = [y for (rows, _) in found for y in rows[1]]
     groups = [g for (rows, _) in found for g in rows[2]]
@@ -105,11 +116,10 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
     sources = [dataset for (rows, dataset) in found for _ in rows[1]]
     about = {"judge": judge_identity(config, settings.model),
              "datasets": datasets_used, "without_judge": unjudged, "half": args.half or "all",
-             "short_context": settings.short_context,
+             "short_context": tuning.short_context,
              "grounding": fingerprint(config, "grounding"), "fingerprints": {n: fingerprint(config, n) for n in parts}}
     if args.recalibrate:
-        weights = fit.recalibrate(load_weights(settings.weights, settings.profile), values, labels, about, sources,
-                                  short)
+        weights = fit.recalibrate(configured_weights, values, labels, about, sources, short)
         done = weights.fitted_on["recalibrated"]
         said = (f"calibrations ({', '.join(done['calibrations'])}) fitted on {done['items']} items "
                 f"({done['hallucinated']} hallucinated, {done['items_over_short_context']} over a short context), "
@@ -120,6 +130,8 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
         said = (f"weights fitted on {fitted['items']} items ({fitted['hallucinated']} hallucinated)"
                 + (f" and, for the channels without a judge, {fitted['items_without_judge']} more "
                    f"({fitted['hallucinated_without_judge']} hallucinated)" if unjudged else ""))
+    band = tuning.cascade if "direct" in weights.features else None  # a band only where there is `direct` to hold back
+    weights = weights.model_copy(update={"tuning": tuning.model_copy(update={"cascade": band})})
     args.fit.parent.mkdir(parents=True, exist_ok=True)
     args.fit.write_text(weights.model_dump_json(indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.fit}: {said}; use it with combined.weights in the config", file=sys.stderr)
@@ -128,6 +140,7 @@ def _fit_weights(args: argparse.Namespace, config: Config, runs: list[Evaluation
 def _rescore(config: Config, folder: Path, items: list[Item], name: str, current: str) -> None:
     _, settings = resolve(config, name)
     weights = load_weights(settings.weights, settings.profile)
+    short_limit, band = tuned(settings, weights).short_context, cascade_band(settings, weights)
     stored = runner.load_outcomes(folder)
     parts = {part: fingerprint(config, part) for part in rescore.OWN_OUTCOME}
     threshold = config.detector.threshold
@@ -139,14 +152,14 @@ def _rescore(config: Config, folder: Path, items: list[Item], name: str, current
 
     def scored(detector: str, under: Config, read_with: Weights) -> list[runner.Outcome]:
         """This run's outcomes of `detector` configured as in `under`: those stored current, and those rescored."""
-        now = fingerprint(under, detector)
+        now, (_, own) = fingerprint(under, detector), resolve(under, detector)
         return ([o for o in stored if o.detector == detector and o.fingerprint == now]
                 + rescore.rescore(items, stored, read_with, now, threshold, parts=parts, detector=detector,
-                                  short_limit=settings.short_context))
+                                  short_limit=tuned(own, read_with).short_context))
 
-    if not settings.cascaded or "direct" not in weights.features:
+    if band is None:
         fresh = rescore.rescore(items, stored, weights, current, threshold, parts=parts, detector=name,
-                                short_limit=settings.short_context)
+                                short_limit=short_limit)
     elif settings.cascade_weights is not None:
         raise MorphguardError("--rescore reads a cascade's first stage from combined:fast's outcomes; with "
                               "combined.cascade_weights set, run the check afresh")
@@ -156,10 +169,10 @@ def _rescore(config: Config, folder: Path, items: list[Item], name: str, current
         first = scored("combined:fast", config, load_weights(None, "fast"))
         done = {o.key for o in stored if o.detector == name and o.fingerprint == current}
         # the answers the cascade asks every part at once, or none: no first stage
-        read = [read_text(RagInput(question=item.question, passages=item.passages), item.answer,
-                          settings.short_context) for item in items]
+        read = [read_text(RagInput(question=item.question, passages=item.passages), item.answer, short_limit)
+                for item in items]
         at_once = {item.id for item, evidence in zip(items, read, strict=True) if evidence.short or evidence.quoted}
-        fresh = [o for o in rescore.cascade(whole, first, settings.cascade, current, threshold, detector=name,
+        fresh = [o for o in rescore.cascade(whole, first, band, current, threshold, detector=name,
                                             at_once=at_once) if o.key not in done]
     runner.append_outcomes(folder, fresh)
     print(f"rescored {len(fresh)} {name} outcomes from their stored judge scores", file=sys.stderr)

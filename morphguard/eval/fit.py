@@ -20,7 +20,7 @@ from morphguard.detectors.combined import (
     JUDGE_FEATURES,
     PARTS,
     RECORD_ONLY,
-    SHORT_CONTEXT,
+    TUNING,
     UNJUDGED_CHANNELS,
     Channel,
     Weights,
@@ -39,10 +39,11 @@ if TYPE_CHECKING:  # numpy, SciPy and scikit-learn come with the `eval` extra; o
 
 
 def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str] = PARTS,
-         short_limit: int = SHORT_CONTEXT) -> tuple[list[dict[str, float]], list[bool], list[str], list[bool]]:
+         short_limit: int | None = None) -> tuple[list[dict[str, float]], list[bool], list[str], list[bool]]:
     """Features, labels and groups of every item all `parts` have scored (first repeat), and whether its context
-    is short (up to `short_limit` characters, `combined.short_context`); with no parts, of every item, with the
-    features that need no judge only."""
+    is short (up to `short_limit` characters: the check's `combined.tuned(...).short_context`, default the shipped
+    weights'); with no parts, of every item, with the features that need no judge only."""
+    limit = TUNING.short_context if short_limit is None else short_limit
     by_item: dict[str, dict[str, Outcome]] = defaultdict(dict)
     for o in outcomes:
         if o.repeat == 0 and o.error is None and o.detector in parts:
@@ -53,7 +54,7 @@ def rows(items: Sequence[Item], outcomes: Sequence[Outcome], parts: Sequence[str
         scored = by_item.get(item.id, {})
         if len(scored) < len(parts):
             continue
-        evidence = read_text(RagInput(question=item.question, passages=item.passages), item.answer, short_limit)
+        evidence = read_text(RagInput(question=item.question, passages=item.passages), item.answer, limit)
         said = {f: scored[p].score or 0.0 for p, f in zip(PARTS, JUDGE_FEATURES, strict=True)
                 if p in parts and p != "metarag:factoids"}
         if "metarag:factoids" in parts:

@@ -64,8 +64,8 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
     """New outcomes of `detector` (the combined check, or one of its profiles: `combined:fast`) for every stored one
     made under another fingerprint whose judge scores cover what `weights` needs; items that already have a
     current outcome are left alone. `parts`: the current fingerprint of each part in `OWN_OUTCOME`; only its
-    outcomes under that fingerprint are read (none without). `short_limit`: the check's `combined.short_context`,
-    which says whose context is short (`Weights.short_calibration`)."""
+    outcomes under that fingerprint are read (none without). `short_limit`: the check's short-context limit
+    (`combined.tuned`), which says whose context is short (`Weights.short_calibration`)."""
     by_id = {i.id: i for i in items}
     current = {o.key for o in stored if o.detector == detector and o.fingerprint == fingerprint}
     needed = [f for f in JUDGE_FEATURES if f in weights.features]
@@ -128,7 +128,7 @@ def rescore(items: Sequence[Item], stored: Sequence[Outcome], weights: Weights, 
 
 def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[float, float], fingerprint: str,
             threshold: float, detector: str = "combined", at_once: Collection[str] = ()) -> list[Outcome]:
-    """The cascade's outcomes (`config.CASCADE`) for every answer that has both a `whole` outcome (every
+    """The cascade's outcomes (`band`: `combined.cascade_band`) for every answer that has both a `whole` outcome (every
     part asked, the same weights) and a `first` one (the first stage's own: `combined:fast`, its weights and parts).
     Where the first stage's probability lies outside `band`, nothing more was asked, and its outcome is the cascade's,
     cost and spans included; inside, `direct` was asked too, and the whole outcome is the cascade's. So a finished run
@@ -136,7 +136,7 @@ def cascade(whole: Sequence[Outcome], first: Sequence[Outcome], band: tuple[floa
     one after the other either way, though in another order, which its prompt cache can move by a few hundredths).
     An answer about a structured record asks no judge part: the whole outcome's, as the cascade scores it with the
     default's weights. So is an answer in `at_once`: item ids whose context is short
-    (`config.SHORT_CONTEXT`), for which the cascade asked every part at once, or whose answer quotes its
+    (`Tuning.short_context`), for which the cascade asked every part at once, or whose answer quotes its
     context (asked nothing). None of these has a first stage, so none needs the fast profile's outcome."""
     firsts = {(o.item_id, o.repeat): o for o in first if o.error is None}
     out = []

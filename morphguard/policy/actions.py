@@ -14,14 +14,17 @@ protocol error; `content` carries the safe message too, for clients that show on
 
 from __future__ import annotations
 
+import bisect
 import copy
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from morphguard.config import PolicySettings
 from morphguard.detectors.spans import evidence_for
-from morphguard.models import Decision, Detection, Factoid
-from morphguard.policy.answers import prose
+from morphguard.detectors.text import sentences
+from morphguard.models import Decision, Detection, Evidence, Factoid
+from morphguard.policy.answers import checked_text, prose
 
 
 def with_answer(completion: dict[str, Any], text: str) -> dict[str, Any]:
@@ -125,23 +128,64 @@ def highlight(text: str, factoids: Sequence[Factoid], open_mark: str, close_mark
 # be made to carry thousands of unsupported sentences (4,000 took 54 s to cite, one by one); a reader wants the first
 # few, and the verdict lists every one.
 MAX_CITATIONS = 20
+_WORD = re.compile(r"\w")
 
 
-def citations(factoids: Sequence[Factoid], passages: Sequence[str]) -> str:
+def citations(factoids: Sequence[Factoid], passages: Sequence[str], answer: str = "") -> str:
     """For each factoid (the first `MAX_CITATIONS`), the detector's own evidence when it has some, else the
-    best-aligned context sentence."""
+    best-aligned context sentence. A factoid that is a phrase of a sentence of `answer` (its offsets are in it) is
+    cited by that sentence: the phrase alone ("in 1999") says too little to find what the context says of it. The
+    phrases of one sentence share its line."""
     cited = factoids[:MAX_CITATIONS]
-    aligned = iter(evidence_for([f.text for f in cited if not f.evidence], passages))
+    statements = _statements(cited, answer)
+    aligned = iter(evidence_for([text for text, _, evidence in statements if evidence is None], passages))
     lines = ["", "", "Checked against the sources:"]
-    for factoid in cited:
-        found = factoid.evidence[0] if factoid.evidence else next(aligned)
+    for text, phrases, evidence in statements:
+        found = evidence or next(aligned)
+        named = f'"{text}"' + (" (flagged: " + ", ".join(f'"{p}"' for p in phrases) + ")" if phrases else "")
         if found:
-            lines.append(f'- "{factoid.text}": source [{found.passage}] says "{found.text}"')
+            lines.append(f'- {named}: source [{found.passage}] says "{found.text}"')
         else:
-            lines.append(f'- "{factoid.text}": no retrieved source supports this.')
+            lines.append(f"- {named}: no retrieved source supports this.")
     if len(factoids) > len(cited):
         lines.append(f"- and {len(factoids) - len(cited)} more flagged statements, listed in the verdict.")
     return "\n".join(lines)
+
+
+def _statements(factoids: Sequence[Factoid], answer: str) -> list[tuple[str, list[str], Evidence | None]]:
+    """What each factoid is cited as, in order: the statement looked up, the phrases of it flagged (none where the
+    factoid is the statement itself) and the first evidence a detector gave for it."""
+    bounds = sentences(answer) if any(_placed(f, answer) for f in factoids) else []
+    out: dict[object, tuple[str, list[str], Evidence | None]] = {}
+    for n, factoid in enumerate(factoids):
+        evidence = factoid.evidence[0] if factoid.evidence else None
+        around = _sentence_around(factoid, answer, bounds)
+        if around is None:
+            out[n] = (factoid.text, [], evidence)
+            continue
+        text, phrases, seen = out.get(around, (answer[around[0]:around[1]], [], None))
+        out[around] = (text, [*phrases, factoid.text], seen or evidence)
+    return list(out.values())
+
+
+def _placed(factoid: Factoid, answer: str) -> bool:
+    return factoid.start is not None and factoid.end is not None and 0 <= factoid.start < factoid.end <= len(answer)
+
+
+def _sentence_around(factoid: Factoid, answer: str, bounds: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The span of the answer's sentences (`bounds`) a factoid stands in, where it is a phrase of them (they say
+    more than it does); None where it is unplaced or the whole statement."""
+    if not _placed(factoid, answer):
+        return None
+    assert factoid.start is not None and factoid.end is not None
+    first = bisect.bisect_right(bounds, factoid.start, key=lambda b: b[1])  # the first sentence ending past its start
+    last = bisect.bisect_left(bounds, factoid.end, key=lambda b: b[0]) - 1  # the last starting before its end
+    if first > last:
+        return None
+    start, end = min(bounds[first][0], factoid.start), max(bounds[last][1], factoid.end)
+    if not (_WORD.search(answer, start, factoid.start) or _WORD.search(answer, factoid.end, end)):
+        return None
+    return start, end
 
 
 def changes(decision: Decision, detection: Detection | None) -> bool:
@@ -162,7 +206,8 @@ def apply(completion: dict[str, Any], decision: Decision, detection: Detection |
     if decision.action == "highlight":  # marks go in the prose; a claim in a tool call is named in the verdict
         in_prose = [f for f in flagged if f.end is not None and f.end <= len(text)]
         return with_answer(completion, highlight(text, in_prose, settings.highlight.open, settings.highlight.close))
-    return with_answer(completion, text + citations(flagged, passages))
+    checked = checked_text(completion, tool_calls=settings.tool_calls == "check")  # where the offsets point
+    return with_answer(completion, text + citations(flagged, passages, checked))
 
 
 def regeneration_body(body: dict[str, Any], detection: Detection, threshold: float,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from morphguard.detectors import build_detector
-from morphguard.detectors.combined import CASCADE, Combined, CombinedSettings
+from morphguard.detectors.combined import TUNING, Combined, CombinedSettings
 from morphguard.models import RagInput
 from tests.detectors.scripted_judge import stage_of
 from tests.detectors.test_spotcheck import PASSAGES, QUESTION, p_no, run
@@ -91,7 +91,8 @@ def test_the_cascade_asks_direct_last_and_only_inside_its_band(scripted_config):
     default, stages, _ = check("combined", scripted_config)
     first = default.settings["first_stage"]
     assert first == pytest.approx(fast.score)
-    asked = CASCADE[0] <= first < CASCADE[1]
+    assert TUNING.cascade is not None
+    asked = TUNING.cascade[0] <= first < TUNING.cascade[1]
     assert ("direct" in stages) == asked and default.score == pytest.approx(whole.score if asked else fast.score)
 
     def band(low, high):
@@ -134,7 +135,7 @@ def test_over_a_short_context_the_cascade_asks_direct_at_once_wherever_its_first
     band_alone, stages, _ = check(skipped.model_copy(update={"short_context": 91}))  # one character short of it
     assert "direct" not in stages and band_alone.settings["first_stage"] is not None
     assert not band_alone.settings["short_context"]
-    assert CombinedSettings().short_context >= len(short[0])  # the default counts it as short
+    assert TUNING.short_context >= len(short[0])  # the shipped weights count it as short
 
 
 def test_weights_of_ones_own_cascade_only_with_a_first_stage_of_ones_own():
@@ -239,6 +240,64 @@ def test_the_floors_are_read_from_the_weights_file(tmp_path, scripted_config):
     assert any("changed-copy floor 0.6" in s["text"] for s in raised.settings["explanation"])
 
 
+def _shipped(name):
+    from importlib import resources
+
+    return json.loads(resources.files("morphguard.detectors").joinpath(name).read_text())
+
+
+def test_the_cascade_band_and_short_context_are_read_from_the_weights_file_and_the_config_wins(tmp_path,
+                                                                                              scripted_config):
+    """The cascade's band and the short-context limit come with the weights (`tuning` in combined.json): copies of
+    the shipped default with another band or another limit, named by `combined.weights` (with the shipped first stage
+    as `cascade_weights`), ask `direct` where their figures say; `combined.cascade` and `combined.short_context` in
+    the config replace the file's."""
+    first_stage = tmp_path / "fast.json"
+    first_stage.write_text(json.dumps(_shipped("combined_fast.json")))
+
+    def weights_with(name, **tuning):
+        shipped = _shipped("combined.json")
+        shipped["tuning"].update(tuning)
+        (tmp_path / name).write_text(json.dumps(shipped))
+        return str(tmp_path / name)
+
+    def reply(body):
+        if stage_of(body) == "direct":
+            return '{"verdict": "NO", "unsupported": []}'
+        return completion("NO", logprobs=p_no(0.3))
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+
+    def check(weights, passages=PASSAGES, **settings):
+        with ScriptedLLM(reply) as server:
+            config = scripted_config(server.base_url).with_section("combined", CombinedSettings(
+                weights=weights, cascade_weights=str(first_stage), **settings))
+            result = asyncio.run(build_detector(config, name="combined").detect(
+                RagInput(question=QUESTION, passages=passages), answer))
+        return result, [stage_of(r) for r in server.requests]
+
+    always, never = weights_with("always.json", cascade=[0.0, 1.0]), weights_with("never.json", cascade=[0.0, 0.0])
+    asked, stages = check(always)
+    assert stages[-1] == "direct" and asked.settings["first_stage"] is not None
+    skipped, stages = check(never)
+    assert "direct" not in stages and skipped.settings["first_stage"] == pytest.approx(skipped.score)
+    overridden, stages = check(never, cascade=(0.0, 1.0))
+    assert stages[-1] == "direct" and overridden.score == pytest.approx(asked.score)
+    at_once, stages = check(weights_with("none.json", cascade=None))  # the file says: every part at once
+    assert "direct" in stages and at_once.settings["first_stage"] is None
+
+    short = PASSAGES[:1]  # 92 characters; outside the band, the cascade asks `direct` only if it counts as short
+    counted, stages = check(weights_with("short.json", cascade=[0.0, 0.0], short_context=92), short)
+    assert "direct" in stages
+    assert counted.settings["short_context"] and counted.settings["first_stage"] is None
+    longer = weights_with("long.json", cascade=[0.0, 0.0], short_context=91)
+    uncounted, stages = check(longer, short)
+    assert "direct" not in stages and not uncounted.settings["short_context"]
+    overridden, stages = check(longer, short, short_context=92)
+    assert "direct" in stages and overridden.settings["short_context"]
+    assert overridden.score == pytest.approx(counted.score)
+
+
 def test_a_cascade_branch_is_named_in_the_explanation(scripted_config):
     """Where the cascade holds `direct` back, the explanation says which way it went and the score it came to."""
 
@@ -288,3 +347,44 @@ def test_an_answer_restating_the_question_is_not_flagged_for_its_words(scripted_
     assert passed.settings["unsupported_words"] == [] and flagged.settings["unsupported_words"] == [
         "Aspirin", "warm", "compresses", "cures", "sciatica", "overnight"]
     assert flagged.flagged and flagged.score > passed.score
+
+
+def test_one_check_reads_the_text_once_and_its_parts_find_what_they_find_alone(scripted_config, monkeypatch):
+    """Restatement and the spot check are handed what grounding read of the answer (its changed copies and
+    unsupported words) rather than reading the whole context again, and find what they find on their own."""
+    from morphguard.detectors import alignment, grounding, restatement, spotcheck
+
+    reads = {"conflicts": 0, "ungrounded": 0}
+
+    def counted(module, name):
+        original = getattr(module, name)
+
+        def count(*args, **kwargs):
+            reads[name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, count)
+
+    for module in (grounding, restatement):
+        counted(module, "conflicts")
+    for module in (grounding, spotcheck):
+        counted(module, "ungrounded")
+    assert alignment.conflicts is not grounding.conflicts  # both copies counted, whichever module calls
+
+    def reply(body):
+        return '{"verdict": "NO", "unsupported": []}' if stage_of(body) == "direct" else completion(
+            "NO", logprobs=p_no(0.7))
+
+    answer = "The bridge did not open in 1932. Its towers were painted by Gustave Eiffel."
+    with ScriptedLLM(reply) as server:
+        config = without_cascade(scripted_config(server.base_url))
+        detector = build_detector(config, name="combined")
+        assert isinstance(detector, Combined) and detector.restatement and detector.spotcheck
+        combined = run(detector, answer)
+        assert reads == {"conflicts": 1, "ungrounded": 1}
+        alone = {"restatement": run(detector.restatement, answer), "spotcheck": run(detector.spotcheck, answer)}
+    assert alone["restatement"].factoids and alone["spotcheck"].factoids
+    pointed = {(f.start, f.end, f.reason) for f in combined.factoids}
+    for name, detection in alone.items():
+        assert combined.features[name] == pytest.approx(detection.score)
+        assert {(f.start, f.end, f.reason) for f in detection.factoids} <= pointed

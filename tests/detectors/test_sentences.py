@@ -208,6 +208,35 @@ def test_entries_without_ids_are_read_by_their_place():
         "Paris is the capital of France.", "Italy"]
 
 
+@pytest.mark.parametrize("entries", [
+    [{"id": 2, "verdict": "SUPPORTED", "phrases": []}],
+    [{"id": 2, "verdict": "SUPPORTED", "phrases": []}, {"verdict": "SUPPORTED", "phrases": []}],
+    [{"id": 2.0, "verdict": "SUPPORTED", "phrases": []}],
+])
+def test_an_entry_naming_another_sentence_is_never_read_for_this_one(entries):
+    """Sentence 1 has no entry of its own: the one in its place names sentence 2, so sentence 1 has no verdict
+    (a half), not sentence 2's."""
+    answer = "Paris is the capital of France. Nice is in Italy."
+    reply = json.dumps({"sentences": entries, "answer": "SUPPORTED"})
+    with ScriptedLLM(lambda body: reply) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert found.stats.unparseable_verdicts == 1
+    assert found.features["worst"] == 0.5 and found.score == pytest.approx(0.4 * 0.5)
+    assert [(f.text, f.score) for f in found.factoids] == [("Paris is the capital of France.", pytest.approx(0.2)),
+                                                           ("Nice is in Italy.", 0.0)]
+
+
+def test_entries_without_ids_fill_the_places_the_numbered_ones_leave():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    reply = json.dumps({"sentences": [{"verdict": "SUPPORTED"}, {"id": 2, "verdict": "UNSUPPORTED"}],
+                        "answer": "UNSUPPORTED"})
+    with ScriptedLLM(lambda body: reply) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert found.stats.unparseable_verdicts == 0
+    assert [(f.text, f.label) for f in found.factoids] == [("Paris is the capital of France.", "supported"),
+                                                           ("Nice is in Italy.", "unsupported")]
+
+
 def test_a_judge_that_fails_fails_the_check():
     with ScriptedLLM(lambda body: error(500)) as server:
         with pytest.raises(LLMError):

@@ -100,18 +100,19 @@ def test_highlight_marks_the_flagged_span(policy_proxy):
 
 
 def test_cite_appends_what_the_context_says_of_each_flagged_phrase(policy_proxy):
-    """Cite looks up a source for each flagged span: with `sentences`, the phrases the judge names. A phrase that shares
-    no word with the passage has no source (tests/e2e/test_metarag.py cites a whole flagged sentence's source)."""
+    """Cite looks up a source for each flagged span: with `sentences`, the phrases the judge names, each looked up by
+    the sentence it stands in ("safe throughout" alone shares no word with the passage)."""
     content = ask(client(policy_proxy, prefix="/cite")).choices[0].message.content
     assert content == ("Ibuprofen is safe throughout pregnancy.\n\nChecked against the sources:\n"
-                       '- "safe throughout": no retrieved source supports this.')
+                       '- "Ibuprofen is safe throughout pregnancy." (flagged: "safe throughout"): '
+                       'source [1] says "Ibuprofen is contraindicated in the third trimester of pregnancy."')
 
 
 def test_cite_says_when_no_source_bears_on_a_claim(policy_proxy):
     reply = ask(client(policy_proxy, prefix="/cite"), context="Paracetamol is widely used.")
     content = reply.choices[0].message.content
-    assert content.endswith('- "Ibuprofen": no retrieved source supports this.\n'
-                            '- "safe throughout pregnancy": no retrieved source supports this.')
+    assert content.endswith('- "Ibuprofen is safe throughout pregnancy." (flagged: "Ibuprofen", '
+                            '"safe throughout pregnancy"): no retrieved source supports this.')
 
 
 def test_regenerate_reasks_with_the_unsupported_claims_and_keeps_the_better_answer(policy_proxy, provider):

@@ -5,6 +5,7 @@ Real processes over real sockets, as in test_security.py."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sqlite3
 import threading
@@ -213,8 +214,11 @@ def partial(key: str) -> str:
 
 
 def leaks(text: str, *keys: str) -> list[str]:
-    """The keys, whole or as a provider echoes them partly, found in `text`."""
-    return [k for key in keys for k in (key, partial(key), key[-4:]) if k in text]
+    """The keys, whole or as a provider echoes them partly, found in `text`. A key's last four characters count
+    only standing alone ("...6789"), not inside a longer token such as a port number or a timestamp."""
+    found = [k for key in keys for k in (key, partial(key)) if k in text]
+    return found + [key[-4:] for key in keys
+                    if re.search(rf"(?<![0-9A-Za-z]){re.escape(key[-4:])}(?![0-9A-Za-z])", text)]
 
 
 @pytest.fixture(scope="module")

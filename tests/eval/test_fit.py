@@ -69,6 +69,7 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
         # of its fullest sentence); the 8 wrong ones also a restatement (a changed copy)
         assert learned.fitted_on["items_without_judge"] == 8 and calls == 16 + 16 + 8
         assert learned.fitted_on["fingerprints"].keys() == {"direct", "restatement", "spotcheck"}  # shipped parts
+        assert learned.tuning == load_weights(None).tuning  # the figures the check ran with: the shipped ones
         # the swapped city is a name the context lacks, a changed copy and the judge's NO on the whole answer and on
         # the sentence: each raises its channel
         invented, contradicted, judged, spotted = (learned.channels[c]
@@ -188,6 +189,8 @@ def test_recalibrating_from_the_command_line_keeps_the_shipped_channels_and_refu
     assert learned.short_calibration != shipped.short_calibration
     assert learned.fitted_on["recalibrated"]["items_over_short_context"] == len(RECORDS)
     assert learned.fitted_on["datasets"] == shipped.fitted_on["datasets"]  # what the channels learnt from stays said
+    # the file carries the figures the check ran with: the shipped ones, with the config's short-context limit
+    assert learned.tuning == shipped.tuning.model_copy(update={"short_context": 39})
     assert few.returncode == 2 and "--recalibrate needs at least 5 hallucinated" in few.stderr
     assert not (tmp_path / "few.json").exists()
 

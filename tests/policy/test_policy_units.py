@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from morphguard.config import AuditSettings, PolicySettings
-from morphguard.models import Detection, Factoid, RagInput
+from morphguard.models import Decision, Detection, Factoid, RagInput
 from morphguard.policy import actions, audit
 from morphguard.policy.engine import Finding, PolicyEngine, RequestFacts
 from morphguard.policy.record import DecisionRecord
@@ -87,6 +87,49 @@ def test_cite_quotes_sources_for_the_first_flagged_statements_and_counts_the_res
     assert lines[-1] == f"- and {4_000 - actions.MAX_CITATIONS} more flagged statements, listed in the verdict."
     assert actions.citations(flagged[:2], ["Paracetamol is widely used."]).splitlines()[-1] == (
         '- "Kettle 1 is cheap in Paris.": no retrieved source supports this.')
+
+
+def cited(answer: str, factoids: list[Factoid], passages: list[str], **message: object) -> str:
+    """The answer's text after `cite`, with `factoids` flagged."""
+    completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer, **message}}]}
+    decision = Decision(profile="general", topic="general", threshold=0.3, flagged=True, action="cite")
+    detection = Detection(detector="sentences", score=1.0, threshold=0.3, flagged=True, factoids=factoids)
+    out = actions.apply(completion, decision, detection, passages, PolicySettings())
+    return str(out["choices"][0]["message"]["content"]).removeprefix(answer)
+
+
+def phrase(answer: str, text: str, after: int = 0) -> Factoid:
+    start = answer.index(text, after)
+    return Factoid(text=text, start=start, end=start + len(text), score=1.0, label="unsupported")
+
+
+def test_cite_looks_up_a_flagged_phrase_by_the_sentence_it_stands_in():
+    """The judge of `sentences` names a phrase ("in 1999"); the context says nothing of the phrase alone, but of its
+    sentence it does."""
+    answer = "Paris is in France. The Louvre opened its glass pyramid in 1999, a year after the expansion."
+    passages = ["The Louvre opened its glass pyramid to visitors in 1989."]
+    assert cited(answer, [phrase(answer, "in 1999"), phrase(answer, "a year after")], passages).splitlines() == [
+        "", "", "Checked against the sources:",
+        '- "The Louvre opened its glass pyramid in 1999, a year after the expansion." (flagged: "in 1999", '
+        '"a year after"): source [1] says "The Louvre opened its glass pyramid to visitors in 1989."']
+    # a whole sentence, an unplaced claim and offsets outside the answer are looked up by their own words
+    whole = phrase(answer, "Paris is in France.")
+    stray = Factoid(text="The Louvre opened", start=500, end=517, score=1.0)
+    assert cited(answer, [whole, Factoid(text="in 1999", score=1.0), stray], passages).splitlines()[3:] == [
+        '- "Paris is in France.": no retrieved source supports this.',
+        '- "in 1999": no retrieved source supports this.',
+        '- "The Louvre opened": source [1] says "The Louvre opened its glass pyramid to visitors in 1989."']
+
+
+def test_cite_finds_the_sentence_of_a_phrase_in_a_tool_call_by_the_checked_text():
+    answer = "Here is the booking."
+    arguments = '{"note": "The museum opened in 1999."}'
+    checked = answer + "\n\n" + arguments  # the offsets are in what the check read: the prose, then the arguments
+    flagged = phrase(checked, "in 1999")
+    lines = cited(answer, [flagged], ["The museum opened in 1989."],
+                  tool_calls=[{"id": "c1", "type": "function", "function": {"name": "book", "arguments": arguments}}])
+    assert lines.splitlines()[3] == ('- "{"note": "The museum opened in 1999."}" (flagged: "in 1999"): '
+                                     'source [1] says "The museum opened in 1989."')
 
 
 def test_audit_hashes_text_by_default_and_filters(tmp_path):

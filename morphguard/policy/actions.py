@@ -188,13 +188,19 @@ def _sentence_around(factoid: Factoid, answer: str, bounds: list[tuple[int, int]
     return start, end
 
 
+def changes(decision: Decision, detection: Detection | None) -> bool:
+    """Whether `apply` changes the completion; where it does not, it returns the completion as it is."""
+    return decision.action == "block" or detection is not None and decision.action in ("highlight", "cite")
+
+
 def apply(completion: dict[str, Any], decision: Decision, detection: Detection | None, passages: Sequence[str],
           settings: PolicySettings) -> dict[str, Any]:
     """The completion as the client should see it after `decision.action` (regenerate already carried out)."""
+    if not changes(decision, detection):
+        return completion
     if decision.action == "block":
         return withheld(completion, decision.safe_message)
-    if detection is None or decision.action not in ("highlight", "cite"):
-        return completion
+    assert detection is not None
     flagged = flagged_factoids(detection, decision.threshold)
     text = prose(completion)
     if decision.action == "highlight":  # marks go in the prose; a claim in a tool call is named in the verdict

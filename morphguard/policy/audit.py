@@ -13,6 +13,7 @@ import csv
 import hashlib
 import io
 import json
+import operator
 import os
 import socket
 import threading
@@ -99,7 +100,8 @@ revoked_sessions = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False),  # the session's own end (epoch seconds): the row may go then
 )
 COLUMNS = tuple(decisions.columns.keys())
-_JSON_FIELDS = frozenset(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
+_JSON_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
+_TEXT_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.Text))
 
 
 class Written(NamedTuple):
@@ -131,6 +133,9 @@ class AuditStore:
                         .on_conflict_do_nothing(index_elements=["request_id"])
                         .returning(decisions.c.id).compile(dialect=dialect))
         self._sql = str(self._insert)
+        # SQLite's driver takes the values in the statement's order, PostgreSQL's by name
+        order = self._insert.positiontup
+        self._in_order = operator.itemgetter(*order) if order else None
         outbox = ("time", "request_id", "state", "payload", "claimed_by", "claimed_at")
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
@@ -272,11 +277,15 @@ class AuditStore:
         else:
             for name in DecisionRecord.TEXTS:
                 row[name] = self._text(row[name])
-        # Without SQLAlchemy's type processing here: JSON columns go in as the JSON text sa.JSON would write.
-        row = {name: _json_text(value) if name in _JSON_FIELDS and value is not None else _sql(value)
-               for name, value in row.items()}
-        order = self._insert.positiontup
-        return tuple(row[name] for name in order) if order else row
+        # Without SQLAlchemy's type processing here: JSON columns go in as the JSON text sa.JSON would write, text
+        # as both engines take it, numbers and booleans as they are.
+        for name in _JSON_FIELDS:
+            if row[name] is not None:
+                row[name] = _json_text(row[name])
+        for name in _TEXT_FIELDS:
+            if row[name] is not None:
+                row[name] = _sql(row[name])
+        return self._in_order(row) if self._in_order is not None else row
 
     def reachable(self) -> bool:
         return database.reachable(self.engine)

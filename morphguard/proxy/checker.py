@@ -58,10 +58,10 @@ class Checker:
     async def find(self, request: CheckRequest, answer: Answer) -> Found:
         """What the check finds in the answer's text: a detection, a failed check's short code, or why no check
         was made. Deciding on it is policy's (`PolicyEngine.decide`)."""
-        started = time.perf_counter()
-        text = self.answer_text(answer)
         if request.rag is None:
             return Found(Finding(skipped=NO_CONTEXT))
+        started = time.perf_counter()
+        text = self.answer_text(answer)
         if not text.strip():
             return Found(Finding(skipped="no_answer"))
         budget = self.engine.budget_s(request.profile)

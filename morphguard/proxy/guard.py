@@ -138,9 +138,10 @@ class Guard:
                 decision = decision.model_copy(update={"flagged": flagged, "escalate": decision.escalate and flagged})
                 outcome = CheckOutcome(decision, detection, found.latency_ms)
         checked_answer = self.checker.answer_text(Answer(completion))  # the audit keeps what the model said
-        if decision.action != "regenerate":
+        if decision.action != "regenerate" and actions.changes(decision, detection):
             passages = request.rag.passages if request.rag else []
-            # pure Python over the answer and the context (`cite` looks up sources): off the event loop
+            # pure Python over the answer and the context (`cite` looks up sources): off the event loop. An answer
+            # the action leaves as it is stays on the loop: a hand-over to a thread and back wakes both.
             completion = await asyncio.to_thread(actions.apply, completion, decision, detection, passages,
                                                  self.config.policy)
         chat = request.chat_span

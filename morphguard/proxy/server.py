@@ -115,7 +115,10 @@ def _prepare(config: Config) -> None:
 
 def serve(config: Config, config_path: Path | None, host: str, port: int, *, log_level: str, grace_s: int,
           processes: int = 1) -> None:
+    # uvicorn builds every response's access line (client address, quoted path) before its logger drops it: only
+    # where the level shows it
     options: dict[str, Any] = {"host": host, "port": port, "log_level": log_level, "log_config": _log_config(),
+                               "access_log": log_level in ("trace", "debug", "info"),
                                "timeout_graceful_shutdown": grace_s, "http": HttpProtocol}
     _prepare(config)
     _started.info("%s", startup_line(config, config_path, host, port, processes))

@@ -26,14 +26,13 @@ from morphguard.models import Detection
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
 
-# litellm sends OpenAI-compatible calls with its own HTTP handler rather than through the openai SDK, whose
-# per-request work (typed-dict transforms of the body, the response's model objects) cost 15 to 20% of a check's CPU
-# (docs/evaluation-log.md, 2026-11-28). Set here, for the processes the command runs, not in `llm.client`, which a
-# host process (the LiteLLM proxy running the guardrail) imports too; `=false` in the environment turns it off.
-os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "true")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    # litellm sends OpenAI-compatible calls with its own HTTP handler rather than through the openai SDK, whose
+    # per-request work (typed-dict transforms of the body, the response's model objects) cost 15 to 20% of a check's
+    # CPU (docs/evaluation-log.md, 2026-11-28). Set when the command runs (its worker processes inherit it), not on
+    # import, and not in `llm.client`, which a host process (the LiteLLM proxy running the guardrail) imports too;
+    # `=false` in the environment turns it off. litellm reads it at each call.
+    os.environ.setdefault("EXPERIMENTAL_OPENAI_BASE_LLM_HTTP_HANDLER", "true")
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

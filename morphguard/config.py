@@ -72,7 +72,7 @@ class LocalModelSettings(Section):
     chunk_count: int = 22
     chunk_version: str = "0.2.0"
     context_size: int = Field(8192, ge=512)
-    threads: int | None = None
+    threads: int | None = None  # None: the CPUs this process may use (its CPU affinity and container quota)
     parallel: int = Field(1, ge=1)
     startup_timeout_s: float = Field(180.0, gt=0)
     restart_max_s: float = Field(30.0, gt=0)  # longest wait between restarts of a judge that keeps dying

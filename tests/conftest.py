@@ -1,7 +1,9 @@
 import fcntl
+import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -57,7 +59,24 @@ def _one_model_test_at_a_time(request: pytest.FixtureRequest,
         return
     with open(tmp_path_factory.getbasetemp().parent / "model-tests.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        with _one_cpu_beside_other_workers():
+            yield
+
+
+@contextmanager
+def _one_cpu_beside_other_workers() -> Iterator[None]:
+    """Under parallel workers a model test runs on one CPU, and so does every judge it starts (they inherit the
+    mask, and a judge's default thread count follows it). llama.cpp's threads wait for each other at every layer:
+    two of them on cores the other workers keep busy stall each other, one does not (docs/contributing.md)."""
+    cpus = os.sched_getaffinity(0)
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or len(cpus) < 2:
         yield
+        return
+    os.sched_setaffinity(0, {max(cpus)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
 
 
 @pytest.fixture

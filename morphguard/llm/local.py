@@ -63,7 +63,7 @@ class LocalJudge:
 
     def _launch(self, port: int) -> None:
         model = ensure_model(self.settings)
-        threads = self.settings.threads or max(1, os.cpu_count() or 1)
+        threads = self.settings.threads or usable_cpus()
         fd, log_name = tempfile.mkstemp(prefix="morphguard-judge-", suffix=".log")
         if self._log_path:
             self._log_path.unlink(missing_ok=True)
@@ -162,6 +162,15 @@ def shared_judge(settings: LocalModelSettings) -> LocalJudge:
             atexit.register(judge.stop)
         judge.start()
         return judge
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, capped by a container's CPU quota (cgroup), not the
+    host's count. llama.cpp's threads wait for each other at every layer, so one more thread than there are CPUs to
+    run it stalls all of them (loky's count, the one joblib uses, reads the quota)."""
+    from joblib.externals.loky import cpu_count
+
+    return max(1, int(cpu_count()))
 
 
 def free_port() -> int:

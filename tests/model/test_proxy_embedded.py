@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import openai
@@ -33,3 +34,6 @@ def test_the_embedded_judge_checks_through_the_proxy_one_judge_for_every_process
     below = descendants(serve_pid(proxy_factory.folders[base]))
     judges = [p for p in below if b"morphguard.llm.local" in cmdline(p)]
     assert len(judges) == 1  # started once by `serve`, asked by both processes
+    # as many llama.cpp threads as CPUs the processes may use (one under parallel test workers), not the host's count
+    args = cmdline(judges[0]).split(b"\0")
+    assert args[args.index(b"--threads") + 1] == str(len(os.sched_getaffinity(0))).encode()

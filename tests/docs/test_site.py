@@ -16,6 +16,7 @@ import pytest
 from morphguard import _docs
 from morphguard.cli import _parser
 from morphguard.config import DETECTOR_SECTIONS, Config
+from tests.commands import morphguard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,15 +82,14 @@ def test_every_configuration_key_is_in_the_reference_with_its_default_and_a_desc
         assert json.loads(default.strip("`")) == _docs._plain(expected), key
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_the_cli_reference_lists_every_option_that_help_prints():
     page = _docs.cli_reference()
     sections = page.split("\n## ")
     for name, _, sub in _docs._commands(_parser(), "morphguard"):
         section = next(s for s in sections if s.startswith(f"`{name}`"))
-        help_text = subprocess.run([sys.executable, "-m", "morphguard.cli", *name.split()[1:], "--help"],
-                                   capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
-                                   check=True).stdout
+        shown = morphguard(*name.split()[1:], "--help", cwd=ROOT, env={"COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr
+        help_text = shown.stdout
         for action in sub._actions:
             for flag in action.option_strings:
                 if flag in ("-h", "--help"):

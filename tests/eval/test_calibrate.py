@@ -1,20 +1,17 @@
-"""`morphguard calibrate` as a real subprocess: the sentences check's numbers for a judge (a scripted one on
-loopback) from a team's own labelled answers, then `check` with them."""
+"""`morphguard calibrate`, run in this process (tests/commands.py): the sentences check's numbers for a judge (a
+scripted one on loopback) from a team's own labelled answers, then `check` with them."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
+from tests.commands import morphguard
 from tests.scripted_llm import ScriptedLLM
 
-ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = "Ibuprofen is contraindicated in the third trimester of pregnancy. Paracetamol is the usual choice."
 
 
@@ -40,12 +37,6 @@ def labelled(path: Path) -> None:
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
-def morphguard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-
-
-@pytest.mark.slow  # ten seconds or more of its own
 def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
     labelled(tmp_path / "labels.jsonl")
     with ScriptedLLM(judge) as server:

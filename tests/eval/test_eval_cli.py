@@ -1,12 +1,11 @@
-"""`morphguard eval` as a real subprocess on a JSONL dataset, its judge a scripted server on loopback."""
+"""`morphguard eval` on a JSONL dataset, run in this process (tests/commands.py), its judge a scripted server on
+loopback."""
 
 import json
-import subprocess
-import sys
 
-import pytest
 import yaml
 
+from tests.commands import morphguard
 from tests.scripted_llm import ScriptedLLM
 
 RECORDS = [
@@ -30,9 +29,8 @@ def morphguard_eval(tmp_path, base_url, *extra):
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "k"}}))
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--config", str(config),
-                           "--dataset", f"jsonl:{data}", "--detector", "direct,length", "--out", str(tmp_path / "run"),
-                           *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    return morphguard("eval", "--config", str(config), "--dataset", f"jsonl:{data}", "--detector", "direct,length",
+                      "--out", str(tmp_path / "run"), *extra, cwd=tmp_path)
 
 
 def test_eval_writes_the_report_and_a_second_run_reuses_every_result(tmp_path):
@@ -52,8 +50,7 @@ def test_eval_writes_the_report_and_a_second_run_reuses_every_result(tmp_path):
 
 
 def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", "ragtruth", "--detector", "x"],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    bad = morphguard("eval", "--dataset", "ragtruth", "--detector", "x", cwd=tmp_path)
     assert bad.returncode == 2 and "unknown detector 'x'" in bad.stderr and "Traceback" not in bad.stderr
     with ScriptedLLM(direct_judge) as server:
         assert morphguard_eval(tmp_path, server.base_url).returncode == 0
@@ -61,7 +58,6 @@ def test_eval_rejects_unknown_detectors_and_a_reused_folder_of_another_sample(tm
     assert other.returncode == 2 and "holds a different run" in other.stderr
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_eval_checks_again_an_item_that_now_says_something_else(tmp_path):
     with ScriptedLLM(direct_judge) as server:
         assert morphguard_eval(tmp_path, server.base_url).returncode == 0
@@ -94,8 +90,7 @@ def test_a_line_nested_too_deeply_is_an_error_naming_the_file_and_line(tmp_path)
     data = tmp_path / "deep.jsonl"
     nested = "[" * 100_000 + "]" * 100_000  # Python's JSON decoder recurses once per level
     data.write_text(json.dumps(RECORDS[0]) + "\n" + f'{{"question": "q", "answer": "a", "context": {nested}}}\n')
-    done = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
-                           "--detector", "length", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = morphguard("eval", "--dataset", f"jsonl:{data}", "--detector", "length", "--out", str(tmp_path / "run"),
+                      cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{data}:2: the JSON is nested too deeply to read" in done.stderr

@@ -1,9 +1,8 @@
-"""`morphguard eval --fit` and the combined check, end to end: a real subprocess, a scripted judge on loopback."""
+"""`morphguard eval --fit` and the combined check, end to end: the command run in this process (tests/commands.py),
+a scripted judge on loopback."""
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -11,6 +10,7 @@ import yaml
 from morphguard.detectors.combined import Channel, Weights, load_weights
 from morphguard.errors import MorphguardError
 from morphguard.eval import fit, metrics
+from tests.commands import morphguard
 from tests.detectors.scripted_judge import _tag, stage_of
 from tests.scripted_llm import ScriptedLLM, completion
 
@@ -50,12 +50,9 @@ def run(tmp_path, base_url, *args, config=None):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({"judge": {"model": "openai/scripted", "api_base": base_url, "api_key": "k"},
                                     **(config or {})}))
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--config", str(path),
-                           "--dataset", f"jsonl:{data}", *args], capture_output=True, text=True, timeout=180,
-                          cwd=tmp_path)
+    return morphguard("eval", "--config", str(path), "--dataset", f"jsonl:{data}", *args, cwd=tmp_path)
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -89,9 +86,8 @@ def test_fit_learns_weights_from_the_parts_and_the_combined_check_uses_them(tmp_
 def test_a_fit_without_the_parts_is_refused_with_a_reason(tmp_path):
     data = tmp_path / "f.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
-    refused = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
-                              "--fit", str(tmp_path / "w.json"), "--detector", "grounding"],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    refused = morphguard("eval", "--dataset", f"jsonl:{data}", "--fit", str(tmp_path / "w.json"), "--detector",
+                         "grounding", cwd=tmp_path)
     assert refused.returncode == 2 and "--fit needs one or more of the combined check's judge parts" in refused.stderr
 
 
@@ -126,9 +122,8 @@ def test_a_fit_on_contrast_sets_alone_is_refused_with_a_reason_not_a_traceback()
 def test_datasets_without_a_judge_need_a_fit_to_join(tmp_path):
     data = tmp_path / "f.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
-    refused = subprocess.run([sys.executable, "-m", "morphguard.cli", "eval", "--dataset", f"jsonl:{data}",
-                              "--detector", "grounding", "--fit-without-judge", f"jsonl:{data}"],
-                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    refused = morphguard("eval", "--dataset", f"jsonl:{data}", "--detector", "grounding", "--fit-without-judge",
+                         f"jsonl:{data}", cwd=tmp_path)
     assert refused.returncode == 2 and "give --fit too" in refused.stderr
 
 
@@ -177,7 +172,6 @@ def test_answers_over_a_short_context_get_a_calibration_of_their_own_which_recal
         fit.recalibrate(without, short_rows[:8], short_labels[:8], {}, short=[True] * 8)
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_recalibrating_from_the_command_line_keeps_the_shipped_channels_and_refuses_too_few_answers(tmp_path):
     weights = tmp_path / "weights.json"
     every_context_short = {"combined": {"short_context": 39}}  # the landmarks' contexts have 37 to 39 characters
@@ -203,7 +197,6 @@ def test_calibration_error_is_zero_for_honest_probabilities_and_large_for_overco
     assert round(metrics.calibration_error(labels, [0.95] * 10), 2) == 0.65
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_one_call(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -218,7 +211,6 @@ def test_weights_fitted_without_the_per_factoid_judge_make_the_combined_check_on
     assert calls == sum(r["hallucinated"] for r in RECORDS)
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_weights_fitted_without_direct_make_the_combined_check_skip_it(tmp_path):
     weights = tmp_path / "weights.json"
     with ScriptedLLM(judge) as server:
@@ -243,7 +235,6 @@ CAFES = [  # answers about a structured record: wrong where they state a field a
 ]
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_answers_about_records_teach_their_own_channel_and_are_checked_without_the_judge(tmp_path):
     cafes = tmp_path / "cafes.jsonl"
     cafes.write_text("".join(json.dumps(r) + "\n" for r in CAFES))
@@ -264,7 +255,6 @@ def test_answers_about_records_teach_their_own_channel_and_are_checked_without_t
     assert "| 1.000 [1.00, 1.00] |" in row
 
 
-@pytest.mark.slow  # ten seconds or more of its own
 def test_a_cascade_rescored_from_both_profiles_runs_equals_a_fresh_cascade(tmp_path):
     """`--rescore` reads the default's cascade from a finished run of the whole check (every part asked) and of the
     fast profile, without the judge; a fresh run of the cascade with the same judge gives the same scores. Where the

@@ -23,6 +23,7 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
+    stop_after_delay,
     wait_random_exponential,
 )
 
@@ -105,10 +106,22 @@ class Escalator:
             log.info("escalation %s not delivered (%s); %s", record.get("request_id"), error,
                      "kept in the audit store" if retry_at is None else f"next try in {retry_at - time.time():.0f} s")
         if self.audit is not None and outbox_id is not None:
-            try:
-                await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error, retry_at)
-            except Exception:  # left pending: its claim goes stale and a sweep delivers it (at-least-once)
-                log.warning("escalation %s: outbox update failed; left pending", record.get("request_id"))
+            await self._mark(outbox_id, record, delivered, attempts, error, retry_at)
+
+    async def _mark(self, outbox_id: int, record: dict[str, Any], delivered: bool, attempts: int, error: str | None,
+                    retry_at: float | None) -> None:
+        """The outcome written to the outbox, asked again while the store is down for up to `claim_timeout_s`: an
+        escalation delivered but left `pending` is delivered a second time once its claim goes stale, and a mark
+        that lands late still stops a replica that took it over meanwhile from posting it (its renewal fails)."""
+        assert self.audit is not None
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_delay(self.settings.claim_timeout_s),
+                                               wait=wait_random_exponential(multiplier=0.2, max=2), reraise=True):
+                with attempt:
+                    await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error,
+                                            retry_at)
+        except Exception:  # left pending: its claim goes stale and a sweep delivers it (at-least-once)
+            log.warning("escalation %s: outbox update failed; left pending", record.get("request_id"))
 
     def _retry_at(self, record: dict[str, Any]) -> float | None:
         """When to try again: after half the escalation's age (at least 1 s, at most `retry_max_interval_s`),

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from tenacity import (
     AsyncRetrying,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
@@ -110,16 +111,18 @@ class Escalator:
 
     async def _mark(self, outbox_id: int, record: dict[str, Any], delivered: bool, attempts: int, error: str | None,
                     retry_at: float | None) -> None:
-        """The outcome written to the outbox, asked again while the store is down for up to `claim_timeout_s`: an
-        escalation delivered but left `pending` is delivered a second time once its claim goes stale, and a mark
-        that lands late still stops a replica that took it over meanwhile from posting it (its renewal fails)."""
-        assert self.audit is not None
+        """The outcome written to the outbox, asked again while the store cannot be reached (`unavailable`) for up
+        to `claim_timeout_s`: an escalation delivered but left `pending` is delivered a second time once its claim
+        goes stale, and a mark that lands late still stops a replica that took it over meanwhile from posting it (its
+        renewal fails)."""
+        audit = self.audit
+        assert audit is not None
         try:
             async for attempt in AsyncRetrying(stop=stop_after_delay(self.settings.claim_timeout_s),
-                                               wait=wait_random_exponential(multiplier=0.2, max=2), reraise=True):
+                                               wait=wait_random_exponential(multiplier=0.2, max=2),
+                                               retry=retry_if_exception(audit.unavailable), reraise=True):
                 with attempt:
-                    await asyncio.to_thread(self.audit.escalation_outcome, outbox_id, delivered, attempts, error,
-                                            retry_at)
+                    await asyncio.to_thread(audit.escalation_outcome, outbox_id, delivered, attempts, error, retry_at)
         except Exception:  # left pending: its claim goes stale and a sweep delivers it (at-least-once)
             log.warning("escalation %s: outbox update failed; left pending", record.get("request_id"))
 

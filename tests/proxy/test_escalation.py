@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -46,14 +47,14 @@ def test_an_escalation_delivered_while_the_store_is_down_is_marked_once_the_stor
     webhook = Webhook()
     store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
     settings = EscalationSettings(webhook_url=webhook.url, timeout_s=1, claim_timeout_s=10)
-    down = [sa.exc.OperationalError("UPDATE escalations", {}, ConnectionError("the server closed the connection"))
+    down = [sa.exc.OperationalError("UPDATE escalations", {}, sqlite3.OperationalError("database is locked"))
             for _ in range(2)]
     write = store.escalation_outcome
 
     def while_down(*args: object, **kwargs: object) -> None:
         if down:
             raise down.pop()
-        write(*args, **kwargs)  # type: ignore[arg-type]
+        write(*args, **kwargs)
 
     monkeypatch.setattr(store, "escalation_outcome", while_down)
 

@@ -175,9 +175,19 @@ PY
 podman secret create morphguard-secrets "$work/secret.json" >/dev/null
 podman network create morphguard-kube >/dev/null
 podman kube play --network morphguard-kube "$kube_all" >/dev/null 2>&1
-proxy_ip="$(podman inspect morphguard-proxy-pod-0-proxy --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}')"
-wait_ready "http://$proxy_ip:8080"
-ask "http://$proxy_ip:8080" "Careless: when does it open on Sundays?" | verdict true >/dev/null
+ip_of() { podman inspect "$1" --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}'; }
+# Pods start in no order: the proxy answers /readyz before the worker that checks its requests may (until then a
+# request waits for a verdict, up to its latency budget), so both are waited for, as a Service's endpoints would be.
+# On failure, what the pods printed.
+if ! { wait_ready "http://$(ip_of morphguard-worker-pod-0-worker):9091" &&
+       wait_ready "http://$(ip_of morphguard-proxy-pod-0-proxy):8080" &&
+       ask "http://$(ip_of morphguard-proxy-pod-0-proxy):8080" "Careless: when does it open on Sundays?" |
+           verdict true >/dev/null; }; then
+    for container in morphguard-proxy-pod-0-proxy morphguard-worker-pod-0-worker; do
+        echo "-- $container"; podman logs --tail 40 "$container" 2>&1
+    done
+    exit 1
+fi
 podman kube down "$kube_all" >/dev/null 2>&1
 
 step "done"

@@ -11,14 +11,17 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
 import yaml
 
+from tests.forked import Forked, fork_command
 from tests.servers import PostgresServer, free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
+P = TypeVar("P", subprocess.Popen[bytes], Forked)
 
 
 def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60,
@@ -26,17 +29,22 @@ def start(cmd: list[str], ready_url: str, log: Path, timeout: float = 60,
     out = open(log, "wb")
     process = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    return ready(process, ready_url, log, timeout)
+
+
+def ready(process: P, ready_url: str, log: Path, timeout: float) -> P:
+    """`process` once `ready_url` answers; fails with its log if it exits or does not answer in time."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{cmd} exited:\n{log.read_text()}")
+            raise RuntimeError(f"{process.args} exited:\n{log.read_text()}")
         try:
             if httpx.get(ready_url, timeout=1).status_code < 500:
                 return process
         except httpx.HTTPError:
             time.sleep(0.1)
     process.kill()
-    raise RuntimeError(f"{cmd} not ready:\n{log.read_text()}")
+    raise RuntimeError(f"{process.args} not ready:\n{log.read_text()}")
 
 
 @pytest.fixture(scope="session")
@@ -50,13 +58,15 @@ def provider(tmp_path_factory) -> Iterator[str]:
 
 
 def serve(config: dict, folder: Path, port: int | None = None,
-          env: dict[str, str] | None = None, processes: int = 1) -> tuple[str, subprocess.Popen[bytes]]:
-    """`morphguard serve` with `config` written to `folder` (and `env` added); its base URL and process."""
+          env: dict[str, str] | None = None, processes: int = 1) -> tuple[str, Forked]:
+    """`morphguard serve` with `config` written to `folder` (and `env` added), forked from the fork server
+    (tests/forked.py); its base URL and process."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     port = port or free_port()
-    process = start([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
-                     "--port", str(port), "--workers", str(processes)], f"http://127.0.0.1:{port}/healthz",
-                    folder / "proxy.log", timeout=300, env=env)
+    args = ["serve", "--config", str(folder / "config.yaml"), "--port", str(port), "--workers", str(processes)]
+    log = folder / "proxy.log"
+    process = ready(fork_command(args, log, ROOT, env), f"http://127.0.0.1:{port}/healthz",
+                    log, timeout=300)
     return f"http://127.0.0.1:{port}", process
 
 
@@ -83,10 +93,11 @@ def proxy_factory(provider, tmp_path_factory):
         }
         base, process = serve(config, folder, processes=processes)
         started.append(process)
-        make.folders[base] = folder
+        make.folders[base], make.processes[base] = folder, process
         return base
 
     make.folders = {}  # base URL → the proxy's folder (config, log, audit.db)
+    make.processes = {}  # base URL → its `serve` process
 
     yield make
     for process in started:

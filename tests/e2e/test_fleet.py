@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -22,6 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT, serve, stop
+from tests.forked import Forked, fork_command
 from tests.otlp_receiver import OtlpReceiver
 
 # minutes of real processes each: replicas, workers, Redis and PostgreSQL, with faults injected
@@ -49,14 +48,13 @@ def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str
     }
 
 
-def start_worker(config: dict, folder: Path, concurrency: int = 4, port: int | None = None) -> subprocess.Popen[bytes]:
+def start_worker(config: dict, folder: Path, concurrency: int = 4, port: int | None = None) -> Forked:
     """`morphguard worker` on `config`, consuming when this returns; with `port`, its probes listen there."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     log = folder / "worker.log"
     probes = ["--port", str(port)] if port is not None else []
-    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "worker", "--config",
-                                str(folder / "config.yaml"), "--concurrency", str(concurrency), *probes],
-                               cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    process = fork_command(["worker", "--config", str(folder / "config.yaml"), "--concurrency", str(concurrency),
+                            *probes], log, ROOT)
     deadline = time.monotonic() + 120
     while "checks at once" not in log.read_text():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 
 from morphguard.detectors.sentences import SentencesSettings
 from tests.e2e.conftest import ROOT
+from tests.forked import run_command
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 IBUPROFEN_Q = "Can pregnant women take ibuprofen for back pain?"
@@ -71,8 +71,7 @@ def verdict_of(completion) -> dict:
 
 def audit(proxy_factory, base: str, *args: str) -> subprocess.CompletedProcess[str]:
     config = proxy_factory.folders[base] / "config.yaml"
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", "audit", "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return run_command(["audit", "--config", str(config), *args], cwd=ROOT, timeout=60)
 
 
 # --- actions -----------------------------------------------------------------------------------------------

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
@@ -13,6 +11,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT
+from tests.forked import run_command
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
@@ -54,7 +53,7 @@ def test_several_processes_check_and_audit_every_request_once(proxy_factory):
         audited = [r[0] for r in db.execute("SELECT request_id FROM decisions")]
     assert sorted(audited) == sorted(v["request_id"] for v in verdicts)  # each once, none lost
     # the requests were served by worker processes of the one `serve` (its children, besides a resource tracker)
-    parent = serve_pid(folder)
+    parent = proxy_factory.processes[base].pid
     workers = [c for c in children(parent) if b"spawn_main" in cmdline(c)]
     assert len(workers) == 2
 
@@ -75,24 +74,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def serve_pid(folder: Path) -> int:
-    config = str(folder / "config.yaml")
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in args and config.encode() in args:
-            return int(cmdline.parent.name)
-    raise AssertionError("no serve process")
-
-
 def test_async_checks_over_several_processes_need_the_shared_queue(tmp_path, provider):
     config = {"proxy": {"upstream": {"base_url": provider}, "mode": "async"},
               "judge": {"model": "openai/judge", "api_base": provider},
               "policy": {"audit": {"path": str(tmp_path / "audit.db")}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    done = subprocess.run([sys.executable, "-m", "morphguard.cli", "serve", "--config", str(tmp_path / "config.yaml"),
-                           "--port", "0", "--workers", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_command(["serve", "--config", str(tmp_path / "config.yaml"), "--port", "0", "--workers", "2"], cwd=ROOT,
+                       timeout=60)
     assert done.returncode != 0
     assert "queue.url" in done.stderr and "Traceback" not in done.stderr

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -14,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ROOT
 from tests.e2e.test_fleet import fleet_config, start_worker
+from tests.forked import run_command
 from tests.servers import free_port, fresh_database, stop
 
 TOKEN = "scrape-me-9f2c"
@@ -74,9 +73,7 @@ def test_a_port_in_use_ends_the_worker_with_one_line_before_it_connects_anything
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"queue": {"url": "redis://127.0.0.1:9/0"}}))
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        ended = subprocess.run([sys.executable, "-m", "morphguard.cli", "worker", "--config",
-                                str(tmp_path / "config.yaml"), "--port", str(port)],
-                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+        ended = run_command(["worker", "--config", str(tmp_path / "config.yaml"), "--port", str(port)], cwd=ROOT)
     assert ended.returncode == 2
     [line] = ended.stderr.strip().splitlines()  # no traceback, no Redis error: it never got that far
     assert line.startswith(f"morphguard: the worker's probes cannot listen on 127.0.0.1:{port}: ")

@@ -20,6 +20,7 @@ from morphguard.errors import MorphguardError
 from morphguard.llm import build_client
 from morphguard.llm.providers import strict_schema
 from tests.e2e.conftest import start
+from tests.forked import run_command
 from tests.servers import free_port, stop
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -140,8 +141,7 @@ def test_strict_schemas_close_every_object_and_require_every_property():
 
 def morphguard(*args: str, config: dict, folder: Path) -> subprocess.CompletedProcess[str]:
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", *args, "--config", str(folder / "config.yaml")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return run_command([*args, "--config", str(folder / "config.yaml")], cwd=ROOT)
 
 
 REVOKED = "sk-revoked-judge-key-0042"  # the fake refuses it, repeating it whole

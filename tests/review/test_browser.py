@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import yaml
 
 from morphguard.config import AuditSettings
 from morphguard.policy.audit import AuditStore
+from tests.forked import fork_command
 from tests.review.conftest import seed
 from tests.servers import free_port
 
@@ -47,9 +46,7 @@ def review_process(tmp_path):
               "review": {"port": port, "reviewers": {"alice": "browser-key"}}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     log = tmp_path / "review.log"
-    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "review", "--config",
-                                str(tmp_path / "config.yaml")], cwd=ROOT, stdout=open(log, "wb"),
-                               stderr=subprocess.STDOUT)
+    process = fork_command(["review", "--config", str(tmp_path / "config.yaml")], log, ROOT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

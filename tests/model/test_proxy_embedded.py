@@ -13,7 +13,7 @@ import pytest
 
 from morphguard.llm.local import usable_cpus
 from tests.e2e.conftest import provider, proxy_factory  # noqa: F401  (fixtures: the proxy under uvicorn)
-from tests.e2e.test_processes import PASSAGE, QUESTION, cmdline, descendants, serve_pid
+from tests.e2e.test_processes import PASSAGE, QUESTION, cmdline, descendants
 
 pytestmark = pytest.mark.model
 
@@ -32,7 +32,7 @@ def test_the_embedded_judge_checks_through_the_proxy_one_judge_for_every_process
     assert all(v["checked"] and v["flagged"] for v in verdicts), verdicts
     checks = httpx.get(base + "/readyz", timeout=30).json()["checks"]
     assert checks == {"upstream": True, "judge": True, "queue": True, "store": True}
-    below = descendants(serve_pid(proxy_factory.folders[base]))
+    below = descendants(proxy_factory.processes[base].pid)
     judges = [p for p in below if b"morphguard.llm.local" in cmdline(p)]
     assert len(judges) == 1  # started once by `serve`, asked by both processes
     # as many llama.cpp threads as CPUs the processes may use (one under parallel test workers), not the host's count

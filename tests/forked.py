@@ -4,8 +4,8 @@ A real process over a real socket, as `python -m morphguard.cli` would be, witho
 fresh interpreter spends about two seconds of CPU importing litellm alone, and the proxy's tests start dozens of
 proxies. The fork server is multiprocessing's (`forkserver`), started once per test process with what
 tests/preloaded.py loads; each command's process is forked from it, takes the caller's environment, working folder
-and CPU mask, and writes what it prints to a log file. tests/test_cli.py still runs the commands
-through a fresh interpreter.
+and CPU mask, and writes what it prints to a log file. tests/test_cli.py starts its servers from
+a fresh interpreter, as a deployment does.
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def _run(args: list[str], log: str, err: str, cwd: str, env: dict[str, str], cpu
     os.chdir(cwd)
     os.sched_setaffinity(0, cpus)
     sys.argv = ["morphguard", *args]
+    Path("/proc/self/comm").write_text(f"mg-{args[0]}"[:15])  # its name in ps and top: mg-serve, mg-worker
     from morphguard.cli import main
 
     sys.exit(main(args))

@@ -1,4 +1,6 @@
-"""`morphguard` as a real subprocess (its judge a scripted server on loopback) and its servers on real sockets."""
+"""`morphguard` as a real process (its judge a scripted server on loopback) and its servers on real sockets. The
+commands are forked from tests/forked.py's fork server; the servers on port 0 start from a fresh interpreter
+(`python -m morphguard.cli`), as a deployment starts them."""
 
 import argparse
 import json
@@ -18,6 +20,7 @@ from morphguard import _docs
 from morphguard.cli import _parser, main
 from morphguard.detectors import SPECS
 from tests.detectors.scripted_judge import every_part_says, judge, stage_of
+from tests.forked import run_command
 from tests.scripted_llm import ScriptedLLM, completion
 from tests.servers import stop
 
@@ -32,8 +35,7 @@ def verdict(statement: str) -> str:
 
 
 def morphguard(*args: str, cwd) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "morphguard.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return run_command(list(args), cwd=cwd)
 
 
 def write_config(tmp_path, base_url: str, **judge_extra) -> str:

@@ -1,6 +1,9 @@
 """The clients apps use, each run unchanged but for `base_url` against `morphguard serve` under uvicorn, with
 the scripted provider (tests/e2e/fake_provider.py) as the paid API and the judge. `block` blocks the
-hallucinated answer (streams buffered, so a stream can be blocked too); `annotate` lets it through flagged."""
+hallucinated answer (streams buffered, so a stream can be blocked too); `annotate` lets it through flagged.
+
+The tests import each client where they use it, not with their module: every parallel worker collects every test
+module, and these frameworks take seconds each to import, which only the worker that runs their tests should pay."""
 
 from __future__ import annotations
 

@@ -5,17 +5,22 @@ field of the message (and of the stream's `morphguard.verdict` and `message_stop
 
 from __future__ import annotations
 
-import anthropic
-import httpx2
+from typing import TYPE_CHECKING
 
 from morphguard.clients import VerdictCapture, verdict_of
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
+
+if TYPE_CHECKING:
+    import anthropic
 
 ASK = {"model": "hallucinated", "max_tokens": 200, "system": SYSTEM,
        "messages": [{"role": "user", "content": QUESTION}]}
 
 
 def claude(base: str, capture: VerdictCapture | None = None) -> anthropic.Anthropic:
+    import anthropic  # here, not with the module (tests/clients/conftest.py says why)
+    import httpx2
+
     http = httpx2.Client(event_hooks=capture.hooks) if capture else None
     return anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0, timeout=60, http_client=http)
 

@@ -7,15 +7,19 @@ takes no http client, so its streams carry no verdict to the app."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import httpx
 import pydantic
 import pytest
-from langchain_anthropic import ChatAnthropic
-from langchain_core.exceptions import ModelRefusalError
-from langchain_openai import ChatOpenAI
 
 from morphguard.clients import VerdictCapture
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
+
+# LangChain is imported where it is used (tests/clients/conftest.py says why)
+if TYPE_CHECKING:
+    from langchain_anthropic import ChatAnthropic
+    from langchain_openai import ChatOpenAI
 
 MESSAGES = [("system", SYSTEM), ("user", QUESTION)]
 
@@ -26,11 +30,15 @@ class Dose(pydantic.BaseModel):
 
 
 def openai_chat(base: str, capture: VerdictCapture, **options: object) -> ChatOpenAI:
+    from langchain_openai import ChatOpenAI
+
     return ChatOpenAI(model="hallucinated", base_url=base + "/v1", api_key="sk-client", max_retries=0,
                       timeout=60, http_client=httpx.Client(event_hooks=capture.hooks), **options)
 
 
 def anthropic_chat(base: str) -> ChatAnthropic:
+    from langchain_anthropic import ChatAnthropic
+
     return ChatAnthropic(model="hallucinated", base_url=base, api_key="sk-ant-client", max_retries=0,
                          timeout=60, max_tokens=200)
 
@@ -62,6 +70,8 @@ def test_chat_openai_block(block_proxy, responses_api):
 def test_chat_openai_structured_output_raises_the_refusal_error(block_proxy, responses_api):
     capture = VerdictCapture()
     chat = openai_chat(block_proxy, capture, use_responses_api=responses_api)
+    from langchain_core.exceptions import ModelRefusalError
+
     with pytest.raises(ModelRefusalError) as raised:
         chat.with_structured_output(Dose).invoke(MESSAGES)
     assert SAFE in str(raised.value)
@@ -105,6 +115,8 @@ def test_chat_anthropic_block(block_proxy):
 
 
 def test_chat_anthropic_structured_output_raises_the_refusal_error(block_proxy):
+    from langchain_core.exceptions import ModelRefusalError
+
     with pytest.raises(ModelRefusalError) as raised:
         anthropic_chat(block_proxy).with_structured_output(Dose).invoke(MESSAGES)
     assert SAFE in str(raised.value)

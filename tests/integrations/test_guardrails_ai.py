@@ -6,9 +6,6 @@ import pytest
 
 from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
 
-guardrails = pytest.importorskip("guardrails", reason="needs guardrails-ai (the guardrails extra)")
-from morphguard.integrations.guardrails_ai import GroundedInContext  # noqa: E402
-
 METADATA = {"question": QUESTION, "context": [PASSAGE]}
 
 
@@ -21,6 +18,11 @@ def no_guardrails_telemetry(monkeypatch, tmp_path):
 
 
 def guard(base: str, on_fail: str, key: str = KEY, **headers: str):
+    # imported here, not with the module: Guardrails AI takes seconds to import, paid only by the worker that runs
+    # these tests and not by every worker that collects them
+    guardrails = pytest.importorskip("guardrails", reason="needs guardrails-ai (the guardrails extra)")
+    from morphguard.integrations.guardrails_ai import GroundedInContext
+
     return guardrails.Guard().use(GroundedInContext(url=base, api_key=key, headers=headers, on_fail=on_fail))
 
 

@@ -20,14 +20,14 @@ from tests.e2e.conftest import start
 from tests.integrations.conftest import FAITHFUL, HALLUCINATED, PASSAGE, QUESTION, SAFE, rows
 from tests.servers import free_port, stop
 
-pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (the bench extra)")
-
 MASTER = "sk-litellm-master-0123"
 
 
 def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "openai/judge", **proxy: object):
     """The LiteLLM proxy with morphguard as a guardrail in `mode` (and morphguard's `proxy` settings); its base URL and
     process."""
+    # here, not at import: only the worker that runs these tests pays for importing LiteLLM's proxy
+    pytest.importorskip("litellm.proxy.proxy_server", reason="needs litellm[proxy] (the bench extra)")
     morphguard = {
         "proxy": proxy,
         "judge": {"model": judge, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
@@ -315,6 +315,7 @@ def test_a_responses_stream_is_decided_by_on_error_and_audited(gateway):
     assert (row["action"], row["reason"]) == ("block", "fail_closed: stream")
 
 
+@pytest.mark.slow  # a LiteLLM of its own, and a judge slower than its timeout
 def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
     base, folder = slow_gateway
     with pytest.raises(openai.BadRequestError) as raised:

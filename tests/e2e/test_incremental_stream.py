@@ -7,7 +7,8 @@ refusal, which the SDK helpers read without raising."""
 
 from __future__ import annotations
 
-import anthropic
+from typing import TYPE_CHECKING
+
 import openai
 import pydantic
 import pytest
@@ -15,6 +16,9 @@ import pytest
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.models import RagInput
 from tests.e2e.conftest import audit_row
+
+if TYPE_CHECKING:  # imported where it is used (tests/clients/conftest.py says why)
+    import anthropic
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 SECOND = "Paracetamol is the usual choice for pain in pregnancy."
@@ -68,6 +72,8 @@ def oai(base: str) -> openai.OpenAI:
 
 
 def claude(base: str) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0, timeout=30)
 
 

@@ -6,11 +6,14 @@ The scripted provider answers both APIs in their own shapes."""
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
 import openai
 import pytest
+
+if TYPE_CHECKING:  # imported where it is used (tests/clients/conftest.py says why)
+    import anthropic
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
@@ -32,6 +35,8 @@ def oai(base: str) -> openai.OpenAI:
 
 
 def claude(base: str) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0, timeout=30)
 
 
@@ -180,6 +185,8 @@ def test_messages_stream_and_stream_helper(annotate_proxy):
 
 
 def test_messages_buffered_stream_can_block_and_async_client(block_proxy):
+    import anthropic
+
     async def go():
         client = anthropic.AsyncAnthropic(base_url=block_proxy, api_key="sk", max_retries=0, timeout=30)
         async with client.messages.stream(model="hallucinated", max_tokens=100,

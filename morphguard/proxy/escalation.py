@@ -4,10 +4,11 @@ Each escalation is written to the audit store's outbox in the transaction that r
 claimed by the process that wrote it, before the first attempt. A process that dies while the webhook is
 down leaves it `pending`; its claim goes stale and a sweep (every process sweeps, at start and then
 periodically) takes it over, so with several replicas on one store each escalation is delivered by one
-of them at a time. One that `max_attempts` attempts did not deliver waits `undelivered` and is swept up
-again later, ever less often, for `retry_for_s` after its decision: an escalation outlives a webhook
-outage of hours. Past that it stays `undelivered`, for `morphguard audit --undelivered`. Without an
-audit store (`policy.audit.enabled: false`) delivery is best effort, in memory.
+of them at a time. After an outage of the store a process takes no claim over for one claim period: owners
+first write what they delivered while it was down. One that `max_attempts` attempts did not deliver waits
+`undelivered` and is swept up again later, ever less often, for `retry_for_s` after its decision: an escalation
+outlives a webhook outage of hours. Past that it stays `undelivered`, for `morphguard audit --undelivered`.
+Without an audit store (`policy.audit.enabled: false`) delivery is best effort, in memory.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Escalator:
         self._sweeper: asyncio.Task[None] | None = None
         self.owner = process_identity()
         self.webhook = Outage("escalation webhook", log)
+        self._store_was_down = False  # a renewal, an outcome or a sweep found the store unreachable
 
     def submit(self, record: dict[str, Any], outbox_id: int | None = None) -> None:
         """Deliver in the background: an escalation never delays the answer. `outbox_id`: its row in the
@@ -81,12 +83,21 @@ class Escalator:
 
     async def _sweep(self, audit: AuditStore) -> None:
         store = Outage("escalation outbox", log)
+        hold_until = 0.0
         while True:
             await asyncio.sleep(self.settings.claim_timeout_s / 3)
             try:
+                if self._store_was_down and await asyncio.to_thread(audit.reachable):
+                    # While the store was down no process could renew a claim or write what it delivered, so
+                    # claims went stale that are not abandoned: their owners get one claim period to write first.
+                    self._store_was_down = False
+                    hold_until = time.monotonic() + self.settings.claim_timeout_s
+                if self._store_was_down or time.monotonic() < hold_until:
+                    continue
                 taken = await self._take(audit, self.settings.claim_timeout_s)
             except Exception as exc:  # the store is down for now: the next sweep tries again
                 store.failed(exc)
+                self._store_was_down = True
                 continue
             store.ok()
             if taken:
@@ -111,16 +122,24 @@ class Escalator:
 
     async def _mark(self, outbox_id: int, record: dict[str, Any], delivered: bool, attempts: int, error: str | None,
                     retry_at: float | None) -> None:
-        """The outcome written to the outbox, asked again while the store cannot be reached (`unavailable`) for up
-        to `claim_timeout_s`: an escalation delivered but left `pending` is delivered a second time once its claim
-        goes stale, and a mark that lands late still stops a replica that took it over meanwhile from posting it (its
-        renewal fails)."""
+        """The outcome written to the outbox, asked again while the store cannot be reached (`unavailable`), for as
+        long as the escalation may be retried: an escalation delivered but left `pending` is delivered a second time
+        once its claim goes stale. Sweeps leave stale claims alone for a claim period after an outage (`_sweep`),
+        and the next attempt comes within 2 s of the store's return."""
         audit = self.audit
         assert audit is not None
+
+        def down(exc: BaseException) -> bool:
+            if audit.unavailable(exc):
+                self._store_was_down = True
+                return True
+            return False
+
         try:
-            async for attempt in AsyncRetrying(stop=stop_after_delay(self.settings.claim_timeout_s),
+            async for attempt in AsyncRetrying(stop=stop_after_delay(max(self.settings.claim_timeout_s,
+                                                                         self.settings.retry_for_s)),
                                                wait=wait_random_exponential(multiplier=0.2, max=2),
-                                               retry=retry_if_exception(audit.unavailable), reraise=True):
+                                               retry=retry_if_exception(down), reraise=True):
                 with attempt:
                     await asyncio.to_thread(audit.escalation_outcome, outbox_id, delivered, attempts, error, retry_at)
         except Exception:  # left pending: its claim goes stale and a sweep delivers it (at-least-once)
@@ -169,6 +188,7 @@ class Escalator:
             return await asyncio.to_thread(self.audit.renew_claim, outbox_id, self.owner)
         except Exception as exc:  # cannot renew now: deliver anyway (at-least-once over at-most-once)
             log.debug("escalation %s: claim renewal failed: %s", outbox_id, exc)
+            self._store_was_down = True
             return True
 
     async def _post(self, record: dict[str, Any]) -> None:

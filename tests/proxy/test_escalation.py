@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 import sqlalchemy as sa
 
 from morphguard.config import AuditSettings, EscalationSettings
@@ -72,3 +74,59 @@ def test_an_escalation_delivered_while_the_store_is_down_is_marked_once_the_stor
     assert store.escalation_states() == {"delivered": 1}
     assert store.claim_escalations("another-replica", stale_s=0.0) == []  # nothing left for a sweep to send again
     store.close()
+
+
+@pytest.mark.slow  # an outage of 8 s
+def test_after_an_outage_longer_than_a_claim_the_owner_marks_its_delivery_and_no_replica_sends_it_again(tmp_path,
+                                                                                                        monkeypatch):
+    """The store goes down just after the webhook took the escalation and stays down past the claim's timeout: the
+    claim is stale when the store is back, yet the owner's mark lands first and the other replica, sweeping all the
+    while, takes nothing over."""
+    outage_s = 8.0  # past the claim's timeout and the last wait before another try of the outcome (2 s at most)
+    down_until = [0.0]
+    webhook = Webhook()
+    handler = webhook.server.RequestHandlerClass
+    first_post = handler.do_POST
+
+    def post_then_outage(self: BaseHTTPRequestHandler) -> None:
+        first_post(self)
+        if not down_until[0]:
+            down_until[0] = time.monotonic() + outage_s
+
+    monkeypatch.setattr(handler, "do_POST", post_then_outage)
+    settings = EscalationSettings(webhook_url=webhook.url, timeout_s=0.1, claim_timeout_s=5.2)
+    owner_store, other_store = (AuditStore(AuditSettings(path=str(tmp_path / "audit.db"))) for _ in range(2))
+    for store in (owner_store, other_store):
+        for name in ("escalation_outcome", "renew_claim", "claim_escalations", "reachable"):
+            monkeypatch.setattr(store, name, while_down(getattr(store, name), down_until))
+
+    async def escalate() -> None:
+        owner, other = Escalator(settings, owner_store), Escalator(settings, other_store)
+        await other.resume()  # it sweeps every claim_timeout_s / 3 from now on
+        record = DecisionRecord(request_id="r1", profile="general", topic="general", checked=True, score=0.9,
+                                flagged=True, escalated=True)
+        (written,) = owner_store.record_many([record], owner=owner.owner)
+        owner.submit(record.escalation(), written.outbox_id)
+        while not down_until[0] or time.monotonic() < down_until[0] + 2.5:  # past the other's first sweep after
+            await asyncio.sleep(0.1)
+        await owner.aclose(grace_s=5)
+        await other.aclose(grace_s=5)
+
+    asyncio.run(escalate())
+    webhook.server.shutdown()
+    assert webhook.posts == 1
+    assert owner_store.escalation_states() == {"delivered": 1}
+    for store in (owner_store, other_store):
+        store.close()
+
+
+def while_down(method, down_until: list[float]):
+    """`method`, failing as SQLite does when another holds its lock, until `down_until[0]` (0: not yet down)."""
+    def call(*args: object, **kwargs: object) -> object:
+        if down_until[0] and time.monotonic() < down_until[0]:
+            if method.__name__ == "reachable":
+                return False
+            raise sa.exc.OperationalError("UPDATE escalations", {}, sqlite3.OperationalError("database is locked"))
+        return method(*args, **kwargs)
+
+    return call

@@ -4,8 +4,8 @@ A real process over a real socket, as `python -m morphguard.cli` would be, witho
 fresh interpreter spends about two seconds of CPU importing litellm alone, and the proxy's tests start dozens of
 proxies. The fork server is multiprocessing's (`forkserver`), started once per test process with what
 tests/preloaded.py loads; each command's process is forked from it, takes the caller's environment, working folder
-and CPU mask, and writes what it prints to a log file. tests/test_cli.py starts its servers from
-a fresh interpreter, as a deployment does.
+and CPU mask, and writes what it prints to a log file. tests/test_cli.py starts its servers from a fresh interpreter,
+as a deployment does.
 """
 
 from __future__ import annotations

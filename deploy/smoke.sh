@@ -176,13 +176,12 @@ podman secret create morphguard-secrets "$work/secret.json" >/dev/null
 podman network create morphguard-kube >/dev/null
 podman kube play --network morphguard-kube "$kube_all" >/dev/null 2>&1
 ip_of() { podman inspect "$1" --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}'; }
-# Pods start in no order: the proxy answers /readyz before the worker that checks its requests may (until then a
-# request waits for a verdict, up to its latency budget), so both are waited for, as a Service's endpoints would be.
+worker="http://$(ip_of morphguard-worker-pod-0-worker):9091" proxy="http://$(ip_of morphguard-proxy-pod-0-proxy):8080"
+# Pods start in no order: the proxy may answer /readyz before the worker that checks its requests is up (until then a
+# request waits for a verdict, up to the judge's timeout), so both are waited for, as a Service's endpoints would be.
 # On failure, what the pods printed.
-if ! { wait_ready "http://$(ip_of morphguard-worker-pod-0-worker):9091" &&
-       wait_ready "http://$(ip_of morphguard-proxy-pod-0-proxy):8080" &&
-       ask "http://$(ip_of morphguard-proxy-pod-0-proxy):8080" "Careless: when does it open on Sundays?" |
-           verdict true >/dev/null; }; then
+if ! { wait_ready "$worker" && wait_ready "$proxy" &&
+       ask "$proxy" "Careless: when does it open on Sundays?" | verdict true >/dev/null; }; then
     for container in morphguard-proxy-pod-0-proxy morphguard-worker-pod-0-worker; do
         echo "-- $container"; podman logs --tail 40 "$container" 2>&1
     done

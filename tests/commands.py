@@ -1,7 +1,8 @@
 """`morphguard` commands run inside the test's own process, for tests of what a command computes, writes and prints.
 
 A process of its own costs seconds of imports (litellm, scikit-learn, matplotlib) that the test process has already
-paid; tests/test_cli.py runs the real command as a subprocess, and the proxy's tests run `serve` as one."""
+paid. Where the process is what is tested (its exit, what it logs, a server it starts), tests/forked.py runs the
+command in a process of its own."""
 
 from __future__ import annotations
 

@@ -124,8 +124,9 @@ class Escalator:
                     retry_at: float | None) -> None:
         """The outcome written to the outbox, asked again while the store cannot be reached (`unavailable`), for as
         long as the escalation may be retried: an escalation delivered but left `pending` is delivered a second time
-        once its claim goes stale. Sweeps leave stale claims alone for a claim period after an outage (`_sweep`),
-        and the next attempt comes within 2 s of the store's return."""
+        once its claim goes stale. Sweeps leave stale claims alone for a claim period after an outage (`_sweep`);
+        the tries are at most a third of one apart, so the outcome lands within that hold, and a long outage costs
+        each waiting escalation one try per third of a claim period."""
         audit = self.audit
         assert audit is not None
 
@@ -138,7 +139,8 @@ class Escalator:
         try:
             async for attempt in AsyncRetrying(stop=stop_after_delay(max(self.settings.claim_timeout_s,
                                                                          self.settings.retry_for_s)),
-                                               wait=wait_random_exponential(multiplier=0.2, max=2),
+                                               wait=wait_random_exponential(
+                                                   multiplier=0.2, max=self.settings.claim_timeout_s / 3),
                                                retry=retry_if_exception(down), reraise=True):
                 with attempt:
                     await asyncio.to_thread(audit.escalation_outcome, outbox_id, delivered, attempts, error, retry_at)

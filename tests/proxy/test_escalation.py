@@ -49,16 +49,15 @@ def test_an_escalation_delivered_while_the_store_is_down_is_marked_once_the_stor
     webhook = Webhook()
     store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
     settings = EscalationSettings(webhook_url=webhook.url, timeout_s=1, claim_timeout_s=10)
-    down = [sa.exc.OperationalError("UPDATE escalations", {}, sqlite3.OperationalError("database is locked"))
-            for _ in range(2)]
+    down = [locked() for _ in range(2)]
     write = store.escalation_outcome
 
-    def while_down(*args: object, **kwargs: object) -> None:
+    def twice_locked(*args: object, **kwargs: object) -> None:
         if down:
             raise down.pop()
         write(*args, **kwargs)
 
-    monkeypatch.setattr(store, "escalation_outcome", while_down)
+    monkeypatch.setattr(store, "escalation_outcome", twice_locked)
 
     async def escalate() -> None:
         escalator = Escalator(settings, store)
@@ -82,7 +81,7 @@ def test_after_an_outage_longer_than_a_claim_the_owner_marks_its_delivery_and_no
     """The store goes down just after the webhook took the escalation and stays down past the claim's timeout: the
     claim is stale when the store is back, yet the owner's mark lands first and the other replica, sweeping all the
     while, takes nothing over."""
-    outage_s = 8.0  # past the claim's timeout and the last wait before another try of the outcome (2 s at most)
+    outage_s = 8.0  # past the claim's timeout and the last wait before another try of the outcome (a third of it)
     down_until = [0.0]
     webhook = Webhook()
     handler = webhook.server.RequestHandlerClass
@@ -107,7 +106,8 @@ def test_after_an_outage_longer_than_a_claim_the_owner_marks_its_delivery_and_no
                                 flagged=True, escalated=True)
         (written,) = owner_store.record_many([record], owner=owner.owner)
         owner.submit(record.escalation(), written.outbox_id)
-        while not down_until[0] or time.monotonic() < down_until[0] + 2.5:  # past the other's first sweep after
+        # until past the other's first sweep after the store's return (its sweeps are claim_timeout_s / 3 apart)
+        while not down_until[0] or time.monotonic() < down_until[0] + 2.5:
             await asyncio.sleep(0.1)
         await owner.aclose(grace_s=5)
         await other.aclose(grace_s=5)
@@ -126,7 +126,12 @@ def while_down(method, down_until: list[float]):
         if down_until[0] and time.monotonic() < down_until[0]:
             if method.__name__ == "reachable":
                 return False
-            raise sa.exc.OperationalError("UPDATE escalations", {}, sqlite3.OperationalError("database is locked"))
+            raise locked()
         return method(*args, **kwargs)
 
     return call
+
+
+def locked() -> sa.exc.OperationalError:
+    """What SQLAlchemy raises when SQLite's lock is held elsewhere: the store unavailable for now."""
+    return sa.exc.OperationalError("UPDATE escalations", {}, sqlite3.OperationalError("database is locked"))

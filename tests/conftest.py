@@ -50,6 +50,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 
 @pytest.fixture(autouse=True)
+def _shared_data_present(request: pytest.FixtureRequest) -> None:
+    """A `shared_data` test reads the benchmark data beside the project (`../shared/data`, never copied into it)."""
+    if request.node.get_closest_marker("shared_data") is None:
+        return
+    from morphguard.eval.datasets import default_data_dir
+
+    if not (default_data_dir() / "ragtruth").is_dir():
+        servers.missing(f"the shared benchmark data is not at {default_data_dir()}")
+
+
+@pytest.fixture(autouse=True)
 def _one_model_test_at_a_time(request: pytest.FixtureRequest,
                               tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A `model` test holds a lock shared by the run's workers (a file beside their temporary folders), so that

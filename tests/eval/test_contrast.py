@@ -4,6 +4,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.text import sentences
@@ -52,6 +54,7 @@ def test_a_dropped_qualifier_is_the_sources_and_a_swapped_name_is_another_name()
         assert "Brown" in contrast._entity(item, rank)[0]
 
 
+@pytest.mark.shared_data
 def test_pairs_are_deterministic_kept_together_and_cover_every_kind():
     items = datasets.load("contrast-qa")
     assert [i.id for i in items] == [i.id for i in datasets.load("contrast-qa")]
@@ -66,6 +69,7 @@ def test_pairs_are_deterministic_kept_together_and_cover_every_kind():
             assert item.spans and item.spans[0].end <= len(item.answer)
 
 
+@pytest.mark.shared_data
 def test_vocabulary_alone_cannot_tell_the_pairs_apart():
     items = datasets.load("contrast-qa")
     detector = build_detector(Config(), name="grounding")
@@ -81,6 +85,7 @@ def unaddressed(answer: str) -> str:
     return next((answer.removesuffix(t) for t in contrast._INSTRUCTIONS if answer.endswith(t)), answer)
 
 
+@pytest.mark.shared_data
 def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
     item = faithful("Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28.",
                     "Ibuprofen eases pain. It is avoided in the third trimester, usually after week 28. "
@@ -106,6 +111,7 @@ def test_the_short_form_keeps_each_pair_to_the_sentence_the_edit_changed():
     assert abs(metrics.auroc(labels, [len(i.answer) for i in short]) - 0.5) < 0.1
 
 
+@pytest.mark.shared_data
 def test_the_brief_form_puts_the_short_pairs_over_a_paragraph_of_their_own_context():
     """`contrast-brief`: the short pairs as they are, each over the few context sentences that bear on its faithful
     sentence, quoted as written, the same for both answers of a pair."""
@@ -128,6 +134,7 @@ def test_the_brief_form_puts_the_short_pairs_over_a_paragraph_of_their_own_conte
         assert all(p[a:b] in context for p in cut_item.passages for a, b in sentences(p))
 
 
+@pytest.mark.shared_data
 def test_the_brief_contexts_are_the_same_in_every_process():
     """Which sentences a brief context keeps must not hang on the order a process's hash seed gives a set: a run folder
     pins each item's text and checks again any item that reads otherwise, so a flapping context threw stored judge

@@ -105,7 +105,7 @@ def test_split_is_disjoint_and_stratified():
     assert sum(i.hallucinated for i in dev) == 10
 
 
-@pytest.mark.skipif(not (datasets.default_data_dir() / "ragtruth").is_dir(), reason="shared data not present")
+@pytest.mark.shared_data
 def test_the_shared_ragtruth_loads_with_valid_spans():
     items = datasets.load("ragtruth")
     assert len(items) == 1041 and sum(i.hallucinated for i in items) == 417
@@ -113,6 +113,7 @@ def test_the_shared_ragtruth_loads_with_valid_spans():
     assert {i.task for i in items} == {"QA", "Summary", "Data2txt"}
 
 
+@pytest.mark.shared_data
 def test_halves_keep_every_source_on_one_side_and_never_move():
     items = datasets.load("ragtruth")
     sides: dict[str, set[str]] = {}
@@ -125,6 +126,7 @@ def test_halves_keep_every_source_on_one_side_and_never_move():
     assert [datasets.half_of(i) for i in items[::97][:8]] == ["fit", "fit"] + ["report"] * 4 + ["fit", "fit"]
 
 
+@pytest.mark.shared_data
 def test_the_calibration_split_never_separates_a_group():
     items = datasets.load("ragtruth-qa")
     dev, test = datasets.split(items)

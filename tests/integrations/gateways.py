@@ -4,11 +4,10 @@ not ours). Outside CI a missing gateway skips its tests with one line saying so;
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-import pytest
+from tests.servers import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTKEY_VERSION = "1.15.2"
@@ -16,10 +15,7 @@ NEMO_VERSION = "0.24.1"
 
 
 def _missing(what: str, how: str) -> None:
-    message = f"{what} is not installed ({how})"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    missing(f"{what} is not installed ({how})")
 
 
 def portkey_gateway() -> list[str]:

@@ -20,20 +20,59 @@ MODEL_TIMEOUT_S = 1800
 MODEL_TESTS = "tests/model/"
 
 
+# Each test's seconds (setup, call and teardown) in the runs before, kept in pytest's cache (.pytest_cache): the
+# order units of work are handed out in.
+SECONDS_KEY = "morphguard/test-seconds"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`model` tests are `slow` too, with a longer time limit. They run first, then the files with slow tests,
-    those with the most first: under `--dist loadfile` (and `--no-loadscope-reorder`, both in pyproject.toml)
-    units of work are handed out in this order, so the longest start at once instead of last."""
+    """`model` tests are `slow` too, with a longer time limit (before `-m` selects by marker)."""
     for item in items:
         if item.get_closest_marker("model"):
             assert item.nodeid.startswith(MODEL_TESTS), f"{item.nodeid}: a model-backed test belongs in {MODEL_TESTS}"
             item.add_marker(pytest.mark.slow)
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(MODEL_TIMEOUT_S))
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    # stable, so each file stays whole and the others keep their order
-    items.sort(key=lambda item: (not item.nodeid.startswith(MODEL_TESTS), -slow[item.path]))
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The selected tests in the order their units of work are handed out under `--dist loadfile` (and
+    `--no-loadscope-reorder`, both in pyproject.toml): the model-backed folder first, then the files that took longest
+    in the runs before (their selected tests' seconds, from pytest's cache), then those with the most slow tests. The
+    longest start at once instead of last, when the other workers would wait for them."""
+    cache = getattr(config, "cache", None)  # none under `-p no:cacheprovider`
+    seconds: dict[str, float] = cache.get(SECONDS_KEY, {}) if cache is not None else {}
+    unit_seconds: Counter[str] = Counter()
+    slow: Counter[str] = Counter()
+    for item in items:
+        unit_seconds[_unit(item.nodeid)] += seconds.get(item.nodeid, 0.0)
+        slow[_unit(item.nodeid)] += item.get_closest_marker("slow") is not None
+    # stable, so each file stays whole and keeps its own order
+    items.sort(key=lambda item: (not item.nodeid.startswith(MODEL_TESTS), -unit_seconds[_unit(item.nodeid)],
+                                 -slow[_unit(item.nodeid)]))
+
+
+def _unit(nodeid: str) -> str:
+    return MODEL_TESTS if nodeid.startswith(MODEL_TESTS) else nodeid.split("::", 1)[0]
+
+
+_seconds_this_run: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds_this_run[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """This run's seconds per test into the cache, for the next run's order; written by the one process that saw every
+    test's report (the controller of parallel workers, or the only process)."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _seconds_this_run:
+        return
+    ran = {nodeid: round(seconds, 3) for nodeid, seconds in _seconds_this_run.items()}
+    cache.set(SECONDS_KEY, {**cache.get(SECONDS_KEY, {}), **ran})
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:

@@ -3,6 +3,7 @@ the limit is the one pyproject.toml sets."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -29,9 +30,12 @@ def test_pyproject_sets_a_time_limit_for_every_test():
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "two-workers"])
 def test_a_hanging_test_fails_with_its_traceback(tmp_path, workers):
     (tmp_path / "test_hangs.py").write_text(HANGS)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "timeout=2",
+    # the two plug-ins the limit rests on, and none of the others the environment installs (seconds of imports each)
+    plugins = ["-p", "timeout", "-p", "xdist.plugin"]
+    done = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider", "-o", "timeout=2",
                            "--rootdir", str(tmp_path), *workers, str(tmp_path / "test_hangs.py")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=240)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                          env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     assert "Timeout" in out and "1 failed" in out

@@ -185,12 +185,13 @@ def _plots(folder: Path, outcomes: Sequence[Outcome], detectors: list[str]) -> l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # Laid out as they are drawn (`constrained`): a tight bounding box at save time would draw each figure twice.
     first = {name: [o for o in outcomes if o.detector == name and o.error is None and o.repeat == 0]
              for name in detectors}
     paths = []
     for kind, points, axes in (("roc", metrics.roc_points, ("false positive rate", "true positive rate")),
                                ("pr", metrics.pr_points, ("recall", "precision"))):
-        fig, ax = plt.subplots(figsize=(5, 5))
+        fig, ax = plt.subplots(figsize=(5, 5), layout="constrained")
         for name, group in first.items():
             if group:
                 xy = points([o.hallucinated for o in group], [o.score or 0.0 for o in group])
@@ -202,9 +203,10 @@ def _plots(folder: Path, outcomes: Sequence[Outcome], detectors: list[str]) -> l
                title="ROC" if kind == "roc" else "precision–recall")
         ax.legend(loc="lower right" if kind == "roc" else "lower left")
         paths.append(folder / f"{kind}.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
-    fig, axs = plt.subplots(1, len(detectors), figsize=(4 * len(detectors), 3.2), squeeze=False)
+    fig, axs = plt.subplots(1, len(detectors), figsize=(4 * len(detectors), 3.2), squeeze=False,
+                            layout="constrained")
     for ax, (name, group) in zip(axs[0], first.items(), strict=False):
         for label, colour in ((False, "tab:green"), (True, "tab:red")):
             ax.hist([o.score or 0.0 for o in group if o.hallucinated == label], bins=20, range=(0, 1), alpha=0.6,
@@ -212,7 +214,7 @@ def _plots(folder: Path, outcomes: Sequence[Outcome], detectors: list[str]) -> l
         ax.set(title=name, xlabel="score")
         ax.legend()
     paths.append(folder / "scores.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
 

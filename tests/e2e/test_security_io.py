@@ -137,7 +137,9 @@ def test_a_deep_but_small_body_is_still_accepted(buffered):
 
 # --- request heads that never end --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-processes"])
+# two processes: uvicorn starts each from a fresh interpreter (spawn), seconds of imports apiece
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.slow)],
+                ids=["one-process", "two-processes"])
 def impatient(proxy_factory, request) -> str:
     return proxy_factory(header_timeout_s=1, processes=request.param)
 

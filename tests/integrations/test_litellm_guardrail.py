@@ -209,6 +209,7 @@ def test_a_failed_provider_call_is_audited(gateway):
     assert new["checked"] == 0 and new["reason"] == "upstream_error"
 
 
+@pytest.mark.slow  # a LiteLLM host of its own (the guardrail in another mode)
 def test_during_call_mode_reads_tagged_context_and_checks_after(late_gateway):
     base, folder = late_gateway
     tagged = [{"role": "system", "content": f"Answer from the context.\n<context>{PASSAGE}</context>"},
@@ -334,6 +335,7 @@ def test_a_slow_judge_is_decided_by_on_error(slow_gateway):
 # --- what the client cannot steer, what every stream leaves, what each row says the gateway was told ------------------
 
 
+@pytest.mark.slow  # a LiteLLM host of its own (the guardrail in another mode)
 @pytest.mark.parametrize("named", ["aresponses", "anthropic_messages", "aembedding", "atext_completion"])
 def test_the_call_type_is_litellms_never_the_clients_metadata(post_gateway, named):
     base, folder = post_gateway
@@ -364,6 +366,7 @@ def test_a_stream_of_several_choices_carries_each_choices_action(gateway):
         (FAITHFUL, "pass"), (HALLUCINATED, "highlight")]
 
 
+@pytest.mark.slow  # a LiteLLM host of its own (the guardrail in another mode)
 @pytest.mark.parametrize("api", ["responses", "messages"])
 def test_a_stream_the_guardrail_cannot_read_is_audited_in_post_call_mode_alone(post_gateway, api):
     base, folder = post_gateway
@@ -391,6 +394,7 @@ def test_a_stream_the_guardrail_cannot_read_is_audited_in_post_call_mode_alone(p
     assert (row["action"], row["reason"], row["gateway"]) == ("block", "fail_closed: stream", "litellm:deny")
 
 
+@pytest.mark.slow  # a LiteLLM host of its own (the guardrail in another mode)
 def test_choices_past_the_cap_are_decided_by_on_error_and_audited(post_gateway):
     base, folder = post_gateway
     before = set(rows(folder))

@@ -92,6 +92,7 @@ def test_morphguard_unreachable_fails_closed(webhook, provider, tmp_path, down):
     assert reply["output"]["morphguard"]["reason"] == "morphguard_unavailable"
 
 
+@pytest.mark.slow  # a proxy of its own whose judge takes 3 s a call, and checks that run out its budget
 def test_a_slow_judge_is_decided_by_on_error_and_a_slower_morphguard_fails_closed(slow_webhook, provider,
                                                                                   tmp_path):
     base, folder = slow_webhook

@@ -138,6 +138,7 @@ def test_a_wrong_key_fails_closed_with_fail_on_error(portkey, provider, webhook)
     assert new_rows(folder, before) == []
 
 
+@pytest.mark.slow  # a proxy of its own whose judge takes 3 s a call, and checks that run out its budget
 @pytest.mark.parametrize("tenant, status, action", [("closed", 446, "block"), ("open", 200, "pass")])
 def test_a_slow_judge_is_decided_by_on_error_within_portkeys_timeout(portkey, provider, slow_webhook, tenant,
                                                                     status, action):

@@ -5,8 +5,9 @@ run, the same RAG chat request goes at concurrency 1, 16 and 64 to: the upstream
 checks off (no context source enabled: the request is forwarded and audited, nothing is checked); the same
 without the audit trail (what the audit row costs); morphguard in async mode (the check queued and run in
 the background, the fixed upstream serving as judge); morphguard with checks off as 2 processes
-(`serve --workers 2`); and the LiteLLM proxy as a plain pass-through (skipped without `litellm[proxy]`:
-`pip install -e '.[bench]'`).
+(`serve --workers 2`); the LiteLLM proxy as a plain pass-through (skipped without `litellm[proxy]`:
+`pip install -e '.[bench]'`); and the floor under any proxy on this stack, uvicorn and aiohttp forwarding bytes
+with nothing else (benchmarks/bare_forwarder.py).
 
 Where the machine has two cores or more, the load generator and the upstream run on the first and every
 single-process proxy on the second, so a proxy's throughput is its own; the 2-process proxy gets every core
@@ -139,6 +140,13 @@ def morphguard(folder: Path, upstream: str, name: str, processes: int = 1, audit
     cmd = [sys.executable, "-m", "morphguard.cli", "serve", "--config", str(path), "--port", str(port),
            "--workers", str(processes)]
     return cmd, f"http://127.0.0.1:{port}", folder / f"{name}.log"
+
+
+def bare_forwarder(folder: Path, upstream: str) -> tuple[list[str], str, Path]:
+    """The floor: the same server and client libraries forwarding bytes, nothing else (benchmarks/bare_forwarder.py)."""
+    port = free_port()
+    return ([sys.executable, str(HERE / "bare_forwarder.py"), str(port), upstream], f"http://127.0.0.1:{port}",
+            folder / "bare.log")
 
 
 def litellm_proxy(folder: Path, upstream: str) -> tuple[list[str], str, Path] | None:
@@ -363,6 +371,7 @@ def main() -> None:
             "morphguard, checks off, 2 processes": (morphguard(folder, upstream, "off2", processes=2,
                                                                  context={"sources": []}), None),
             "litellm proxy": (litellm_proxy(folder, upstream), far),
+            "floor: uvicorn + aiohttp, nothing else": (bare_forwarder(folder, upstream), far),
         }
         bases = {"direct": (upstream.removesuffix("/v1"), started.pid)}
         for name, (spec, where) in targets.items():

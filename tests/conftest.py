@@ -39,9 +39,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
 def pytest_collection_modifyitems_longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The selected tests in the order their units of work are handed out under `--dist loadfile` (and
-    `--no-loadscope-reorder`, both in pyproject.toml): the model-backed folder first, then the files that took longest
-    in the runs before (their selected tests' seconds, from pytest's cache), then those with the most slow tests. The
-    longest start at once instead of last, when the other workers would wait for them."""
+    `--no-loadscope-reorder`, both in pyproject.toml): the model-backed folder first, then the files with the most
+    slow tests, then those whose selected tests took longest in the runs before (their seconds from pytest's cache;
+    this orders the fast tier, which selects no slow test). The longest start at once instead of last, when the other
+    workers would wait for them."""
     cache = getattr(config, "cache", None)  # none under `-p no:cacheprovider`
     seconds: dict[str, float] = cache.get(SECONDS_KEY, {}) if cache is not None else {}
     unit_seconds: Counter[str] = Counter()
@@ -50,8 +51,8 @@ def pytest_collection_modifyitems_longest_first(config: pytest.Config, items: li
         unit_seconds[_unit(item.nodeid)] += seconds.get(item.nodeid, 0.0)
         slow[_unit(item.nodeid)] += item.get_closest_marker("slow") is not None
     # stable, so each file stays whole and keeps its own order
-    items.sort(key=lambda item: (not item.nodeid.startswith(MODEL_TESTS), -unit_seconds[_unit(item.nodeid)],
-                                 -slow[_unit(item.nodeid)]))
+    items.sort(key=lambda item: (not item.nodeid.startswith(MODEL_TESTS), -slow[_unit(item.nodeid)],
+                                 -unit_seconds[_unit(item.nodeid)]))
 
 
 def _unit(nodeid: str) -> str:

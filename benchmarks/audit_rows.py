@@ -3,9 +3,12 @@
 CPU time in this process per row, on a throwaway SQLite file (WAL, as the proxy runs it): `AuditStore.record`
 called directly; handed to a worker thread per row (`asyncio.to_thread`, as the guard did before the audit
 writer); through `AuditWriter` one row at a time (concurrency 1); and through `AuditWriter` with every row
-in flight at once (a burst, committed in groups). Prints a table and writes benchmarks/results/audit_rows.json.
+in flight at once (a burst, committed in groups). Then the pages one row writes: a store already holding
+`--prefill` rows takes 200 rows, each committed alone, and SQLite's write-ahead log says how many pages they
+wrote (the table's and each index's that the row touches). Prints a table and writes
+benchmarks/results/audit_rows.json.
 
-    python benchmarks/audit_rows.py [--rows 3000]
+    python benchmarks/audit_rows.py [--rows 3000] [--prefill 20000]
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
 import tempfile
 import time
 import uuid
@@ -45,6 +49,7 @@ def per_row(run: Callable[[], None], rows: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--prefill", type=int, default=20_000, help="rows in the store before the pages are counted")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "audit_rows.json")
     args = parser.parse_args()
     n = args.rows
@@ -71,10 +76,28 @@ def main() -> None:
         }
         writer.close()
         store.close()
+        pages = pages_per_row(Path(folder) / "pages.db", args.prefill)
     print(f"{'audit row, ' + str(n) + ' rows':<26} {'CPU ms/row':>10}")
     for name, ms in results.items():
         print(f"{name:<26} {ms:>10.3f}")
-    args.out.write_text(json.dumps({"rows": n, "cpu_ms_per_row": results}, indent=2))
+    print(f"pages written per row committed alone, {args.prefill:,} rows stored: {pages:.2f}")
+    args.out.write_text(json.dumps({"rows": n, "cpu_ms_per_row": results, "prefill": args.prefill,
+                                    "wal_pages_per_row": pages}, indent=2))
+
+
+def pages_per_row(path: Path, prefill: int, rows: int = 200) -> float:
+    """Write-ahead log pages per row committed alone, in a store already holding `prefill` rows."""
+    store = AuditStore(AuditSettings(path=str(path)))
+    for start in range(0, prefill, 500):
+        store.record_many([row() for _ in range(min(500, prefill - start))])
+    counter = sqlite3.connect(path)
+    counter.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the log starts empty
+    for _ in range(rows):  # as the event loop commits them: its connection leaves checkpoints to the writer
+        store.record_at_once([row()])
+    frames = counter.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+    counter.close()
+    store.close()
+    return frames / rows
 
 
 if __name__ == "__main__":

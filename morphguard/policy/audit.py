@@ -49,6 +49,11 @@ def _column_type(annotation: Any) -> sa.types.TypeEngine[Any]:
     return sa.JSON()
 
 
+def _where(condition: str) -> dict[str, Any]:
+    """A partial index's condition, for both backends."""
+    return {"sqlite_where": sa.text(condition), "postgresql_where": sa.text(condition)}
+
+
 # The schema, defined once for SQLite and PostgreSQL. The decisions table is DecisionRecord's fields in
 # order; a field added there needs a migration (tests/store/test_schema.py says so).
 metadata = sa.MetaData()
@@ -58,8 +63,10 @@ decisions = sa.Table(
     *(sa.Column(name, _column_type(field.annotation)) for name, field in DecisionRecord.model_fields.items()),
     sa.Index("decisions_time", "time"),
     sa.Index("decisions_request", "request_id", unique=True),  # one decision per request: writes are idempotent
-    sa.Index("decisions_score", "score", "id"),  # the review queue, highest score first
-    sa.Index("decisions_text_kept", "text_kept_until"),  # the purge
+    # Partial indexes: most rows have no score (nothing checked) and keep no text, and a row an index leaves out
+    # costs its insert no index page. The review queue and the purge ask only for rows these hold.
+    sa.Index("decisions_score", "score", "id", **_where("score IS NOT NULL")),  # the review queue, highest first
+    sa.Index("decisions_text_kept", "text_kept_until", **_where("text_kept_until IS NOT NULL")),  # the purge
 )
 escalations = sa.Table(
     "escalations", metadata,

@@ -29,7 +29,7 @@ from morphguard.detectors.injection import instructions
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
-from morphguard.detectors.text import IGNORED, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
+from morphguard.detectors.text import IGNORED, LIST_MARKER, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
@@ -73,6 +73,12 @@ def changed_copy(found: list[Conflict]) -> str:
     return f"copies a context sentence but changes it ({kinds})"
 
 
+# Words after which a number names a part of the context rather than stating a fact
+REFERENCES = frozenset({"passage", "passages", "document", "documents", "source", "sources"})
+# Words an assistant addresses its user with ("Sure, I'd be happy to", "Unable to answer"): no claim about the world
+ADDRESS = frozenset("sure certainly happy glad hope i'd i'll i've here's unable".split())
+
+
 def ungrounded(answer: str, passages: list[str], question: str = "") -> list[SentenceReport]:
     """Per answer sentence: its content words, and those neither the context nor the question contains. An answer
     that restates the question ("No, pregnant women should not take ibuprofen for back pain") takes its words from
@@ -83,9 +89,17 @@ def ungrounded(answer: str, passages: list[str], question: str = "") -> list[Sen
         content = 0
         missing: list[Word] = []
         seen: set[str] = set()
-        for match in TOKEN.finditer(answer, start, end):
+        # A list item's number ("5. Add the eggs") numbers the answer's own list, and the word after it opens the item
+        marker = LIST_MARKER.match(answer, start, end)
+        begin = marker.end() if marker else start
+        previous = ""
+        for match in TOKEN.finditer(answer, begin, end):
             token = match.group()
-            if token.lower().replace("’", "'") in IGNORED or len(token) == 1 and not token.isdigit():
+            word = token.lower().replace("’", "'")
+            before, previous = previous, word
+            if word in IGNORED or word in ADDRESS or len(token) == 1 and not token.isdigit():
+                continue
+            if token[0].isdigit() and before in REFERENCES:  # "Passage 2" points into the context, claims nothing
                 continue
             content += 1
             wanted = keys(token)
@@ -94,7 +108,7 @@ def ungrounded(answer: str, passages: list[str], question: str = "") -> list[Sen
             if token.lower() in seen:
                 continue
             seen.add(token.lower())
-            first = match.start() == start
+            first = match.start() == begin
             kind = ("number" if token[0].isdigit() or token.lower() in NUMBER_WORDS
                     else "name" if token[0].isupper() and not first else "word")
             missing.append(Word(token, match.start(), match.end(), kind))
@@ -213,7 +227,7 @@ def _per_sentence(changed: Sequence[Conflict]) -> list[Conflict]:
     return list({c.start: c for c in reversed(changed)}.values())
 
 
-VERSION = 9  # of the word lists and matching rules above: a change makes earlier eval results stale
+VERSION = 10  # of the word lists and matching rules above: a change makes earlier eval results stale
 
 register(DetectorSpec(
     name="grounding", settings=GroundingSettings, models=lambda settings: [],

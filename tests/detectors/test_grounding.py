@@ -114,3 +114,20 @@ def test_an_answer_restating_the_question_takes_its_words_from_there():
 def test_the_question_counts_for_every_sentence_but_not_for_words_it_lacks():
     reports = ungrounded("Pregnant women ask. Back pain is rare.", CONTEXT, RESTATED)
     assert [[w.text for w in r.unsupported] for r in reports] == [["ask"], ["rare"]]
+
+
+def test_the_answer_s_own_list_numbers_passage_references_and_courtesies_are_no_claims():
+    """A numbered list's markers number the answer, "Passage 2" points into the context and "Sure, I'd be happy to"
+    speaks to the user: none is invented content, so a faithful step-by-step answer is not flagged for them. A
+    number or name inside an item still counts, and the word that opens an item is not taken for a name."""
+    answer = ("Sure, I'd be happy to! Based on Passage 2:\n1. Ibuprofen is contraindicated in the third trimester.\n"
+              "2. Usual doses are up to 1,200 mg a day.\n3) Ibuprofen is contraindicated in pregnancy.")
+    assert check(answer).settings["unsupported_words"] == [] and not check(answer).flagged
+    invented = check("1. Ibuprofen is contraindicated in the third trimester.\n2. Professor Jones allows 2,400 mg.")
+    assert invented.settings["unsupported_words"] == ["Professor", "Jones", "allows", "2,400"]
+    assert invented.features["unsupported_numbers"] == 1 and invented.features["unsupported_names"] == 1
+    # "Recommended" opens its item: a capital there is no name
+    opened = check("4. Recommended doses are up to 1,200 mg a day.")
+    assert opened.features["unsupported_names"] == 0 and opened.features["unsupported_numbers"] == 0
+    # a number after any other word is a claim of its own: "trimester 4" is nowhere in the context
+    assert check("Avoid it in trimester 4.").features["unsupported_numbers"] == 1

@@ -122,7 +122,8 @@ def test_the_answer_s_own_list_numbers_passage_references_and_courtesies_are_no_
     number or name inside an item still counts, and the word that opens an item is not taken for a name."""
     answer = ("Sure, I'd be happy to! Based on Passage 2:\n1. Ibuprofen is contraindicated in the third trimester.\n"
               "2. Usual doses are up to 1,200 mg a day.\n3) Ibuprofen is contraindicated in pregnancy.")
-    assert check(answer).settings["unsupported_words"] == [] and not check(answer).flagged
+    numbered = check(answer)
+    assert numbered.settings["unsupported_words"] == [] and not numbered.flagged
     invented = check("1. Ibuprofen is contraindicated in the third trimester.\n2. Professor Jones allows 2,400 mg.")
     assert invented.settings["unsupported_words"] == ["Professor", "Jones", "allows", "2,400"]
     assert invented.features["unsupported_numbers"] == 1 and invented.features["unsupported_names"] == 1

@@ -19,7 +19,8 @@ shipped weights never saw them. Then, for the policy thresholds, the shipped wei
 at each τ on the judged fit-half answers (pooled, and recall per set). Between the two, the cascade's band
 (`tuning.cascade` in detectors/combined.json): in the same folds the shipped design and the same design without
 `direct` (the fast profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the
-fast probability outside the band, the whole check's inside. The band chosen is the one that skips `direct` for the
+fast probability outside the band, the whole check's inside; the grid includes the empty band, which never asks
+`direct` over a long context. The band chosen is the one that skips `direct` for the
 largest mean share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole
 check's. The thresholds are those of the shipped cascade. No fit-half context here is short enough for the cascade
 to ask `direct` at once (`tuning.short_context`; the script stops if one is), so the band alone decides. Writes
@@ -233,7 +234,8 @@ def _cascade_bands(rows: list[Row], extra: list[Row], sources: list[str], shuffl
         return out
 
     whole = score((0.0, 1.01))
-    grid = [(round(0.05 + 0.025 * i, 3), round(0.3 + 0.05 * j, 2)) for i in range(9) for j in range(7)]
+    # (0.0, 0.0) is the empty band: `direct` never asked over a long context, the first stage's weights alone
+    grid = [(0.0, 0.0)] + [(round(0.05 + 0.025 * i, 3), round(0.3 + 0.05 * j, 2)) for i in range(9) for j in range(7)]
     rows_out, chosen, keeping_pairs = [], None, None
     print(f"\ncascade bands, grouped 5-fold CV, {shuffles} shuffles: AUROC (share skipping direct) [share of pairs "
           "ranked right]; whole check " + "  ".join(f"{d} {a:.3f}" + ("" if p is None else f" [{p:.3f}]")

@@ -81,14 +81,15 @@ class LocalModelSettings(Section):
 
 
 # The policy's default thresholds suit the default detector, `combined`, whose score is a probability. Both come from
-# one rule on the fit halves (RAGTruth QA and Summary, the QA contrast set and its short form, the 512 answers of prose
-# the judge has read, and RAGTruth Data2txt's 192 answers about records; benchmarks/combined_designs.py): the sensitive
-# threshold is the highest with a recall of at least 0.75 on each, the general one the highest whose F1 over all of
-# them pooled is within 0.01 of the best (the F1 curve is flat from 0.15 to 0.3, and the higher threshold flags fewer
-# faithful answers). With the shipped weights and cascade the rule gives 0.3 (pooled F1 0.755 against the best, 0.763)
-# and 0.175 (Summary's recall 0.78 at 0.175, 0.70 at 0.2): docs/evaluation-log.md, "the policy's default thresholds".
-# A change to the check is followed by the rule applied again. MetaRAG's paper used 0.5 and 0.3 on its own,
-# uncalibrated scale. The detector's own threshold (the library's and `morphguard check`'s flag) is the general one.
+# one rule on the fit halves (RAGTruth QA and Summary, the QA contrast set, the answers of prose the judge has read,
+# and RAGTruth Data2txt's answers about records; benchmarks/combined_designs.py): the sensitive threshold is the highest
+# with a recall of at least 0.75 on each, the general one the highest whose F1 over all of them pooled is within 0.01
+# of the best (the higher threshold flags fewer faithful answers). Chosen so with the weights of 2026-11-25: 0.3 and
+# 0.175. With the shipped weights and cascade the rule gives 0.4 and 0.15; the defaults stay, because the pooled F1
+# is flat (0.736 to 0.750 from 0.15 to 0.4, so 0.3 keeps a pooled recall of 0.82 against 0.77) and four of Summary's
+# 50 fit-half errors separate 0.15 from 0.175 (docs/evaluation-log.md, "the policy's default thresholds").
+# MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale. The detector's own threshold (the library's and
+# `morphguard check`'s flag) is the general one.
 GENERAL_THRESHOLD = 0.3
 SENSITIVE_THRESHOLD = 0.175
 

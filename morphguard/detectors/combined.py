@@ -166,8 +166,8 @@ class Tuning(BaseModel):
     # `direct` reads the whole context, most of a check's time on the embedded judge, and changes little but the
     # answers the other parts leave near the thresholds. So the other parts answer first, and the cascade asks `direct`
     # only where their probability by the first stage's weights (fitted without it) lies in [low, high)
-    # (`combined.cascade`); elsewhere that probability is the answer's. None: weights that do not read `direct`, or
-    # every part asked at once.
+    # (`combined.cascade`); elsewhere that probability is the answer's. An empty band (low = high): `direct` is asked
+    # over a short context only. None: weights that do not read `direct`, or every part asked at once.
     cascade: tuple[float, float] | None
     # Characters of context up to which a context is short (`combined.short_context`): `direct` reads it in a few
     # seconds, so the cascade asks it at once with the other parts, and `Weights.short_calibration` reads the answer.
@@ -479,8 +479,9 @@ class Combined:
                 branch = [f"cascade: the first stage, without direct, lies in {band}, so direct was asked"]
             else:
                 weights = self.first
-                branch = [f"cascade: the first stage, without direct, lies outside {band}, so direct was not asked "
-                          "and the first stage's weights score the answer"]
+                why = ("over a long context direct is not asked (an empty band)" if self.band[0] >= self.band[1]
+                       else f"the first stage, without direct, lies outside {band}, so direct was not asked")
+                branch = [f"cascade: {why}, and the first stage's weights score the answer"]
         direct, restated, spotted, factoids = (asked.get(k) for k in ("direct", "restatement", "spotcheck",
                                                                         "factoids"))
         values = judged_values(evidence, _said(asked), self.weights.features, record)

@@ -316,6 +316,7 @@ def test_a_cascade_branch_is_named_in_the_explanation(scripted_config):
                                                                                       abs=1e-4)
         assert cascade["after"] == pytest.approx(result.score, abs=1e-4)
         assert ("so direct was asked" in cascade["text"]) == asked
+        assert ("empty band" in cascade["text"]) == (not asked)  # the band (0, 0) holds no first stage
         assert result.settings["explanation"][-1]["after"] == pytest.approx(result.score, abs=1e-4)
 
 

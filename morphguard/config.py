@@ -87,7 +87,8 @@ class LocalModelSettings(Section):
 # of the best (the higher threshold flags fewer faithful answers). Chosen so with the weights of 2026-11-25: 0.3 and
 # 0.175. With the shipped weights and cascade the rule gives 0.4 and 0.15; the defaults stay, because the pooled F1
 # is flat (0.736 to 0.750 from 0.15 to 0.4, so 0.3 keeps a pooled recall of 0.82 against 0.77) and four of Summary's
-# 50 fit-half errors separate 0.15 from 0.175 (docs/evaluation-log.md, "the policy's default thresholds").
+# 50 fit-half errors separate 0.15 from 0.175 (docs/evaluation-log.md: "the policy's default thresholds", and
+# "`direct` over short contexts only").
 # MetaRAG's paper used 0.5 and 0.3 on its own, uncalibrated scale. The detector's own threshold (the library's and
 # `morphguard check`'s flag) is the general one.
 GENERAL_THRESHOLD = 0.3

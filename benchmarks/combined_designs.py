@@ -20,10 +20,10 @@ at each τ on the judged fit-half answers (pooled, and recall per set). Between 
 (`tuning.cascade` in detectors/combined.json): in the same folds the shipped design and the same design without
 `direct` (the fast profile's) are fitted, and each band [low, high) on a grid is scored as the cascade reads it: the
 fast probability outside the band, the whole check's inside; the grid includes the empty band, which never asks
-`direct` over a long context. The band chosen is the one that skips `direct` for the
-largest mean share of the judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole
-check's. The thresholds are those of the shipped cascade. No fit-half context here is short enough for the cascade
-to ask `direct` at once (`tuning.short_context`; the script stops if one is), so the band alone decides. Writes
+`direct` over a long context. The band chosen is the one that skips `direct` for the largest mean share of the
+judged sets' answers while no judged set's AUROC falls more than 0.005 below the whole check's. The thresholds are
+those of the shipped cascade. No fit-half context here is short enough for the cascade to ask `direct` at once
+(`tuning.short_context`; the script stops if one is), so the band alone decides. Writes
 benchmarks/results/combined_designs.json.
 """
 

@@ -361,6 +361,7 @@ class ProxySettings(Section):
 
 
 Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]
+OnError = Literal["fail_open", "fail_closed"]
 
 # Subjects where a wrong answer harms people most; they get the stricter threshold by default.
 SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finance", "legal")
@@ -382,6 +383,7 @@ class TopicPolicy(Section):
     action: Action | None = None  # for flagged answers on this topic; None: the profile's
     escalate: bool | None = None  # None: the profile's
     safe_message: str | None = None  # what a blocked answer says; None: the profile's
+    on_error: OnError | None = None  # None: the profile's
 
 
 class ProfileSettings(Section):
@@ -392,7 +394,10 @@ class ProfileSettings(Section):
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
     latency_budget_s: float | None = Field(None, gt=0)  # a check that takes longer counts as failed
-    on_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    # An answer the check cannot decide on (a judge that fails, a budget or cap exceeded, a stream a gateway cannot
+    # hold): fail_closed withholds it, fail_open passes it, marked unchecked. None: fail_closed where the action ends
+    # an answer (block, regenerate), fail_open elsewhere.
+    on_error: OnError | None = None
     safe_message: str | None = None  # None: policy.safe_message
     topics: dict[str, TopicPolicy] = {}
 

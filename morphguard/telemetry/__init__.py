@@ -246,7 +246,7 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
         counted[names.REASON] = labels.unchecked(decision.reason)
     instruments["decisions"].add(1, counted)
     if detection is None:
-        if decision.reason and decision.reason.startswith("fail_open"):
+        if decision.unchecked:
             instruments["fail_open"].add(1, {names.PROFILE: profile, names.TOPIC: topic})
         return
     span.set_attribute(names.DETECTOR, detection.detector)

@@ -129,6 +129,7 @@ def test_duplicates_already_in_a_store_are_kept_apart_by_the_migration(tmp_path)
             ALTER TABLE decisions DROP COLUMN released_flagged;
             ALTER TABLE decisions DROP COLUMN gateway;
             ALTER TABLE decisions DROP COLUMN explanation;
+            ALTER TABLE decisions DROP COLUMN unchecked;
             UPDATE alembic_version SET version_num = '0004';
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');

@@ -235,5 +235,32 @@ def test_portkey_request_types_it_cannot_read_are_decided_by_on_error_and_audite
     base, folder = checker
     body = post(base, "/v1/check/portkey", {**rag_hook(FAITHFUL), "requestType": "imageGenerate"}).json()
     assert body["verdict"] is True and body["data"]["checked"] is False  # the profile fails open (the default)
-    assert body["data"]["reason"] == "fail_open: unsupported_request_type"
+    assert body["data"]["reason"] == "fail_open: unsupported_request_type" and body["data"]["unchecked"] is True
     assert rows(folder)[body["data"]["request_id"]]["reason"] == "fail_open: unsupported_request_type"
+
+
+@pytest.mark.parametrize("change", [lambda hook: hook.update(requestType="embed"),  # a type it cannot read
+                                    lambda hook: hook["response"].update(json=None)],  # a stream: no answer relayed
+                         ids=["embed", "stream"])
+def test_under_a_blocking_profile_what_portkey_relays_unreadable_fails_closed(checker, change):
+    base, folder = checker
+    hook = rag_hook(HALLUCINATED)
+    change(hook)
+    response = post(base, "/v1/check/portkey", hook, **{"x-tenant": "clinic"})
+    body = response.json()
+    assert body["verdict"] is False and body["data"]["action"] == "block" and "unchecked" not in body["data"]
+    assert body["data"]["reason"].startswith("fail_closed: ")
+    row = rows(folder)[body["data"]["request_id"]]
+    assert (row["action"], row["gateway"], row["unchecked"]) == ("block", "portkey:deny", 0)
+
+
+def test_under_a_blocking_profile_a_choice_past_the_cap_fails_portkeys_verdict(checker):
+    base, folder = checker
+    hook = rag_hook(FAITHFUL)
+    first = hook["response"]["json"]["choices"][0]
+    hook["response"]["json"]["choices"] = [{**first, "index": i} for i in range(8)] + [
+        {**first, "index": 8, "message": {"role": "assistant", "content": HALLUCINATED}}]
+    body = post(base, "/v1/check/portkey", hook, **{"x-tenant": "clinic"}).json()
+    assert body["verdict"] is False
+    decided = [c for c in body["data"]["choices"] if not c["checked"]]
+    assert [(c["action"], c["reason"]) for c in decided] == [("block", "fail_closed: too_many_choices")]

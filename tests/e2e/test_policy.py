@@ -236,6 +236,7 @@ def test_fail_open_passes_the_answer_unchecked_and_says_why(broken_judge_proxy, 
     exported = audit(proxy_factory, broken_judge_proxy, "--format", "jsonl").stdout
     rows = [json.loads(line) for line in exported.splitlines()]
     assert rows[-1]["reason"].startswith("fail_open") and rows[-1]["checked"] is False
+    assert verdict["unchecked"] is True and rows[-1]["unchecked"] is True
     log = (proxy_factory.folders[broken_judge_proxy] / "proxy.log").read_text()
     assert "passed unchecked (fail_open: judge_error)" in log and "sk-judge" not in log
 
@@ -257,11 +258,22 @@ def test_fail_closed_blocks_and_an_undeliverable_escalation_is_kept(broken_judge
 
 
 @pytest.mark.slow  # ten seconds or more of its own
-def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
-    base = proxy_factory(judge_model="openai/slow-judge",
-                         policy={"profiles": {"general": profile("block", latency_budget_s=0.5)}})
-    verdict = verdict_of(ask(client(base)))
+def test_a_check_over_the_latency_budget_fails_closed_under_a_blocking_profile_unless_it_says_fail_open(
+        proxy_factory):
+    base = proxy_factory(judge_model="openai/slow-judge", policy={
+        "profiles": {"general": profile("block", latency_budget_s=0.5),
+                     "lenient": profile("block", latency_budget_s=0.5, on_error="fail_open")},
+        "routes": [{"profile": "lenient", "headers": {"x-tenant": "lenient"}}]})
+    blocked = ask(client(base))
+    verdict = verdict_of(blocked)
+    assert verdict["action"] == "block" and verdict["reason"] == "fail_closed: latency_budget_exceeded"
+    assert "safe throughout" not in (blocked.choices[0].message.content or "") and "unchecked" not in verdict
+    raw = client(base, **{"x-tenant": "lenient"}).chat.completions.with_raw_response.create(
+        model="hallucinated", messages=[{"role": "user", "content": IBUPROFEN_Q}],
+        extra_body={"morphguard": {"context": PASSAGE}})
+    verdict = verdict_of(raw.parse())
     assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency_budget_exceeded"
+    assert verdict["unchecked"] is True and raw.headers["x-morphguard-unchecked"] == "true"
 
 
 @pytest.mark.slow  # ten seconds or more of its own

@@ -50,8 +50,9 @@ class Steps(Protocol):
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         """The audit row of a stream that ends without a verdict (`reason`), with the text read so far."""
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
-        """`account` from where awaiting is no longer possible (a client that left)."""
+    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None) -> None:
+        """`account` from where awaiting is no longer possible (a client that left); `sent`: how many characters
+        of the answer's text the client was sent."""
 
 
 class StreamMode(Protocol):

@@ -25,6 +25,7 @@ from morphguard.config import Config
 from morphguard.llm.fair import client_id
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
+from morphguard.policy.record import Released
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
 from morphguard.proxy.check import Answer, CheckRequest, Settled
@@ -185,8 +186,8 @@ class Flow:
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         await self.guard.account(exchange.intake, reason, text)
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
-        self.guard.account_soon(exchange.intake, reason, text)
+    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None) -> None:
+        self.guard.account_soon(exchange.intake, reason, text, Released(sent) if sent is not None else None)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:

@@ -255,22 +255,27 @@ class Guard:
         task.add_done_callback(self.background.discard)
 
     async def account(self, request: CheckRequest, reason: str, answer: str | None = None, *,
-                      wait_for_store: bool = False, failed: bool = False) -> DecisionRecord:
+                      wait_for_store: bool = False, failed: bool = False,
+                      released: Released | None = None) -> DecisionRecord:
         """Record a request that ends without a check (an upstream failure, no context, a full queue).
-        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block)."""
+        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block);
+        `released`: what of a stream's answer text the client was sent before it ended."""
         finding = Finding(failed=reason) if failed else Finding(skipped=reason)
         result = CheckOutcome(self.engine.decide(request.profile, request.topic, finding), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
+        if released is not None:
+            record = record.model_copy(update=released.fields())
         if reason not in _ROUTINE:
             telemetry.count_error(reason)
         await self._record(record, wait_for_store)
         return record
 
-    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None) -> None:
+    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None,
+                     released: Released | None = None) -> None:
         """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
-        self.in_background(self.account(request, reason, answer))
+        self.in_background(self.account(request, reason, answer, released=released))
 
     async def check_later(self, request: CheckRequest, answer: Answer) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline.

@@ -55,13 +55,16 @@ class Relayed:
         last: Event | None = None
         recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
         broken: ProxyError | None = None
+        sent = 0  # characters of answer text the client was sent
         try:
             try:
                 async for event in relay.events:
                     if assembly.add(event):
                         last = event
                         break
+                    chars = len(assembly.added)
                     yield event.encode()
+                    sent += chars
                 assembly.finish()
             except ProxyError as exc:
                 relay.failed(exc.code or "stream_error")
@@ -86,7 +89,7 @@ class Relayed:
                 yield event.encode()
         finally:
             if not recorded:
-                steps.account_soon(exchange, "client_disconnected", assembly.text)
+                steps.account_soon(exchange, "client_disconnected", assembly.text, sent)
 
 
 class Buffered:
@@ -169,7 +172,7 @@ class AsItFlows:
         finally:
             await opened.aclose()
             if unrecorded and not checks.closed:
-                steps.account_soon(exchange, unrecorded, stream.assembly.text)
+                steps.account_soon(exchange, unrecorded, stream.assembly.text, engine.sent)
 
 
 class _DialectStream:

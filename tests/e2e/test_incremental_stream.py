@@ -7,8 +7,11 @@ refusal, which the SDK helpers read without raising."""
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import TYPE_CHECKING
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -295,3 +298,29 @@ def test_messages_under_annotate_a_stream_passes_through_unchanged(annotate_prox
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == f"{INVENTED} {AFTER}" and final.stop_reason == "end_turn"
+
+
+
+
+@pytest.mark.parametrize("proxy", ["block_proxy", "annotate_proxy"])
+def test_a_client_that_leaves_a_stream_is_audited_as_gone_with_what_it_was_sent(proxy, proxy_factory, request):
+    """Checked as it flows (`block`) or passed through (`annotate`): the row says the client left, and how much of
+    the answer's text it had been sent."""
+    base = request.getfixturevalue(proxy)
+    answer = " ".join([PASSAGE, SECOND] * 10)  # supported, sentence after sentence
+    body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": answer}], **CONTEXT}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(40):  # a few sentences, then the client hangs up
+            next(lines)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM decisions ORDER BY id DESC LIMIT 1").fetchone()
+        if row is not None and row["question"] == answer:
+            break
+        time.sleep(0.1)
+    assert (row["reason"], row["checked"]) == ("client_disconnected", 0)
+    assert 0 < row["released_chars"] < len(answer)

@@ -65,6 +65,7 @@ class RequestFacts:
     path_prefix: str = ""
     requested_profile: str | None = None
     requested_topic: str | None = None
+    address: str | None = None  # where the request came from (no route reads it: who is asking, for fair turns)
 
 
 @dataclass(frozen=True)

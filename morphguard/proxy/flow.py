@@ -12,6 +12,7 @@ audit row.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -106,7 +107,8 @@ class Flow:
         view = dialect.chat_view(body)
         extraction = self.extractor.extract(view)
         facts = request_facts(request.headers, prefix=_prefix(request), model=str_or_none(view.get("model")),
-                              policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
+                              policy=extraction.options.get("policy"), topic=extraction.options.get("topic"),
+                              address=address_of(request))
         intake = accept(self.engine, self.config, extraction, facts)
         forwarded = {k: v for k, v in body.items() if k != OUR_FIELD}
         return Exchange(dialect, forwarded, view, intake, headers)
@@ -212,17 +214,36 @@ def accept(engine: PolicyEngine, config: Config, extraction: Extraction, facts: 
     topic = engine.topic_for(profile, extraction.rag, facts.requested_topic)
     return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
                         topic=topic, model=facts.model, route=facts.path_prefix, detector=detector,
-                        client=client_id(facts.api_key))
+                        client=client_id(asking(config, facts)))
+
+
+def asking(config: Config, facts: RequestFacts) -> str:
+    """Who is asking, for fair turns at the judge: the proxy key the request authenticated with (`proxy.keys`), else
+    the address it came from and the route it took. A key the proxy does not know names no one (an upstream that
+    takes any key lets a client present a new one with every request, or everyone the same placeholder). A request
+    handed over in process (the LiteLLM guardrail: no address) is named by its key, which its host authenticated."""
+    key = facts.api_key
+    if key and any(hmac.compare_digest(key.encode(), k.get_secret_value().encode()) for k in config.proxy.keys):
+        return f"key {key}"
+    if facts.address is None:
+        return f"key {key}" if key else ""
+    return f"from {facts.address} {facts.path_prefix}"
 
 
 def request_facts(headers: Mapping[str, str], *, prefix: str = "", model: str | None = None, policy: Any = None,
-                  topic: Any = None) -> RequestFacts:
+                  topic: Any = None, address: str | None = None) -> RequestFacts:
     """What policy routes on: the key, model, headers and path prefix, and the profile or topic asked for (in our
-    body field, else in a header)."""
+    body field, else in a header); `address`: where the request came from."""
     lower = {k.lower(): val for k, val in headers.items()}
     return RequestFacts(api_key=presented_key(lower), model=model, headers=lower, path_prefix=prefix,
                         requested_profile=str_or_none(policy) or lower.get("x-morphguard-policy"),
-                        requested_topic=str_or_none(topic) or lower.get("x-morphguard-topic"))
+                        requested_topic=str_or_none(topic) or lower.get("x-morphguard-topic"), address=address)
+
+
+def address_of(request: Request) -> str:
+    """The address a request came from, as uvicorn gives it (behind a reverse proxy it trusts, the one that proxy
+    forwards); "" where none is known."""
+    return request.client.host if request.client else ""
 
 
 def _prefix(request: Request) -> str:

@@ -76,7 +76,7 @@ def _instruments() -> dict[str, Any]:
                       (names.METRIC_ESCALATION_BACKLOG, "escalation_backlog",
                        "Escalations the webhook has not taken yet that will still be tried"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
-                                          description="Answers passed unchecked because the check failed"),
+                                          description="Answers passed unchecked: their check could not decide"),
         "errors": meter.create_counter(
             names.METRIC_ERRORS, unit="{error}",
             description="Requests that ended in an error, checks the judge failed, audit rows not written"),

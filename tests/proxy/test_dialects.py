@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from morphguard.policy.answers import checked_text, message_of, prose
+from morphguard.policy.answers import checked_text, message_of, prose, unreadable
 from morphguard.proxy.dialects.base import Dialect, Event, event_of
 from morphguard.proxy.dialects.chat import DONE, ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
@@ -302,3 +302,13 @@ def test_a_chat_chunk_with_choices_besides_the_one_asked_for_is_malformed(choice
     with pytest.raises(ProxyError) as caught:
         assembled(ChatCompletions(), [chat_chunk({"content": "The clinic. "}), chunk, chat_chunk({}, "stop"), DONE])
     assert (caught.value.status, caught.value.code) == (502, "upstream_malformed")
+
+
+def test_a_chat_content_part_the_check_cannot_read_is_named_unreadable_streamed_or_whole():
+    part = {"type": "output_text", "text": UNSAID}  # words in a part of a kind the check does not read
+    completion, _, _ = assembled(ChatCompletions(), [chat_chunk({"content": "The clinic. "}),
+                                                    chat_chunk({"content": [part]}), chat_chunk({}, "stop"), DONE])
+    assert unreadable(completion) == ["output_text"]
+    whole = {**RESPONSES["chat"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": [{"type": "text", "text": TEXT}, part]}}]}
+    assert unreadable(ChatCompletions().completion(whole)) == ["output_text"]

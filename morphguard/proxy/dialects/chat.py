@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from morphguard.policy.answers import content_refusal, content_text, message_of, said
+from morphguard.policy.answers import UNREADABLE, content_refusal, content_text, message_of, said, unread_parts
 from morphguard.proxy.body import chat_completion, int_or_none, loads, parse_chat, readable_content, str_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Event, Usage
@@ -146,6 +146,7 @@ class StreamedAnswer:
     transcript: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
     function_call: dict[str, str] | None = None  # the legacy single call (`functions` offered)
+    unread: list[str] = field(default_factory=list)  # the content parts the check cannot read, by type
     finish_reason: str | None = None
     words: list[str] = field(default_factory=list)
     added: str = ""  # the words of the last chunk taken
@@ -176,6 +177,7 @@ class StreamedAnswer:
         for choice in choices:
             delta = choice.get("delta") or {}
             self.parts.append(content_text(delta.get("content")))
+            self.unread += unread_parts(delta.get("content"))
             refusal = delta.get("refusal")
             self.refusal += [r for r in (content_refusal(delta.get("content")), refusal)
                              if isinstance(r, str) and r]
@@ -243,6 +245,8 @@ class StreamedAnswer:
             message["tool_calls"] = [self._call(self.tool_calls[i]) for i in sorted(self.tool_calls)]
         if self.function_call is not None:
             message["function_call"] = dict(self.function_call)
+        if self.unread:
+            message[UNREADABLE] = list(dict.fromkeys(self.unread))
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
 
@@ -288,5 +292,4 @@ def _one_choice(choices: list[dict[str, Any]]) -> bool:
 
 def _chunk(chunk: dict[str, Any]) -> Event:
     return Event(None, json_bytes(chunk).decode())
-
 

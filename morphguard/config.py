@@ -680,20 +680,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    import yaml  # here: only a config file needs it
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections")
-    data = _interpolate(data, root, source, ())
+    data, root = _mapping(text, source)
     errors: list[Any] = []
     for key, value in list(data.items()):
         if key in Config.model_fields:
@@ -712,6 +699,41 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if errors:
         raise ConfigError("\n".join(_describe(err, root, source) for err in errors))
     return config
+
+
+def overlay_config(base: Config, text: str, source: str = "<overlay>") -> Config:
+    """`base` with the keys of the YAML `text` laid over it: mappings merge key by key, anything else (a number, a
+    list of routes) is replaced whole. A candidate config that names only what it changes reads this way."""
+    data, root = _mapping(text, source)
+    try:
+        return Config.model_validate(_laid_over(base.model_dump(), data))
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, root, source) for err in exc.errors())) from None
+
+
+def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _laid_over(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _mapping(text: str, source: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A config file's top-level mapping, its environment references resolved, and its YAML tree (for lines)."""
+    import yaml  # here: only a config file needs it
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    return _interpolate(data, root, source, ()), root
 
 
 def _interpolate(value: Any, root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> Any:

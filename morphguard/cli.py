@@ -562,7 +562,7 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         total = replay.count(store, where)
         with tqdm(total=min(total, args.limit or total), unit="row", desc="replay", file=sys.stderr) as bar:
-            outcomes = asyncio.run(replay.replay(store, candidate, args.depth, where, out, workers=args.workers,
+            outcomes = asyncio.run(replay.replay(store, live, candidate, args.depth, where, out, workers=args.workers,
                                                  limit=args.limit, progress=bar.update))
     finally:
         store.close()

@@ -137,9 +137,10 @@ def _rag(row: dict[str, Any]) -> RagInput:
 class Replayer:
     """The candidate's policy (and at depth `check` its detector) applied to stored decisions."""
 
-    def __init__(self, candidate: Config, depth: Depth) -> None:
+    def __init__(self, candidate: Config, depth: Depth, retag: bool = True) -> None:
         self.candidate = candidate
         self.depth = depth
+        self.retag = retag
         self.engine = PolicyEngine(candidate.policy)
         self._detector: Any = None
 
@@ -148,8 +149,9 @@ class Replayer:
         return row["profile"] if row["profile"] in profiles else self.candidate.policy.default_profile
 
     def _topic(self, row: dict[str, Any], profile: str) -> str:
-        """Tagged again where the row kept its texts (the candidate may know other topics); else as stored."""
-        if _texts(row):
+        """As stored, unless the candidate's topics differ from the live ones: then tagged again where the row kept
+        its texts (the question and context only: the earlier turns the live tagger also read are not stored)."""
+        if self.retag and _texts(row):
             return self.engine.topic_for(profile, _rag(row))
         return str(row["topic"])
 
@@ -228,7 +230,7 @@ def identity(candidate: Config, depth: Depth, where: RowFilter) -> dict[str, Any
     return {"candidate": digest, "depth": depth, "filter": where.__dict__}
 
 
-async def replay(store: AuditStore, candidate: Config, depth: Depth, where: RowFilter, folder: Path, *,
+async def replay(store: AuditStore, live: Config, candidate: Config, depth: Depth, where: RowFilter, folder: Path, *,
                  workers: int = 4, limit: int | None = None,
                  progress: Callable[[int], None] = lambda n: None) -> list[Outcome]:
     """Replay the rows `where` selects (at most `limit`, those done in `folder` before counted) and return every
@@ -236,7 +238,7 @@ async def replay(store: AuditStore, candidate: Config, depth: Depth, where: RowF
     run = RunFolder(folder, identity(candidate, depth, where))
     outcomes = run.done()
     done = {o.row_id for o in outcomes}
-    replayer = Replayer(candidate, depth)
+    replayer = Replayer(candidate, depth, retag=live.policy.topics != candidate.policy.topics)
     room = None if limit is None else max(0, limit - len(done))
     gate = asyncio.Semaphore(workers)
 

@@ -127,3 +127,14 @@ def test_filters_select_the_rows_replayed(setup):
     assert json.loads((setup / "reviewed" / "report.json").read_text())["rows"] == 3
     _replay(setup, "--candidate", candidate, "--out", "flagged", "--flagged")
     assert json.loads((setup / "flagged" / "report.json").read_text())["rows"] == 2
+
+
+def test_a_candidate_with_other_topics_tags_kept_texts_again(setup):
+    candidate = _candidate(setup, "policy:\n  topics:\n    culture:\n      keywords: [museum*]\n  profiles:\n"
+                                  "    general:\n      topics:\n        culture:\n          threshold: 0.8\n")
+    _replay(setup, "--candidate", candidate, "--out", "run")
+    outcomes = {o["request_id"]: o for o in map(json.loads, (setup / "run" / "outcomes.jsonl").read_text()
+                                                    .splitlines())}
+    assert outcomes["high"]["candidate_topic"] == "culture" and outcomes["high"]["action"] == "annotate"
+    assert outcomes["border"]["candidate_topic"] == "culture" and outcomes["border"]["action"] == "pass"
+    assert outcomes["missed"]["candidate_topic"] == "general"  # no kept text: the stored topic

@@ -18,12 +18,16 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from morphguard.config import AUTO_DETECTOR, Config, load_config, overlay_config
 from morphguard.detectors import SPECS
 from morphguard.errors import MorphguardError
 from morphguard.masking import mask_config_secrets, mask_secrets
 from morphguard.models import Detection
+
+if TYPE_CHECKING:
+    from morphguard.policy.comparison import Report
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
 
@@ -219,9 +223,13 @@ def _parser() -> argparse.ArgumentParser:
                     "calls and time. --depth decide reapplies policy to each stored score (no judge call); "
                     "--depth check runs the candidate's detector and judge on the texts kept for review. A rerun "
                     "with the same --out continues where the last one stopped.")
-    replay.add_argument("--candidate", type=Path, required=True, metavar="CANDIDATE.yaml",
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--candidate", type=Path, metavar="CANDIDATE.yaml",
                         help="the keys that differ from the live config (thresholds, profiles, topics, detector, "
                              "judge)")
+    source.add_argument("--shadow", action="store_true",
+                        help="no replay: the same report of the verdicts the shadow candidate (shadow in the config) "
+                             "stored beside live decisions (--since and --until apply)")
     replay.add_argument("--depth", choices=["decide", "check"], default="decide",
                         help="decide: the stored score under the candidate's policy (default); check: the stored "
                              "texts through its detector and judge too")
@@ -544,6 +552,8 @@ def _replay(args: argparse.Namespace) -> int:
     from morphguard.policy.comparison import Report
 
     live = _load(args)
+    if args.shadow:
+        return _shadow_report(args, live)
     candidate = overlay_config(live, _read(args.candidate), source=str(args.candidate))
     mask_config_secrets(candidate)
     if live.store.url is None and not Path(live.policy.audit.path).is_file():
@@ -566,14 +576,36 @@ def _replay(args: argparse.Namespace) -> int:
                                                  limit=args.limit, progress=bar.update))
     finally:
         store.close()
-    report = Report.of(outcomes)
-    text = report.render(f"replay of {args.candidate} at depth {args.depth}, {out}")
+    _write_report(Report.of(outcomes), f"replay of {args.candidate} at depth {args.depth}, {out}", out)
+    return EXIT_OK
+
+
+def _shadow_report(args: argparse.Namespace, live: Config) -> int:
+    from morphguard.policy import audit
+    from morphguard.policy.comparison import Outcome, Report
+
+    store = audit.AuditStore(live.policy.audit, live.store)
+    try:
+        stored = store.shadow_outcomes(since=audit.parse_time(args.since) if args.since else None,
+                                       until=audit.parse_time(args.until) if args.until else None)
+    except ValueError as exc:
+        raise MorphguardError(f"cannot read the time: {exc}") from None
+    finally:
+        store.close()
+    report = Report.of([Outcome.model_validate({**o, "row_id": n}) for n, o in enumerate(stored, 1)])
+    out = args.out or Path("runs") / "replay" / "shadow"
+    _write_report(report, f"shadow verdicts of {live.shadow.name} stored beside live decisions, {out}", out)
+    return EXIT_OK
+
+
+def _write_report(report: Report, title: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.render(title)
     (out / "report.txt").write_text(text, encoding="utf-8")
     (out / "report.json").write_text(json.dumps(report.summary(), indent=2), encoding="utf-8")
     (out / "changed.jsonl").write_text("".join(o.model_dump_json() + "\n" for o in report.changed),
                                        encoding="utf-8")
     sys.stdout.write(text)
-    return EXIT_OK
 
 
 def _audit_table(rows: list[dict[str, object]]) -> str:

@@ -520,6 +520,19 @@ class PolicySettings(Section):
         return self
 
 
+class ShadowSettings(Section):
+    """A candidate config run beside the live check on a share of live traffic, after the answer has gone out: its
+    verdict is stored beside the live decision and counted in metrics, and never changes or delays a response."""
+
+    name: str = Field("candidate", pattern=r"^[A-Za-z0-9_.-]{1,40}$")  # its label in metrics and the store
+    sample: float = Field(0.0, ge=0.0, le=1.0)  # the share of checked requests it sees; 0: off
+    # The keys that differ from the live config, laid over it as `morphguard replay --candidate` lays a file over
+    # it: policy (thresholds, actions, topics), detector, judge, and detector sections.
+    candidate: dict[str, Any] = {}
+    max_in_flight: int = Field(8, ge=1)  # candidate checks at once per process; a request past it is not sampled
+    timeout_s: float = Field(60.0, gt=0)  # a candidate check that takes longer counts as failed
+
+
 class ReviewSettings(Section):
     """The review console (`morphguard review`)."""
 
@@ -630,6 +643,7 @@ class Config(Section):
     store: StoreSettings = Field(default_factory=StoreSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
 
     @model_validator(mode="after")
     def _someone_consumes(self) -> Config:
@@ -705,6 +719,11 @@ def overlay_config(base: Config, text: str, source: str = "<overlay>") -> Config
     """`base` with the keys of the YAML `text` laid over it: mappings merge key by key, anything else (a number, a
     list of routes) is replaced whole. A candidate config that names only what it changes reads this way."""
     data, root = _mapping(text, source)
+    return overlaid(base, data, root, source)
+
+
+def overlaid(base: Config, data: dict[str, Any], root: yaml.Node | None = None, source: str = "<overlay>") -> Config:
+    """`base` with the mapping `data` laid over it (`overlay_config`)."""
     try:
         return Config.model_validate(_laid_over(base.model_dump(), data))
     except ValidationError as exc:

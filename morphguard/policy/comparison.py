@@ -155,10 +155,11 @@ def _matrix(title: str, moves: Counter[tuple[str, str]]) -> list[str]:
     actions = sorted({a for a, _ in moves} | {b for _, b in moves}, key=_order)
     width = max(9, *(len(a) for a in actions))
     corner = "live \\ cand."
-    lines = [title, f"  {corner:<{width}} " + " ".join(f"{a:>{width}}" for a in actions)]
+    first = max(len(corner), width)
+    lines = [title, f"  {corner:<{first}} " + " ".join(f"{a:>{width}}" for a in actions)]
     for a in actions:
         if any(moves[(a, b)] for b in actions):
-            lines.append(f"  {a:<{width}} " + " ".join(f"{moves[(a, b)] or '.':>{width}}" for b in actions))
+            lines.append(f"  {a:<{first}} " + " ".join(f"{moves[(a, b)] or '.':>{width}}" for b in actions))
     return [*lines, ""]
 
 

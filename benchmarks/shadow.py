@@ -28,9 +28,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_overhead import HERE, free_port, morphguard, process  # noqa: E402
 
-BODY = {"model": "bench", "messages": [
-    {"role": "system", "content": "Answer from <context>The Eiffel Tower is in Paris. It opened in 1889.</context>"},
-    {"role": "user", "content": "Where is the Eiffel Tower?"}]}
+def body(n: int) -> dict[str, object]:
+    """A RAG request of its own: no judge call of one is answered from the judge's cache for another."""
+    return {"model": "bench", "messages": [
+        {"role": "system", "content": f"Answer from <context>The Eiffel Tower is in Paris. It opened in 1889. "
+                                      f"Ticket {n} admits one.</context>"},
+        {"role": "user", "content": f"Where is the Eiffel Tower? ({n})"}]}
 
 
 async def round_of(base: str, requests: int, concurrency: int) -> tuple[list[float], set[bool]]:
@@ -41,7 +44,7 @@ async def round_of(base: str, requests: int, concurrency: int) -> tuple[list[flo
         async def one() -> None:
             async with gate:
                 started = time.perf_counter()
-                response = await client.post(base + "/v1/chat/completions", json=BODY)
+                response = await client.post(base + "/v1/chat/completions", json=body(time.time_ns()))
                 times.append(time.perf_counter() - started)
                 response.raise_for_status()
                 checked.add(bool(response.json()["morphguard"]["checked"]))

@@ -1,5 +1,6 @@
 """What a shadow candidate costs the live response: the same checked RAG requests through two proxies, one without
-a shadow and one whose shadow checks every request (`shadow.sample: 1`) with a judge as slow as the live one.
+a shadow and one whose shadow checks every request (`shadow.sample: 1`) with a judge of its own as slow as the live
+one.
 
 A fixed-latency server (benchmarks/fixed_upstream.py, `--judge-ms`) is both the upstream and the judge; both proxies
 run `sentences` (one judge call per check), inline, on the first core where there are two. The load goes to them in
@@ -27,6 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_overhead import HERE, free_port, morphguard, process  # noqa: E402
+
 
 def body(n: int) -> dict[str, object]:
     """A RAG request of its own: no judge call of one is answered from the judge's cache for another."""
@@ -71,8 +73,8 @@ def main() -> None:
             config = folder / f"{name.replace(' ', '')}.yaml"
             settings = yaml.safe_load(config.read_text())
             settings["detector"] = {"name": "sentences"}
-            settings["shadow"] = {"sample": sample, "candidate": {"policy": {"profiles": {"general": {
-                "threshold": 0.1, "action": "block"}}}}}
+            # another judge model (served by the same fixed-latency server), so the candidate checks every answer
+            settings["shadow"] = {"sample": sample, "candidate": {"judge": {"model": "openai/bench-candidate"}}}
             config.write_text(yaml.safe_dump(settings))
             stack.enter_context(process(cmd, base + "/healthz", log))
             bases[name] = base
@@ -85,13 +87,15 @@ def main() -> None:
                 checked |= seen
         time.sleep(2 * args.judge_ms / 1000)  # the last candidate checks finish
         with sqlite3.connect(folder / "share1.db") as db:
-            shadowed = db.execute("SELECT count(*) FROM shadow_verdicts").fetchone()[0]
+            outcomes = [json.loads(o) for (o,) in db.execute("SELECT outcome FROM shadow_verdicts")]
     result = {name: {"n": len(t), "median_ms": round(1000 * statistics.median(t), 1),
                      "p90_ms": round(1000 * sorted(t)[int(0.9 * len(t))], 1)} for name, t in times.items()}
     result["ratio_median"] = round(result["share 1"]["median_ms"] / result["share 0"]["median_ms"], 3)
     result["ratio_p90"] = round(result["share 1"]["p90_ms"] / result["share 0"]["p90_ms"], 3)
     result.update(judge_ms=args.judge_ms, concurrency=args.concurrency, checked=sorted(checked),
-                  shadow_verdicts_stored=shadowed)
+                  shadow_verdicts_stored=len(outcomes),
+                  candidate_judge_calls=sum(o["llm_calls"] for o in outcomes),
+                  candidate_median_ms=round(1000 * statistics.median(o["seconds"] for o in outcomes), 1))
     print(json.dumps(result, indent=2))
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "shadow.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -2,10 +2,12 @@
 
 Once a request's decision is recorded, a sampled request is handed to a background task that checks the same
 question, passages and answer with the candidate's detector and judge and decides under the candidate's policy, as
-`morphguard replay --depth check` does with stored traffic (`policy.replay.Replayer`). The response has left or is
-leaving by then; nothing here can change it, and whatever the candidate does (errs, hangs, blocks) stays here:
-logged, counted, bounded by `shadow.timeout_s` and `shadow.max_in_flight`. Its verdict goes beside the live decision
-(`AuditStore.record_shadow`), and where the two disagree the texts are kept for review as a flagged answer's are.
+`morphguard replay --depth check` does with stored traffic (`policy.replay.Replayer`); a candidate that changes
+policy alone decides on the live check's finding instead, as `--depth decide` does, and asks no judge. The response
+has left or is leaving by then; nothing here can change it, and whatever the candidate does (errs, hangs, blocks)
+stays here: logged, counted, bounded by `shadow.timeout_s` and `shadow.max_in_flight`. Its verdict goes beside the
+live decision (`AuditStore.record_shadow`), and where the two disagree the texts are kept for review as a flagged
+answer's are.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ from morphguard.masking import mask_secrets
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.comparison import Outcome
 from morphguard.policy.record import DecisionRecord
-from morphguard.policy.replay import PASSAGE_BREAK, Replayer
+from morphguard.policy.replay import PASSAGE_BREAK, Depth, Replayer
 from morphguard.proxy.check import CheckRequest
 
 log = logging.getLogger(__name__)
 _BLOCKING = frozenset({"block", "regenerate"})
+
+
+def _checking(config: Config) -> dict[str, Any]:
+    """What of a config decides a check's finding: everything but policy and where things run."""
+    return config.model_dump(exclude={"policy", "proxy", "telemetry", "store", "queue", "review", "shadow"})
 
 
 class Shadow:
@@ -35,7 +42,10 @@ class Shadow:
         candidate = overlaid(live, self.settings.candidate, source="shadow.candidate")
         candidate = candidate.model_copy(update={"shadow": ShadowSettings()})  # a candidate shadows nothing
         self.candidate = candidate
-        self.replayer = Replayer(candidate, "check", retag=live.policy.topics != candidate.policy.topics)
+        # A candidate that changes policy alone decides on the live check's finding; one that changes how answers
+        # are checked (detector, judge, a detector's settings) checks them itself.
+        depth: Depth = "decide" if _checking(live) == _checking(candidate) else "check"
+        self.replayer = Replayer(candidate, depth, retag=live.policy.topics != candidate.policy.topics)
         self.audit = audit
         self.running: set[asyncio.Task[None]] = set()
         self._draw = random.Random()

@@ -25,7 +25,8 @@ QUESTION = "Can pregnant women take ibuprofen for back pain?"
 CANDIDATES = {
     "errs": {"judge": {"model": "openai/broken-judge"}},
     "hangs": {"judge": {"model": "openai/slow-judge"}},
-    "blocks": {"policy": {"profiles": {"general": {"threshold": 0.0, "action": "block"}}}},
+    "blocks": {"policy": {"profiles": {"general": {"threshold": 0.0, "action": "block"}}}},  # decides on the finding
+    "grounds": {"detector": {"name": "grounding"}},  # checks every answer again, with another detector
 }
 MODELS = ("faithful", "hallucinated")
 
@@ -104,6 +105,11 @@ def test_a_blocking_candidate_is_stored_beside_the_live_decision_and_reported(pr
         time.sleep(0.2)
     assert {(r["live_action"], r["action"], r["changed"]) for r in rows} == {
         ("annotate", "block", 1), ("pass", "block", 1)}
+    # a candidate that changes policy alone decides on the live finding, asking no judge
+    live = {r["request_id"]: r for r in _live_rows(proxy_factory, base)}
+    for row in rows:
+        outcome = json.loads(row["outcome"])
+        assert outcome["llm_calls"] == 0 and outcome["score"] == live[row["request_id"]]["score"]
     # the disagreement keeps its texts for review although the live decision passed it (store_text: hash)
     passed = next(r for r in rows if r["live_action"] == "pass")
     assert passed["question"] == QUESTION and passed["answer"] and not passed["answer"].startswith("sha256:")
@@ -144,3 +150,22 @@ def test_a_candidate_that_hangs_is_cut_off_counted_and_stores_nothing(proxies, p
         time.sleep(0.2)
     assert _metric(base).get("failed", 0) >= 1
     assert _shadow_rows(proxy_factory, base, 0) == []
+
+
+def test_a_candidate_with_another_detector_checks_the_answer_itself(proxies, proxy_factory):
+    _, shadowed = proxies
+    base = shadowed["grounds"]
+    for model in MODELS:
+        _ask(base, model, False)
+    rows = _shadow_rows(proxy_factory, base, 2)
+    outcomes = [json.loads(r["outcome"]) for r in rows]
+    assert {o["score"] is not None for o in outcomes} == {True}
+    # grounding's own score, not the live check's copied across
+    live = {r["request_id"]: r for r in _live_rows(proxy_factory, base)}
+    assert any(o["score"] != live[o["request_id"]]["score"] for o in outcomes)
+
+
+def _live_rows(proxy_factory, base: str) -> list[dict]:
+    with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT request_id, score FROM decisions")]

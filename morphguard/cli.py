@@ -11,18 +11,23 @@ repeat the judge's key."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from morphguard.config import AUTO_DETECTOR, Config, load_config
+from morphguard.config import AUTO_DETECTOR, Config, load_config, overlay_config
 from morphguard.detectors import SPECS
 from morphguard.errors import MorphguardError
 from morphguard.masking import mask_config_secrets, mask_secrets
 from morphguard.models import Detection
+
+if TYPE_CHECKING:
+    from morphguard.policy.comparison import Report
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
 
@@ -209,6 +214,45 @@ def _parser() -> argparse.ArgumentParser:
                        help="reduce texts kept for review past policy.audit.keep_text_days to what store_text says")
     _config_option(audit)
     audit.set_defaults(run=_audit)
+
+    replay = commands.add_parser(
+        "replay", help="what a candidate config would have done with stored traffic",
+        description="Replay the decisions the audit trail holds under a candidate config (a partial config laid "
+                    "over --config) and report what it would have done: live action → candidate action by profile "
+                    "and topic, precision and recall against the reviewers' labels for both, the candidate's judge "
+                    "calls and time. --depth decide reapplies policy to each stored score (no judge call); "
+                    "--depth check runs the candidate's detector and judge on the texts kept for review. A rerun "
+                    "with the same --out continues where the last one stopped.")
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--candidate", type=Path, metavar="CANDIDATE.yaml",
+                        help="the keys that differ from the live config (thresholds, profiles, topics, detector, "
+                             "judge)")
+    source.add_argument("--shadow", action="store_true",
+                        help="no replay: the same report of the verdicts the shadow candidate (shadow in the config) "
+                             "stored beside live decisions (--since and --until apply)")
+    replay.add_argument("--depth", choices=["decide", "check"], default="decide",
+                        help="decide: the stored score under the candidate's policy (default); check: the stored "
+                             "texts through its detector and judge too")
+    replay.add_argument("--since", help="ISO time or age (30m, 24h, 7d)")
+    replay.add_argument("--until", help="ISO time or age")
+    replay.add_argument("--profile", help="one profile")
+    replay.add_argument("--topic", help="one topic, e.g. healthcare")
+    replay.add_argument("--route", help="one route, as the audit trail names it")
+    replayed_flags = replay.add_mutually_exclusive_group()
+    replayed_flags.add_argument("--flagged", dest="flagged", action="store_true", default=None,
+                                help="flagged only")
+    replayed_flags.add_argument("--not-flagged", dest="flagged", action="store_false", help="not flagged only")
+    reviewed = replay.add_mutually_exclusive_group()
+    reviewed.add_argument("--reviewed", dest="reviewed", action="store_true", default=None,
+                          help="only decisions a reviewer judged")
+    reviewed.add_argument("--not-reviewed", dest="reviewed", action="store_false", help="only those none judged")
+    replay.add_argument("--limit", type=_positive, default=None, help="at most this many decisions (default: all)")
+    replay.add_argument("--workers", type=_positive, default=4, help="checks in flight at once (default 4)")
+    replay.add_argument("--out", type=Path, default=None,
+                        help="run folder: outcomes, report.txt, report.json, changed.jsonl (default: "
+                             "runs/replay/<candidate>-<depth>)")
+    _config_option(replay)
+    replay.set_defaults(run=_replay)
 
     demo = commands.add_parser(
         "demo", help="the whole loop offline: proxy, embedded model, two RAG requests",
@@ -497,6 +541,71 @@ def _audit(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def _replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tqdm import tqdm
+
+    from morphguard.policy import audit, replay
+    from morphguard.policy.comparison import Report
+
+    live = _load(args)
+    if args.shadow:
+        return _shadow_report(args, live)
+    candidate = overlay_config(live, _read(args.candidate), source=str(args.candidate))
+    mask_config_secrets(candidate)
+    if live.store.url is None and not Path(live.policy.audit.path).is_file():
+        raise MorphguardError(f"no audit store at {live.policy.audit.path} (policy.audit.path)")
+    if args.depth == "check":
+        _require_judges(candidate)
+    try:
+        where = replay.RowFilter(since=audit.parse_time(args.since) if args.since else None,
+                                 until=audit.parse_time(args.until) if args.until else None,
+                                 profile=args.profile, topic=args.topic, route=args.route, flagged=args.flagged,
+                                 reviewed=args.reviewed)
+    except ValueError as exc:
+        raise MorphguardError(f"cannot read the time: {exc}") from None
+    out = args.out or Path("runs") / "replay" / f"{args.candidate.stem}-{args.depth}"
+    store = audit.AuditStore(live.policy.audit, live.store)
+    try:
+        total = replay.count(store, where)
+        with tqdm(total=min(total, args.limit or total), unit="row", desc="replay", file=sys.stderr) as bar:
+            outcomes = asyncio.run(replay.replay(store, live, candidate, args.depth, where, out, workers=args.workers,
+                                                 limit=args.limit, progress=bar.update))
+    finally:
+        store.close()
+    _write_report(Report.of(outcomes), f"replay of {args.candidate} at depth {args.depth}, {out}", out)
+    return EXIT_OK
+
+
+def _shadow_report(args: argparse.Namespace, live: Config) -> int:
+    from morphguard.policy import audit
+    from morphguard.policy.comparison import Outcome, Report
+
+    store = audit.AuditStore(live.policy.audit, live.store)
+    try:
+        stored = store.shadow_outcomes(since=audit.parse_time(args.since) if args.since else None,
+                                       until=audit.parse_time(args.until) if args.until else None)
+    except ValueError as exc:
+        raise MorphguardError(f"cannot read the time: {exc}") from None
+    finally:
+        store.close()
+    report = Report.of([Outcome.model_validate({**o, "row_id": n}) for n, o in enumerate(stored, 1)])
+    out = args.out or Path("runs") / "replay" / "shadow"
+    _write_report(report, f"shadow verdicts of {live.shadow.name} stored beside live decisions, {out}", out)
+    return EXIT_OK
+
+
+def _write_report(report: Report, title: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.render(title)
+    (out / "report.txt").write_text(text, encoding="utf-8")
+    (out / "report.json").write_text(json.dumps(report.summary(), indent=2), encoding="utf-8")
+    (out / "changed.jsonl").write_text("".join(o.model_dump_json() + "\n" for o in report.changed),
+                                       encoding="utf-8")
+    sys.stdout.write(text)
 
 
 def _audit_table(rows: list[dict[str, object]]) -> str:

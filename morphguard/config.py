@@ -525,6 +525,19 @@ class PolicySettings(Section):
         return self
 
 
+class ShadowSettings(Section):
+    """A candidate config run beside the live check on a share of live traffic, after the answer has gone out: its
+    verdict is stored beside the live decision and counted in metrics, and never changes or delays a response."""
+
+    name: str = Field("candidate", pattern=r"^[A-Za-z0-9_.-]{1,40}$")  # its label in metrics and the store
+    sample: float = Field(0.0, ge=0.0, le=1.0)  # the share of checked requests it sees; 0: off
+    # The keys that differ from the live config, laid over it as `morphguard replay --candidate` lays a file over
+    # it: policy (thresholds, actions, topics), detector, judge, and detector sections.
+    candidate: dict[str, Any] = {}
+    max_in_flight: int = Field(8, ge=1)  # candidate checks at once per process; a request past it is not sampled
+    timeout_s: float = Field(60.0, gt=0)  # a candidate check that takes longer counts as failed
+
+
 class ReviewSettings(Section):
     """The review console (`morphguard review`)."""
 
@@ -635,6 +648,7 @@ class Config(Section):
     store: StoreSettings = Field(default_factory=StoreSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
 
     @model_validator(mode="after")
     def _someone_consumes(self) -> Config:
@@ -685,20 +699,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    import yaml  # here: only a config file needs it
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections")
-    data = _interpolate(data, root, source, ())
+    data, root = _mapping(text, source)
     errors: list[Any] = []
     for key, value in list(data.items()):
         if key in Config.model_fields:
@@ -717,6 +718,46 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if errors:
         raise ConfigError("\n".join(_describe(err, root, source) for err in errors))
     return config
+
+
+def overlay_config(base: Config, text: str, source: str = "<overlay>") -> Config:
+    """`base` with the keys of the YAML `text` laid over it: mappings merge key by key, anything else (a number, a
+    list of routes) is replaced whole. A candidate config that names only what it changes reads this way."""
+    data, root = _mapping(text, source)
+    return overlaid(base, data, root, source)
+
+
+def overlaid(base: Config, data: dict[str, Any], root: yaml.Node | None = None, source: str = "<overlay>") -> Config:
+    """`base` with the mapping `data` laid over it (`overlay_config`)."""
+    try:
+        return Config.model_validate(_laid_over(base.model_dump(), data))
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, root, source) for err in exc.errors())) from None
+
+
+def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _laid_over(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _mapping(text: str, source: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A config file's top-level mapping, its environment references resolved, and its YAML tree (for lines)."""
+    import yaml  # here: only a config file needs it
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    return _interpolate(data, root, source, ()), root
 
 
 def _interpolate(value: Any, root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> Any:

@@ -106,6 +106,16 @@ revoked_sessions = sa.Table(
     sa.Column("session_id", sa.Text, primary_key=True),
     sa.Column("expires_at", sa.Float, nullable=False),  # the session's own end (epoch seconds): the row may go then
 )
+shadow_verdicts = sa.Table(
+    "shadow_verdicts", metadata,  # what a shadow candidate made of a request (proxy.shadow), beside its decision
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("time", sa.Text, nullable=False),
+    sa.Column("candidate", sa.Text, nullable=False),
+    sa.Column("changed", sa.Boolean, nullable=False),  # its action or flag differs from the live decision's
+    sa.Column("action", sa.Text),
+    sa.Column("outcome", sa.JSON, nullable=False),  # policy.comparison.Outcome
+    sa.Index("shadow_verdicts_changed", "changed"),
+)
 COLUMNS = tuple(decisions.columns.keys())
 _JSON_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
 _TEXT_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.Text))
@@ -310,6 +320,43 @@ class AuditStore:
                     question=self._text(question), answer=self._text(answer), context=self._text(context),
                     text_kept_until=None))
         return len(rows)
+
+    # A shadow candidate's verdicts (proxy.shadow), beside the decisions they shadow.
+
+    def record_shadow(self, request_id: str, candidate: str, changed: bool, action: str | None,
+                      outcome: dict[str, Any], texts: dict[str, str | None] | None = None) -> None:
+        """Store what the candidate made of a request (a second verdict for it changes nothing). `texts`: question,
+        answer and context to keep for review, as a flagged answer's are (`keep_text`), where the candidate and the
+        live decision disagree and the row keeps none yet: reviewers label exactly those."""
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        c = decisions.c
+        with self.engine.begin() as db:
+            db.execute(insert(shadow_verdicts).values(
+                request_id=request_id, time=now(), candidate=candidate, changed=changed, action=action,
+                outcome=json.loads(_json_text(outcome))).on_conflict_do_nothing(index_elements=["request_id"]))
+            if texts and self.settings.keep_text != "none" and self.settings.store_text != "full":
+                until = datetime.now(UTC) + timedelta(days=self.settings.keep_text_days)
+                db.execute(decisions.update().where(c.request_id == request_id, c.text_kept_until.is_(None))
+                           .values(**{k: _sql(v) for k, v in texts.items()},
+                                   text_kept_until=until.isoformat(timespec="milliseconds")))
+
+    def shadow_outcomes(self, since: str | None = None, until: str | None = None,
+                        candidate: str | None = None) -> list[dict[str, Any]]:
+        """The stored shadow verdicts (`policy.comparison.Outcome` as dicts), oldest first, each with the current
+        review label of its decision."""
+        v = shadow_verdicts.c
+        label = (sa.select(reviews.c.label).join(decisions, decisions.c.id == reviews.c.decision_id)
+                 .where(decisions.c.request_id == v.request_id).order_by(reviews.c.id.desc()).limit(1)
+                 .scalar_subquery())
+        sql = sa.select(v.outcome, label.label("review")).order_by(v.time, v.request_id)
+        if since:
+            sql = sql.where(v.time >= since)
+        if until:
+            sql = sql.where(v.time < until)
+        if candidate:
+            sql = sql.where(v.candidate == candidate)
+        with self.engine.connect() as db:
+            return [{**outcome, "label": review} for outcome, review in db.execute(sql)]
 
     # The escalation outbox. The replica that writes an escalation holds its claim and delivers it; a claim
     # not renewed (`renew_claim`) for `stale_s` is taken by whoever sweeps next (`claim_escalations`).

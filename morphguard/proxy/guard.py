@@ -39,6 +39,7 @@ from morphguard.proxy.checker import Checker
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.journal import Journal
 from morphguard.proxy.outage import Outage
+from morphguard.proxy.shadow import Shadow
 from morphguard.store import open_queue
 from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import CheckQueue, QueueUnavailable
@@ -72,6 +73,7 @@ class Guard:
         self._queue_full = Outage("room in the async check queue", log)
         # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
         self.journal = Journal() if shared is not None and audit is not None else None
+        self.shadow = Shadow(config, audit) if config.shadow.sample > 0 else None
 
     async def find(self, request: CheckRequest, answer: Answer) -> Found:
         """The check of the answer's text (no decision, no side effects)."""
@@ -100,6 +102,7 @@ class Guard:
             outcome = self.decide(request, answer, await self.find(request, answer), reach)
             settled = await self._carry_out(span, request, answer, outcome, reask)
         await self._record(settled.record)
+        self._shadowed(request, settled.record)
         return settled
 
     async def settle_queued(self, request: CheckRequest, answer: Answer) -> Settled:
@@ -110,6 +113,7 @@ class Guard:
             outcome = self.decide(request, answer, await self.find(request, answer), Reach.NONE)
             settled = await self._carry_out(span, request, answer, outcome, None)
         await self._record(settled.record, wait_for_store=True)
+        self._shadowed(request, settled.record)
         return settled
 
     async def carry_out(self, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
@@ -121,6 +125,7 @@ class Guard:
             settled = await self._carry_out(span, request, answer, outcome, None)
         record = settled.record if released is None else settled.record.model_copy(update=released.fields())
         await self._record(record)
+        self._shadowed(request, record)
         return Settled(settled.answer, record)
 
     async def _carry_out(self, span: Span, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
@@ -248,6 +253,11 @@ class Guard:
         self._store.ok()
         return written
 
+    def _shadowed(self, request: CheckRequest, record: DecisionRecord) -> None:
+        """A recorded request offered to the shadow candidate, which checks it after the answer has gone."""
+        if self.shadow is not None:
+            self.shadow.offer(request, record)
+
     def in_background(self, work: Awaitable[Any]) -> None:
         """Work that must end in a record though nobody awaits it; stop() gives it the grace period."""
         task = asyncio.ensure_future(work)
@@ -317,6 +327,8 @@ class Guard:
                 "retrying": self.audit.escalation_backlog() - states.get("pending", 0)}
 
     async def close(self) -> None:
+        if self.shadow is not None:
+            await self.shadow.drain()
         await self.queue.close()
         if self.checker.cache is not None:
             await self.checker.cache.close()

@@ -82,6 +82,14 @@ def _instruments() -> dict[str, Any]:
             description="Requests that ended in an error, checks the judge failed, audit rows not written"),
         "judge_restarts": meter.create_counter(names.METRIC_JUDGE_RESTARTS, unit="{restart}",
                                                description="Restarts of the embedded judge after it died"),
+        "shadow_checks": meter.create_counter(
+            names.METRIC_SHADOW_CHECKS, unit="{check}",
+            description="A shadow candidate's checks: whether it agreed with the live decision, would flag or block"),
+        "shadow_duration": meter.create_histogram(names.METRIC_SHADOW_DURATION, unit="s",
+                                                  description="Wall time of a shadow candidate's check",
+                                                  explicit_bucket_boundaries_advisory=_SECONDS),
+        "shadow_tokens": meter.create_counter(names.METRIC_SHADOW_TOKENS, unit="{token}",
+                                              description="Tokens a shadow candidate's judge used, by type"),
     }
 
 
@@ -320,3 +328,16 @@ def count_error(reason: str) -> None:
 
 def judge_restarted() -> None:
     _instruments()["judge_restarts"].add(1)
+
+
+def shadow_checked(candidate: str, outcome: str, *, would_flag: bool = False, would_block: bool = False,
+                   seconds: float = 0.0, input_tokens: int = 0, output_tokens: int = 0) -> None:
+    """One shadow check: `outcome` is agree, disagree or failed; `candidate` a configured name."""
+    instruments = _instruments()
+    instruments["shadow_checks"].add(1, {names.CANDIDATE: candidate, names.SHADOW_OUTCOME: outcome,
+                                         names.WOULD_FLAG: would_flag, names.WOULD_BLOCK: would_block})
+    if outcome != "failed":
+        instruments["shadow_duration"].record(seconds, {names.CANDIDATE: candidate})
+    for kind, tokens in (("input", input_tokens), ("output", output_tokens)):
+        if tokens:
+            instruments["shadow_tokens"].add(tokens, {names.CANDIDATE: candidate, names.TOKEN_TYPE: kind})

@@ -78,7 +78,7 @@ def proxy_factory(provider, tmp_path_factory):
     started: list[subprocess.Popen[bytes]] = []
 
     def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
-             processes: int = 1, detector: str = "auto", **proxy: object) -> str:
+             processes: int = 1, detector: str = "auto", shadow: dict | None = None, **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})
@@ -90,6 +90,7 @@ def proxy_factory(provider, tmp_path_factory):
             "proxy": {"upstream": upstream, **proxy},
             "policy": policy,
             "telemetry": telemetry or {},
+            **({"shadow": shadow} if shadow else {}),
         }
         base, process = serve(config, folder, processes=processes)
         started.append(process)

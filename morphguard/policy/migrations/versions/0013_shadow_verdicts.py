@@ -5,8 +5,8 @@
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 
 
 def upgrade() -> None:

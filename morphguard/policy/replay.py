@@ -156,29 +156,28 @@ class Replayer:
         return str(row["topic"])
 
     async def outcome(self, row: dict[str, Any]) -> Outcome:
-        live = Outcome(row_id=row["id"], request_id=row["request_id"], time=row["time"], profile=row["profile"],
-                       topic=row["topic"], live_action=row["action"], live_flagged=bool(row["flagged"]),
-                       live_score=row["score"], label=row.get("review"))
+        live = {"row_id": row["id"], "request_id": row["request_id"], "time": row["time"], "profile": row["profile"],
+                "topic": row["topic"], "live_action": row["action"], "live_flagged": bool(row["flagged"]),
+                "live_score": row["score"], "label": row.get("review")}
         finding = _finding(row)
         if finding is None:
-            return live.model_copy(update={"status": "pending"})
+            return Outcome(**live, status="pending")
         started = time.perf_counter()
         detection: Detection | None = None
         if self.depth == "check" and finding.skipped is None:
             if not _texts(row):
-                return live.model_copy(update={"status": "no_text"})
+                return Outcome(**live, status="no_text")
             finding, detection = await self._check(row)
         profile = self._profile(row)
         topic = self._topic(row, profile)
         reach = Reach.WITHHOLD if row["released_chars"] is not None else Reach.ASK_AGAIN
         decision = self.engine.decide(profile, topic, finding, _holds(row), reach)
-        scored = finding.detection.score if finding.detection is not None else None
         cost = detection.cost if detection is not None else None
-        return live.model_copy(update={
-            "candidate_profile": profile, "candidate_topic": topic, "action": decision.action,
-            "flagged": decision.flagged, "score": scored, "threshold": decision.threshold, "reason": decision.reason,
-            "llm_calls": cost.llm_calls if cost else 0, "input_tokens": cost.input_tokens if cost else 0,
-            "output_tokens": cost.output_tokens if cost else 0, "seconds": time.perf_counter() - started})
+        return Outcome(**live, candidate_profile=profile, candidate_topic=topic, action=decision.action,
+                       flagged=decision.flagged, threshold=decision.threshold, reason=decision.reason,
+                       score=finding.detection.score if finding.detection is not None else None,
+                       llm_calls=cost.llm_calls if cost else 0, input_tokens=cost.input_tokens if cost else 0,
+                       output_tokens=cost.output_tokens if cost else 0, seconds=time.perf_counter() - started)
 
     async def _check(self, row: dict[str, Any]) -> tuple[Finding, Detection | None]:
         from morphguard.detectors import build_detector

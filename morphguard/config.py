@@ -451,6 +451,9 @@ class AuditSettings(Section):
     # reduces it to what store_text says.
     keep_text: Literal["none", "flagged", "escalated"] = "flagged"
     keep_text_days: float = Field(30.0, gt=0)
+    # How long an answer waits for its row while the store cannot write (unreachable, disk full, read-only); past
+    # it the client gets 503 store_unavailable with Retry-After and the row is written once the store is back.
+    wait_s: float = Field(5.0, ge=0)
 
 
 def _default_topics() -> dict[str, TopicRule]:

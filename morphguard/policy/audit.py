@@ -33,6 +33,8 @@ from morphguard.policy.record import DecisionRecord, now
 from morphguard.store import database
 
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
+# What SQLite says when it cannot write for now (a lock, a full, read-only or failing disk): an outage, waited out.
+SQLITE_OUTAGES = ("locked", "busy", "unable to open", "disk is full", "readonly database", "disk I/O error")
 RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
@@ -266,14 +268,15 @@ class AuditStore:
         return found
 
     def unavailable(self, exc: BaseException) -> bool:
-        """Whether `exc` says the database cannot be reached or is busy (worth waiting for), not that it refused."""
+        """Whether `exc` says the database cannot be reached, is busy or cannot write now (worth waiting for), not
+        that it refused the row."""
         dbapi = self.engine.dialect.dbapi
         kinds: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
                                                   sa.exc.TimeoutError, sa.exc.DisconnectionError)
         if dbapi is not None:
             kinds += (dbapi.OperationalError, dbapi.InterfaceError)
         if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
-            return isinstance(exc, kinds) and any(w in str(exc) for w in ("locked", "busy", "unable to open"))
+            return isinstance(exc, kinds) and any(w in str(exc) for w in SQLITE_OUTAGES)
         return isinstance(exc, kinds)
 
     def _args(self, record: DecisionRecord) -> Any:

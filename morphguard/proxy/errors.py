@@ -17,6 +17,8 @@ and the span's exception event) has every secret of the config and the current r
     ├── 413 request_too_large
     ├── 499 client_disconnected  the client left before its request body was complete
     ├── 502 upstream_unavailable / upstream_malformed / upstream_stream_broken
+    ├── 503 store_unavailable     the audit trail cannot be written: no answer goes out without its row
+    │       upstream_busy         every connection to the upstream busy for `upstream.pool_wait_s`
     └── 504 upstream_timeout
 """
 
@@ -128,6 +130,11 @@ def upstream_malformed(detail: str) -> ProxyError:
 def upstream_stream_broken(detail: str) -> ProxyError:
     return ProxyError(502, f"The upstream stream ended abnormally: {detail}", "upstream_error", None,
                       "upstream_stream_broken")
+
+
+def store_unavailable(retry_after_s: float) -> ProxyError:
+    return ProxyError(503, "The audit trail cannot be written now, so the answer is withheld; try again later.",
+                      "server_error", None, "store_unavailable", {"retry-after": str(max(1, round(retry_after_s)))})
 
 
 def upstream_timeout() -> ProxyError:

@@ -77,10 +77,14 @@ class Relayed:
             response, completion = assembly.response(), assembly.completion()
             answer = Answer(completion, response)
             steps.answered(exchange, relay, answer)
-            if self.later:
-                settled = await steps.check_later(exchange, answer, Reach.NONE)
-            else:
-                settled = await steps.check(exchange, answer, Reach.NONE)
+            try:
+                if self.later:
+                    settled = await steps.check_later(exchange, answer, Reach.NONE)
+                else:
+                    settled = await steps.check(exchange, answer, Reach.NONE)
+            except ProxyError as exc:  # the verdict cannot be given (its row cannot be written): say so, the SDK raises
+                yield dialect.stream_error(exc).encode()
+                return
             recorded = True
             for event in dialect.with_verdict(last, settled.record.payload(), response):
                 yield event.encode()

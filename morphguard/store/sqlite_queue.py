@@ -1,4 +1,8 @@
-"""The embedded check queue: one SQLite table beside the audit store, one process consuming it."""
+"""The embedded check queue: one SQLite table beside the audit store, one process consuming it.
+
+A disk that cannot be written (full, read-only, failing) is the queue being unavailable (`QueueUnavailable`), as
+Redis stopped is for a fleet: the caller falls back as `proxy.on_queue_full` says.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from morphguard.store.queue import Entry
+from morphguard.store.queue import Entry, QueueUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS check_queue (
@@ -49,17 +55,28 @@ class SqliteCheckQueue:
         return stored
 
     def _put(self, entry_id: str, text: str) -> bool:
-        with self._lock:
+        with self._locked():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 (size,) = self._db.execute("SELECT count(*) FROM check_queue").fetchone()
-                if size >= self.max_size:
-                    return False
-                self._db.execute("INSERT INTO check_queue (id, enqueued, payload) VALUES (?, ?, ?)",
-                                 (entry_id, time.time(), text))
-            finally:
+                if size < self.max_size:
+                    self._db.execute("INSERT INTO check_queue (id, enqueued, payload) VALUES (?, ?, ?)",
+                                     (entry_id, time.time(), text))
                 self._db.execute("COMMIT")
-        return True
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        return size < self.max_size
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The connection, to this thread alone; the database's errors as the queue's being unavailable."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                raise QueueUnavailable(f"the queue's SQLite file cannot be used: {exc}") from exc
 
     async def take(self, wait_s: float) -> Entry | None:
         entry = await asyncio.to_thread(self._take)
@@ -73,7 +90,7 @@ class SqliteCheckQueue:
         return entry
 
     def _take(self) -> Entry | None:
-        with self._lock:
+        with self._locked():
             row = self._db.execute(
                 "UPDATE check_queue SET claimed = ? WHERE id = (SELECT id FROM check_queue WHERE claimed IS NULL "
                 "ORDER BY enqueued LIMIT 1) RETURNING id, payload, tries", (time.time(),)).fetchone()
@@ -111,11 +128,11 @@ class SqliteCheckQueue:
         return True  # a file beside the process
 
     def _count(self) -> int:
-        with self._lock:
+        with self._locked():
             return int(self._db.execute("SELECT count(*) FROM check_queue").fetchone()[0])
 
     def _run(self, sql: str, *args: Any) -> None:
-        with self._lock:
+        with self._locked():
             self._db.execute(sql, args)
 
     async def close(self) -> None:

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from morphguard.config import AuditSettings
 from morphguard.policy.audit import AuditStore
@@ -127,3 +128,36 @@ def test_rows_written_on_the_loop_are_checkpointed_out_of_the_log(store):
     # loop's commits, so on busy cores the log grows further past each interval before it is reused (8.5 MB seen).
     assert log.stat().st_size < 16 * 2**20
     assert len(rows(store)) == 1500
+
+
+@pytest.mark.parametrize("message", ["database or disk is full", "attempt to write a readonly database",
+                                     "disk I/O error"])
+def test_a_disk_that_cannot_write_is_an_outage_not_a_refused_row(store, message):
+    assert store.unavailable(sqlite3.OperationalError(message))
+    assert not store.unavailable(sqlite3.OperationalError("no such table: decisions"))
+
+
+def test_a_read_only_store_fails_as_an_outage_and_writes_again_once_writable(store):
+    read_only = {"on": True}
+
+    def pragma(connection, *_):  # SQLite's own SQLITE_READONLY on every connection the store uses
+        connection.execute(f"PRAGMA query_only={int(read_only['on'])}")
+
+    sqlalchemy.event.listen(store.engine, "checkout", pragma)
+    pragma(store._at_once)
+    writer = AuditWriter(store)
+
+    async def write(n: int) -> object:
+        try:
+            return await writer.write(row(n))
+        except Exception as exc:
+            return exc
+
+    failed = asyncio.run(write(1))
+    assert isinstance(failed, sqlite3.OperationalError) and "readonly" in str(failed)
+    assert store.unavailable(failed)  # waited out, not written without its texts and dropped
+    read_only["on"] = False
+    pragma(store._at_once)
+    assert asyncio.run(write(1)).row_id is not None
+    writer.close()
+    assert rows(store) == [("r1", "m")]

@@ -286,7 +286,14 @@ DETECTOR_SECTIONS: dict[str, type[Section]] = {
 class UpstreamSettings(Section):
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
+    # Every wait on the provider is bounded: `first_byte_s` until its response begins (None: `timeout_s`; a plain
+    # answer begins only once it is generated whole), `timeout_s` of silence between two pieces of a body, and
+    # `response_s` for the whole response, first byte to last (a stream that never ends is cut there: 504).
     timeout_s: float = Field(120.0, gt=0)
+    first_byte_s: float | None = Field(None, gt=0)
+    response_s: float = Field(1800.0, gt=0)
+    # A request finding all `max_connections` busy waits this long for one, then gets 503 upstream_busy.
+    pool_wait_s: float = Field(10.0, ge=0)
     max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
     retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)

@@ -571,6 +571,10 @@ class QueueSettings(Section):
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: detections shared across the fleet for this long
+    # The longest one Redis command may take, connecting included (a profile's smaller latency_budget_s bounds it
+    # further); past it Redis counts as unavailable (logged, /readyz 503). Reads that wait on purpose (a worker's
+    # read of new checks, a reply an inline check awaits) wait their own time, and this on top.
+    timeout_s: float = Field(2.0, gt=0)
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere

@@ -461,6 +461,9 @@ class AuditSettings(Section):
     # How long an answer waits for its row while the store cannot write (unreachable, disk full, read-only); past
     # it the client gets 503 store_unavailable with Retry-After and the row is written once the store is back.
     wait_s: float = Field(5.0, ge=0)
+    # SQLite: full flushes each commit to disk before the answer it records goes out, so a power cut loses no row a
+    # client was answered with; normal leaves the flush to the next checkpoint (a power cut can undo the rows since).
+    synchronous: Literal["full", "normal"] = "full"
 
 
 def _default_topics() -> dict[str, TopicRule]:

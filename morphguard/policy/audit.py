@@ -132,7 +132,7 @@ class AuditStore:
         self.settings = settings
         self.url = database.url_for(store.url, settings.path)
         self.shared = not self.url.startswith("sqlite")  # other processes write here too
-        self.engine = database.connect(self.url, store.pool_size)
+        self.engine = database.connect(self.url, store.pool_size, settings.synchronous)
         database.migrate(self.engine, MIGRATIONS)
         # One row per request is the hot path: the statements are compiled once and run as the driver's SQL.
         # ON CONFLICT DO NOTHING: a request id already recorded returns no row, and its write changes nothing.
@@ -149,11 +149,13 @@ class AuditStore:
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
         self._outbox_sql = str(self._outbox)
-        # SQLite: one connection of its own for `record_at_once`, which never waits for the write lock
-        # (busy_timeout 0) and never checkpoints on commit.
+        # SQLite without a flush per commit (synchronous=normal): one connection of its own for `record_at_once`,
+        # which never waits for the write lock (busy_timeout 0) and never checkpoints on commit. A commit that is
+        # flushed to disk (full) waits for the disk: it never runs on the event loop.
         self._at_once: Any = None
         self._at_once_lock = threading.Lock()
-        if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
+        if not self.shared and settings.synchronous == "normal" \
+                and sa.make_url(self.url).database not in (None, "", ":memory:"):
             pooled = self.engine.raw_connection()
             pooled.detach()  # out of the pool: held for the life of the store
             connection: Any = pooled.dbapi_connection
@@ -189,7 +191,7 @@ class AuditStore:
 
     @property
     def writes_at_once(self) -> bool:
-        """Whether `record_at_once` can write here (SQLite on a file)."""
+        """Whether `record_at_once` can write here (SQLite on a file, commits not flushed to disk one by one)."""
         return self._at_once is not None
 
     def record_at_once(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written] | None:

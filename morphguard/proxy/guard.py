@@ -358,7 +358,7 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     budgets = [p.latency_budget_s or 0.0 for p in policy.profiles.values()]
     call_timeout_s = min([config.queue.timeout_s, *(b for b in budgets if b > 0)])
     queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size,
-                       max([config.judge.timeout_s, *budgets]), call_timeout_s)
+                       max([config.judge.timeout_s, *budgets]), call_timeout_s, policy.audit.synchronous)
     cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s, call_timeout_s) \
         if config.queue.url and config.queue.cache_ttl_s else None
     shared = queue if isinstance(queue, RedisCheckQueue) else None

@@ -150,6 +150,12 @@ def load(base: str, audit: Path, mount: Path, stream: bool) -> Run:
     return run
 
 
+def recovered_after(run: Run) -> float:
+    """Seconds from the disk's room coming back to /readyz answering 200 again (-1: it did not)."""
+    freed = FAULT_AT_S + FULL_FOR_S
+    return min((t for t, status in run.ready if t >= freed and status == 200), default=freed - 1) - freed
+
+
 def settle_rows(audit: Path, markers: list[str], within_s: float = 20) -> list[str]:
     """The markers whose row is still missing after `within_s`."""
     deadline = time.monotonic() + within_s
@@ -172,7 +178,8 @@ def test_a_full_disk_under_the_sqlite_trail_answers_nothing_without_its_row(prov
             stop(process)
         print(f"{'stream' if stream else 'plain'}: sent {sum(run.statuses.values())}, answered "
               f"{len(run.answered)}, refused {len(run.refused)}, answered without a row {len(run.unrecorded)}, "
-              f"other errors {len(run.bad)}, statuses {dict(run.statuses)}")
+              f"other errors {len(run.bad)}, statuses {dict(run.statuses)}, ready again {recovered_after(run):.1f} s "
+              "after the disk had room")
         assert run.refused, "the disk filled up, yet no request waited in vain for its row"
         assert run.unrecorded == []  # no answer went out before its row was committed
         assert run.bad == []  # no 5xx but the documented 503 with Retry-After
@@ -196,7 +203,7 @@ def test_async_mode_on_a_full_disk_falls_back_and_never_answers_500(provider, tm
             stop(process)
         print(f"async: sent {sum(run.statuses.values())}, answered {len(run.answered)}, refused "
               f"{len(run.refused)}, other errors {len(run.bad)}, statuses {dict(run.statuses)}, rows missing "
-              f"{len(missing)}")
+              f"{len(missing)}, ready again {recovered_after(run):.1f} s after the disk had room")
         assert run.bad == []  # never a 500: the queue's full disk is the queue unavailable
         assert missing == []  # every answered or refused request has its row in the end
         assert run.ready[-1][1] == 200

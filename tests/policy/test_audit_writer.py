@@ -19,9 +19,18 @@ def row(n: int, model: str = "m") -> DecisionRecord:
     return DecisionRecord(request_id=f"r{n}", profile="general", topic="general", reason="no_context", model=model)
 
 
+@pytest.fixture(params=["full", "normal"])
+def store(tmp_path, request) -> AuditStore:
+    """Each commit flushed to disk (full: every row through the writer's thread), or not (normal: rows of a quiet
+    loop committed on it)."""
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db"), synchronous=request.param))
+    yield store
+    store.close()
+
+
 @pytest.fixture
-def store(tmp_path) -> AuditStore:
-    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+def normal_store(tmp_path) -> AuditStore:
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db"), synchronous="normal"))
     yield store
     store.close()
 
@@ -82,7 +91,8 @@ def hold_write_lock(store: AuditStore) -> sqlite3.Connection:
     return other
 
 
-def test_writing_at_once_gives_way_to_a_lock_held_elsewhere(store):
+def test_writing_at_once_gives_way_to_a_lock_held_elsewhere(normal_store):
+    store = normal_store
     other = hold_write_lock(store)
     assert store.record_at_once([row(1)]) is None  # returned at once, nothing written
     other.execute("COMMIT")
@@ -144,7 +154,8 @@ def test_a_read_only_store_fails_as_an_outage_and_writes_again_once_writable(sto
         connection.execute(f"PRAGMA query_only={int(read_only['on'])}")
 
     sqlalchemy.event.listen(store.engine, "checkout", pragma)
-    pragma(store._at_once)
+    if store.writes_at_once:
+        pragma(store._at_once)
     writer = AuditWriter(store)
 
     async def write(n: int) -> object:
@@ -157,7 +168,18 @@ def test_a_read_only_store_fails_as_an_outage_and_writes_again_once_writable(sto
     assert isinstance(failed, sqlite3.OperationalError) and "readonly" in str(failed)
     assert store.unavailable(failed)  # waited out, not written without its texts and dropped
     read_only["on"] = False
-    pragma(store._at_once)
+    if store.writes_at_once:
+        pragma(store._at_once)
     assert asyncio.run(write(1)).row_id is not None
     writer.close()
     assert rows(store) == [("r1", "m")]
+
+
+def test_by_default_a_row_is_flushed_to_disk_before_it_counts_as_written(tmp_path):
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+    try:
+        assert not store.writes_at_once  # never committed on the event loop, where a flush would stall it
+        with store.engine.connect() as db:  # the connections the writer's thread commits on
+            assert db.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: the log flushed at each commit
+    finally:
+        store.close()

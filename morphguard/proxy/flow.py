@@ -44,6 +44,7 @@ from morphguard.proxy.errors import (
 from morphguard.proxy.exchange import Exchange, StreamMode
 from morphguard.proxy.guard import Guard, Reask
 from morphguard.proxy.incremental import Checks, GuardChecks
+from morphguard.proxy.stream_journal import OpenStream
 from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
 from morphguard.telemetry import names
 
@@ -194,8 +195,11 @@ class Flow:
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         await self.guard.account(exchange.intake, reason, text)
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
-        self.guard.account_soon(exchange.intake, reason, text)
+    def account_soon(self, exchange: Exchange, reason: str, text: str, stream: OpenStream | None = None) -> None:
+        self.guard.account_soon(exchange.intake, reason, text, stream)
+
+    def open_stream(self, exchange: Exchange) -> OpenStream | None:
+        return self.guard.open_stream(exchange.intake)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:

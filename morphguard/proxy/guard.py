@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import Span
@@ -43,6 +44,7 @@ from morphguard.proxy.errors import store_unavailable
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.journal import Journal
 from morphguard.proxy.outage import Outage
+from morphguard.proxy.stream_journal import OpenStream, StreamJournal
 from morphguard.store import open_queue
 from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import CheckQueue, QueueUnavailable
@@ -78,6 +80,9 @@ class Guard:
         self._queue_full = Outage("room in the async check queue", log)
         # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
         self.journal = Journal() if shared is not None and audit is not None else None
+        # Streams under way, so that a crash mid-stream still leaves their rows (written by the next start).
+        self.streams = StreamJournal(Path(config.policy.audit.path).with_suffix(".streams")) \
+            if audit is not None else None
 
     async def find(self, request: CheckRequest, answer: Answer) -> Found:
         """The check of the answer's text (no decision, no side effects)."""
@@ -284,22 +289,51 @@ class Guard:
         task.add_done_callback(self.background.discard)
 
     async def account(self, request: CheckRequest, reason: str, answer: str | None = None, *,
-                      wait_for_store: bool = False, failed: bool = False) -> DecisionRecord:
+                      wait_for_store: bool = False, failed: bool = False,
+                      released: Released | None = None) -> DecisionRecord:
         """Record a request that ends without a check (an upstream failure, no context, a full queue).
-        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block)."""
+        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block);
+        `released`: what of a stream's text the client had received."""
         finding = Finding(failed=reason) if failed else Finding(skipped=reason)
         result = CheckOutcome(self.engine.decide(request.profile, request.topic, finding), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
+        if released is not None:
+            record = record.model_copy(update=released.fields())
         if reason not in _ROUTINE:
             telemetry.count_error(reason)
         await self._record(record, wait_for_store)
         return record
 
-    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None) -> None:
-        """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
-        self.in_background(self.account(request, reason, answer, wait_for_store=True))
+    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None,
+                     stream: OpenStream | None = None) -> None:
+        """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown. The
+        stream's journal entry ends once the row is written."""
+        async def account() -> None:
+            await self.account(request, reason, answer, wait_for_store=True)
+            if stream is not None:
+                stream.ended()
+
+        self.in_background(account())
+
+    def open_stream(self, request: CheckRequest) -> OpenStream | None:
+        """Journal a stream whose first text is about to go out (None: no audit trail to write it to)."""
+        return self.streams.open(request.to_dict()) if self.streams is not None else None
+
+    async def recover_streams(self) -> int:
+        """Record the streams a process that died mid-stream left open: not checked, `stream_interrupted`, with
+        what their clients had received. How many."""
+        if self.streams is None:
+            return 0
+        count = 0
+        for path, streams in await asyncio.to_thread(StreamJournal.left_behind, self.streams.folder):
+            for data, chars in streams:
+                await self.account(CheckRequest.from_dict(data), "stream_interrupted", wait_for_store=True,
+                                   released=Released(chars))
+            StreamJournal.forget(path)
+            count += len(streams)
+        return count
 
     async def check_later(self, request: CheckRequest, answer: Answer) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline.
@@ -341,6 +375,8 @@ class Guard:
                 "retrying": self.audit.escalation_backlog() - states.get("pending", 0)}
 
     async def close(self) -> None:
+        if self.streams is not None:
+            self.streams.close()
         await self.queue.close()
         if self.checker.cache is not None:
             await self.checker.cache.close()

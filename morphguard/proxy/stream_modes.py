@@ -55,12 +55,17 @@ class Relayed:
         last: Event | None = None
         recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
         broken: ProxyError | None = None
+        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:
             try:
                 async for event in relay.events:
                     if assembly.add(event):
                         last = event
                         break
+                    if journaled is None:
+                        journaled = steps.open_stream(exchange)
+                    elif journaled.due():
+                        journaled.released(len(assembly.text))
                     yield event.encode()
                 assembly.finish()
             except ProxyError as exc:
@@ -90,7 +95,9 @@ class Relayed:
                 yield event.encode()
         finally:
             if not recorded:
-                steps.account_soon(exchange, "client_disconnected", assembly.text)
+                steps.account_soon(exchange, "client_disconnected", assembly.text, journaled)
+            elif journaled is not None:
+                journaled.ended()
 
 
 class Buffered:
@@ -155,10 +162,15 @@ class AsItFlows:
         checks = steps.checks(exchange, whole)
         engine = Incremental(stream, checks, steps.window)
         unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
+        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:
             try:
                 async with aclosing(engine.run(upstream(relay.events))) as events:
                     async for event in events:
+                        if journaled is None:
+                            journaled = steps.open_stream(exchange)
+                        elif journaled.due():
+                            journaled.released(engine.released)
                         yield event.encode()
             except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
                 relay.failed(exc.code or "stream_error")
@@ -173,7 +185,9 @@ class AsItFlows:
         finally:
             await opened.aclose()
             if unrecorded and not checks.closed:
-                steps.account_soon(exchange, unrecorded, stream.assembly.text)
+                steps.account_soon(exchange, unrecorded, stream.assembly.text, journaled)
+            elif journaled is not None:
+                journaled.ended()
 
 
 class _DialectStream:

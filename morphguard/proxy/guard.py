@@ -322,15 +322,16 @@ class Guard:
         return self.streams.open(request.to_dict()) if self.streams is not None else None
 
     async def recover_streams(self) -> int:
-        """Record the streams a process that died mid-stream left open: not checked, `stream_interrupted`, with
-        what their clients had received. How many."""
+        """Record the streams a process that died mid-stream left open: not checked (`stream_interrupted`, decided
+        as the profile's `on_error` says), with what their clients had received. How many."""
         if self.streams is None:
             return 0
         count = 0
         for path, streams in await asyncio.to_thread(StreamJournal.left_behind, self.streams.folder):
             for data, chars in streams:
+                # a check that could not be made: the profile's on_error decides, and escalates where it escalates
                 await self.account(CheckRequest.from_dict(data), "stream_interrupted", wait_for_store=True,
-                                   released=Released(chars))
+                                   failed=True, released=Released(chars))
             StreamJournal.forget(path)
             count += len(streams)
         return count

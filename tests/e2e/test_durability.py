@@ -141,7 +141,8 @@ def test_streams_cut_by_a_kill_9_are_recorded_as_interrupted_by_the_next_start(p
     base, process = serve(cfg, tmp_path)  # the next start on the same trail
     stop(process)
     with sqlite3.connect(tmp_path / "audit.db") as db:
-        found = db.execute("SELECT checked, reason, released_chars FROM decisions").fetchall()
-    assert len(found) == 3 and all(r[:2] == (0, "stream_interrupted") for r in found)
+        found = db.execute("SELECT checked, reason, released_chars, escalated FROM decisions").fetchall()
+    assert len(found) == 3 and all(r[:2] == (0, "fail_open: stream_interrupted") for r in found)
+    assert all(r[3] for r in found) and outbox(tmp_path)  # the profile escalates: so does each interrupted stream
     if stream_mode == "passthrough":  # text went out unchecked as it came: the row says how much
         assert all(r[2] > 0 for r in found)

@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from morphguard.proxy.outage import Outage
+
 log = logging.getLogger(__name__)
 
 RELEASED_EVERY_S = 0.25
@@ -32,6 +34,7 @@ class StreamJournal:
         self.path = folder / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
         self._file: BinaryIO = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held for the process's life
         fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._outage = Outage("stream journal", log)
 
     def open(self, request: dict[str, Any]) -> OpenStream:
         """A stream whose first text is about to go out (`request`: `CheckRequest.to_dict()`)."""
@@ -39,8 +42,16 @@ class StreamJournal:
         return OpenStream(self, request["request_id"])
 
     def _write(self, line: dict[str, Any]) -> None:
-        if not self._file.closed:
+        """A line, or none where the disk refuses it (full, read-only): a stream never fails for its journal, which
+        only speaks for it after a crash; the audit store's own outage on that disk is what gets reported."""
+        if self._file.closed:
+            return
+        try:
             self._file.write(json.dumps(line).encode() + b"\n")
+        except OSError as exc:
+            self._outage.failed(exc)
+        else:
+            self._outage.ok()
 
     def close(self) -> None:
         """At a clean stop: every stream has ended or has its row on the way (shutdown waits for those)."""

@@ -109,8 +109,14 @@ def load(base: str, audit: Path, mount: Path, stream: bool) -> Run:
                 body = {"model": "faithful", "stream": stream,
                         "messages": [{"role": "user", "content": f"{QUESTION} {marker}"}],
                         "morphguard": {"context": PASSAGE}}
-                response = http.post(base + "/v1/chat/completions", json=body)
-                text = response.text
+                try:
+                    response = http.post(base + "/v1/chat/completions", json=body)
+                    text = response.text
+                except httpx.HTTPError as exc:  # a broken response: counted, never the end of this client
+                    with lock:
+                        run.statuses[0] += 1
+                        run.bad.append(f"{type(exc).__name__}: {exc}")
+                    continue
                 ok = response.status_code == 200 and ("error" not in text[:200] if not stream else
                                                       "store_unavailable" not in text and "[DONE]" in text)
                 recorded = row_of(audit, marker) is not None if ok else None

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 import uuid
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -57,7 +58,8 @@ class StreamJournal:
         """At a clean stop: every stream has ended or has its row on the way (shutdown waits for those)."""
         if not self._file.closed:
             self._file.close()
-            self.path.unlink(missing_ok=True)
+            with suppress(OSError):  # a read-only disk: the next start finds it empty of open streams
+                self.path.unlink(missing_ok=True)
 
     @staticmethod
     def left_behind(folder: Path) -> list[tuple[Path, list[tuple[dict[str, Any], int]]]]:

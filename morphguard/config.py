@@ -286,7 +286,14 @@ DETECTOR_SECTIONS: dict[str, type[Section]] = {
 class UpstreamSettings(Section):
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
+    # Every wait on the provider is bounded: `first_byte_s` until its response begins (None: `timeout_s`; a plain
+    # answer begins only once it is generated whole), `timeout_s` of silence between two pieces of a body, and
+    # `response_s` for the whole response, first byte to last (a stream that never ends is cut there: 504).
     timeout_s: float = Field(120.0, gt=0)
+    first_byte_s: float | None = Field(None, gt=0)
+    response_s: float = Field(1800.0, gt=0)
+    # A request finding all `max_connections` busy waits this long for one, then gets 503 upstream_busy.
+    pool_wait_s: float = Field(10.0, ge=0)
     max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
     retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)
@@ -456,6 +463,12 @@ class AuditSettings(Section):
     # reduces it to what store_text says.
     keep_text: Literal["none", "flagged", "escalated"] = "flagged"
     keep_text_days: float = Field(30.0, gt=0)
+    # How long an answer waits for its row while the store cannot write (unreachable, disk full, read-only); past
+    # it the client gets 503 store_unavailable with Retry-After and the row is written once the store is back.
+    wait_s: float = Field(5.0, ge=0)
+    # SQLite: full flushes each commit to disk before the answer it records goes out, so a power cut loses no row a
+    # client was answered with; normal leaves the flush to the next checkpoint (a power cut can undo the rows since).
+    synchronous: Literal["full", "normal"] = "full"
 
 
 def _default_topics() -> dict[str, TopicRule]:
@@ -579,6 +592,10 @@ class QueueSettings(Section):
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: detections shared across the fleet for this long
+    # The longest one Redis command may take, connecting included (a profile's smaller latency_budget_s bounds it
+    # further); past it Redis counts as unavailable (logged, /readyz 503). Reads that wait on purpose (a worker's
+    # read of new checks, a reply an inline check awaits) wait their own time, and this on top.
+    timeout_s: float = Field(2.0, gt=0)
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere

@@ -33,6 +33,8 @@ from morphguard.policy.record import DecisionRecord, now
 from morphguard.store import database
 
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
+# What SQLite says when it cannot write for now (a lock, a full, read-only or failing disk): an outage, waited out.
+SQLITE_OUTAGES = ("locked", "busy", "unable to open", "disk is full", "readonly database", "disk I/O error")
 RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
@@ -140,7 +142,7 @@ class AuditStore:
         self.settings = settings
         self.url = database.url_for(store.url, settings.path)
         self.shared = not self.url.startswith("sqlite")  # other processes write here too
-        self.engine = database.connect(self.url, store.pool_size)
+        self.engine = database.connect(self.url, store.pool_size, settings.synchronous)
         database.migrate(self.engine, MIGRATIONS)
         # One row per request is the hot path: the statements are compiled once and run as the driver's SQL.
         # ON CONFLICT DO NOTHING: a request id already recorded returns no row, and its write changes nothing.
@@ -157,11 +159,13 @@ class AuditStore:
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
         self._outbox_sql = str(self._outbox)
-        # SQLite: one connection of its own for `record_at_once`, which never waits for the write lock
-        # (busy_timeout 0) and never checkpoints on commit.
+        # SQLite without a flush per commit (synchronous=normal): one connection of its own for `record_at_once`,
+        # which never waits for the write lock (busy_timeout 0) and never checkpoints on commit. A commit that is
+        # flushed to disk (full) waits for the disk: it never runs on the event loop.
         self._at_once: Any = None
         self._at_once_lock = threading.Lock()
-        if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
+        if not self.shared and settings.synchronous == "normal" \
+                and sa.make_url(self.url).database not in (None, "", ":memory:"):
             pooled = self.engine.raw_connection()
             pooled.detach()  # out of the pool: held for the life of the store
             connection: Any = pooled.dbapi_connection
@@ -197,7 +201,7 @@ class AuditStore:
 
     @property
     def writes_at_once(self) -> bool:
-        """Whether `record_at_once` can write here (SQLite on a file)."""
+        """Whether `record_at_once` can write here (SQLite on a file, commits not flushed to disk one by one)."""
         return self._at_once is not None
 
     def record_at_once(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written] | None:
@@ -276,14 +280,15 @@ class AuditStore:
         return found
 
     def unavailable(self, exc: BaseException) -> bool:
-        """Whether `exc` says the database cannot be reached or is busy (worth waiting for), not that it refused."""
+        """Whether `exc` says the database cannot be reached, is busy or cannot write now (worth waiting for), not
+        that it refused the row."""
         dbapi = self.engine.dialect.dbapi
         kinds: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
                                                   sa.exc.TimeoutError, sa.exc.DisconnectionError)
         if dbapi is not None:
             kinds += (dbapi.OperationalError, dbapi.InterfaceError)
         if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
-            return isinstance(exc, kinds) and any(w in str(exc) for w in ("locked", "busy", "unable to open"))
+            return isinstance(exc, kinds) and any(w in str(exc) for w in SQLITE_OUTAGES)
         return isinstance(exc, kinds)
 
     def _args(self, record: DecisionRecord) -> Any:

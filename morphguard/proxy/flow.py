@@ -6,7 +6,8 @@ context extraction, profile and topic chosen, the provider called through the on
 settled by the guard (checked, decided by policy once, carried out, audited) and written back with its verdict.
 A stream goes to the mode `proxy.stream_mode` chooses for the request (`proxy.stream_modes`), which runs the steps
 this path offers it (`proxy.exchange.Steps`). From the moment a request is accepted, every way out leaves one
-audit row.
+audit row. A client that leaves before its plain answer is ready cancels the work on it, the provider's call with it
+(a stream is cancelled by the server when its client leaves).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext, suppress
 from typing import Any
 
 from opentelemetry import trace
@@ -33,10 +34,19 @@ from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
-from morphguard.proxy.errors import JSON, ProxyError, bad_request, client_disconnected, too_large, upstream_unavailable
+from morphguard.proxy.errors import (
+    JSON,
+    ProxyError,
+    bad_request,
+    client_disconnected,
+    client_left,
+    too_large,
+    upstream_unavailable,
+)
 from morphguard.proxy.exchange import Exchange, StreamMode
 from morphguard.proxy.guard import Guard, Reask
 from morphguard.proxy.incremental import Checks, GuardChecks
+from morphguard.proxy.stream_journal import OpenStream
 from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
 from morphguard.telemetry import names
 
@@ -67,7 +77,7 @@ class Flow:
         async with self.accepted(exchange.intake, "upstream_error"):
             if exchange.body.get("stream"):
                 return await self._stream(exchange)
-            return await self._complete(exchange)
+            return await _unless_client_leaves(request, self._complete(exchange))
 
     @asynccontextmanager
     async def accepted(self, intake: CheckRequest, reason: str) -> AsyncIterator[None]:
@@ -188,8 +198,12 @@ class Flow:
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         await self.guard.account(exchange.intake, reason, text)
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None) -> None:
-        self.guard.account_soon(exchange.intake, reason, text, Released(sent) if sent is not None else None)
+    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None,
+                     stream: OpenStream | None = None) -> None:
+        self.guard.account_soon(exchange.intake, reason, text, Released(sent) if sent is not None else None, stream)
+
+    def open_stream(self, exchange: Exchange) -> OpenStream | None:
+        return self.guard.open_stream(exchange.intake)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
@@ -244,6 +258,31 @@ def address_of(request: Request) -> str:
     """The address a request came from, as uvicorn gives it (behind a reverse proxy it trusts, the one that proxy
     forwards); "" where none is known."""
     return request.client.host if request.client else ""
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """`work`'s response; cancelled if the client leaves first (a 499 nobody reads, whose row `accepted` writes).
+    The body is read whole by now: the next message the server has for us is the client's leaving."""
+    answer = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_left(request))
+    try:
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        answer.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if answer.done():
+        return answer.result()
+    answer.cancel()
+    with suppress(asyncio.CancelledError, Exception):  # what it was doing ends with it: the client is gone
+        await answer
+    raise client_left()
+
+
+async def _left(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _prefix(request: Request) -> str:

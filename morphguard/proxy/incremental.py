@@ -173,6 +173,11 @@ class Incremental(Generic[E]):
     sent: int = 0  # the answer text handed on to the client (each event counted once the consumer took it)
     _announced: int = 0  # how many of `_verdicts` went out on an event
 
+    @property
+    def released(self) -> int:
+        """Characters of the answer text the client has been sent so far."""
+        return self._released
+
     async def run(self, events: AsyncIterator[E]) -> AsyncGenerator[E, None]:
         reader = aiter(events)
         read: asyncio.Task[Any] | None = asyncio.ensure_future(_next(reader))

@@ -291,7 +291,7 @@ class VerifierSettings(Section):
     label: str = "1"
     # The tokens a window may hold, pair and special tokens included (the model's maximum: 512 for BERT-likes and
     # T5, 4096 or 8192 for ModernBERT); a longer context is cut into windows, the maximum taken over them.
-    max_tokens: int = Field(512, ge=32)
+    max_tokens: int = Field(512, ge=16)
     # A claim classifier taking one text (HHEM's and MiniCheck-Flan-T5's prompts): the text made of {premise} and
     # {hypothesis}; a token classifier: the text before the answer, made of {context} and {question}. None: the
     # premise and hypothesis as the tokenizer's pair (claims), LettuceDetect's question-answering prompt (tokens).

@@ -29,7 +29,7 @@ from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError
 from morphguard.llm.client import TransientLLMError, reserve, retried, spend, together
 from morphguard.llm.fair import FairLimit
-from morphguard.llm.verifiers import Text, TokenScore, batches, label_index
+from morphguard.llm.verifiers import Text, TokenScore, label_index
 
 CHARS_PER_TOKEN = 4
 PATHS = {"tei": "/predict", "vllm-classify": "/classify", "vllm-score": "/score"}
@@ -51,11 +51,12 @@ class ServedVerifier:
 
     async def supported(self, texts: Sequence[Text]) -> list[float]:
         size = self.settings.batch
+        parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
         if self.settings.runtime == "tei":
             # TEI reads a list of two texts as one pair: two lone texts go as two requests
-            size = 1 if size == 2 and any(b is None for _, b in texts) else size
-        parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
-        reserve(batches(len(texts), size))  # past the check's cap: fail before sending any
+            parts = [[t] for part in parts for t in part] if any(len(p) == 2 and p[0][1] is None for p in parts) \
+                else parts
+        reserve(len(parts))  # past the check's cap: fail before sending any
         async with httpx.AsyncClient(timeout=self.settings.timeout_s, headers=self._headers()) as client:
             found = await together(self._ask(client, part) for part in parts)
         return [p for part in found for p in part]

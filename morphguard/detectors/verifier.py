@@ -33,7 +33,7 @@ from morphguard.detectors.sentences import calibrated
 from morphguard.detectors.text import sentences
 from morphguard.errors import MorphguardError
 from morphguard.llm.fair import in_thread
-from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches, build_verifier
+from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches
 from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, RagInput, StageCost
 
 VERSION = 1
@@ -69,6 +69,20 @@ class Scored:
 def identity(settings: VerifierSettings) -> dict[str, Any]:
     """What tells one verifier from another: its model, how it runs and where."""
     return {"model": settings.model, "runtime": settings.runtime, "url": settings.url, "file": settings.file}
+
+
+def build_verifier(settings: VerifierSettings) -> Verifier:
+    """The configured model, loaded (in process) or addressed (served)."""
+    if settings.model is None:
+        raise MorphguardError("the verifier check needs verifier.model: a folder holding the ONNX export and its "
+                              "tokenizer, a hub id, or the name a server serves the model under")
+    if settings.runtime == "onnx":  # its imports (numpy, the optional ONNX Runtime) only where it runs
+        from morphguard.llm.onnx_model import OnnxVerifier
+
+        return OnnxVerifier(settings)
+    from morphguard.llm.served import ServedVerifier
+
+    return ServedVerifier(settings)
 
 
 def load_calibration(path: str) -> dict[str, Any]:

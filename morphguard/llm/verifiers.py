@@ -3,7 +3,8 @@
 Two shapes of model: a claim classifier scores texts (premise and hypothesis as a pair, or one text made of them by
 a template) and says how likely each is supported; a token classifier reads a prompt (context and question) and an
 answer, and says how likely each answer token is hallucinated. Two ways to run one (`verifier.runtime`): in process
-with ONNX Runtime (`llm/onnx_model.py`), or served by Text Embeddings Inference or vLLM (`llm/served.py`).
+with ONNX Runtime (`llm/onnx_model.py`), or served by Text Embeddings Inference or vLLM (`llm/served.py`);
+`detectors/verifier.py` builds the one configured.
 
 Every model run or request counts as one judge call of the check's budget (`detector.max_judge_calls`), reserved
 before the first is made: a check too large for its cap fails before it sends anything, as a judge's would.
@@ -16,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from morphguard.config import VerifierSettings
 from morphguard.errors import MorphguardError
 
 Text = tuple[str, str | None]  # premise and hypothesis as a pair, or one text (the second None)
@@ -45,20 +45,6 @@ class Verifier(Protocol):
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         """For each (prompt, answer), every answer token with the probability that it is hallucinated."""
         ...
-
-
-def build_verifier(settings: VerifierSettings) -> Verifier:
-    """The configured model, loaded (in process) or addressed (served)."""
-    if settings.model is None:
-        raise MorphguardError("the verifier check needs verifier.model: a folder holding the ONNX export and its "
-                              "tokenizer, a hub id, or the name a server serves the model under")
-    if settings.runtime == "onnx":
-        from morphguard.llm.onnx_model import OnnxVerifier
-
-        return OnnxVerifier(settings)
-    from morphguard.llm.served import ServedVerifier
-
-    return ServedVerifier(settings)
 
 
 def label_index(label: str, labels: Sequence[str]) -> int:

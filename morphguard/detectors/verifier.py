@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from morphguard.config import VerifierSettings
+from morphguard.detectors.combined import Step
 from morphguard.detectors.focus import Focus
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.sentences import calibrated
@@ -172,8 +173,17 @@ class VerifierCheck:
 
     def _detection(self, answer: str, scored: list[Scored], sequences: int, started: float) -> Detection:
         read = (lambda s: calibrated(s, self.logistic)) if self.logistic else (lambda s: s)
-        worst = max((s.score for s in scored), default=0.0)
+        deciding = max(scored, key=lambda s: s.score, default=None)
+        worst = deciding.score if deciding else 0.0
         score = read(worst)
+        explanation = []
+        if deciding is not None:
+            quoted = answer[deciding.start:deciding.end]
+            quoted = quoted if len(quoted) <= 80 else quoted[:77] + "..."
+            explanation.append(Step("verifier", 0.0, worst, f"the worst sentence, \"{quoted}\"; {deciding.reason}"))
+        if self.logistic:
+            explanation.append(Step("calibration", worst, score,
+                                    f"the calibration {self.settings.calibration} fitted for {self.model.name}"))
         factoids = [f for s in scored for f in _factoids(answer, s, min(read(s.score), score), self.threshold)]
         calls = batches(sequences, self.settings.batch)
         seconds = time.perf_counter() - started
@@ -183,7 +193,8 @@ class VerifierCheck:
             factoids=factoids, cost=Cost.of({"verify": stage} if calls else {}, seconds),
             stats=DetectionStats(factoids=len(scored)),
             settings={"model": self.model.name, "shape": self.settings.shape, "runtime": self.settings.runtime,
-                      "sequences": sequences, "calls": calls},
+                      "sequences": sequences, "calls": calls,
+                      "explanation": [step.record() for step in explanation]},
             features={"worst": worst})
 
 

@@ -64,6 +64,8 @@ def test_a_claim_classifier_scores_each_sentence_against_its_context(claims_fold
     assert wrong.evidence[0].text == PASSAGE and wrong.evidence[0].passage == 1
     assert str(claims_folder) in wrong.reason and "window 1 of 1" in wrong.reason
     assert found.settings["model"] == str(claims_folder) and found.features["worst"] == wrong.score
+    (step,) = found.settings["explanation"]
+    assert step["step"] == "verifier" and WRONG in step["text"] and "window 1 of 1" in step["text"]
 
     assert not run(detector, FAITHFUL, [PASSAGE]).flagged
 
@@ -170,6 +172,9 @@ def test_a_calibration_file_turns_scores_into_its_probabilities(tmp_path, claims
     assert calibrated.score < raw.score
     assert calibrated.features["worst"] == raw.features["worst"]
     assert calibrated.factoids[0].score == calibrated.score
+    steps = calibrated.settings["explanation"]
+    assert [s["step"] for s in steps] == ["verifier", "calibration"] and str(path) in steps[1]["text"]
+    assert steps[1]["after"] == round(calibrated.score, 4)
 
 
 def test_auto_runs_the_verifier_where_one_is_configured(claims_folder):

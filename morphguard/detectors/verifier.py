@@ -21,6 +21,7 @@ the answer, so a flagged sentence is always in a flagged answer.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches
 from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, RagInput, StageCost
 
 VERSION = 1
+log = logging.getLogger(__name__)
 SPECIAL_TOKENS = 4  # room left in a window for the tokenizer's own tokens ([CLS] A [SEP] B [SEP] and the like)
 # LettuceDetect's question-answering prompt, as its training data frames the context before the answer.
 TOKENS_PROMPT = ("\nBriefly answer the following question:\n{question}\nBear in mind that your response should be "
@@ -105,8 +107,12 @@ class VerifierCheck:
         self.threshold = threshold
         self.logistic: tuple[float, float] | None = None
         if settings.calibration:
-            slope, intercept = load_calibration(settings.calibration)["calibration"]
+            found = load_calibration(settings.calibration)
+            slope, intercept = found["calibration"]
             self.logistic = (float(slope), float(intercept))
+            if found.get("judge") != identity(settings):
+                log.warning("verifier.calibration %s was fitted for the model %s, not %s: rerun `morphguard "
+                            "calibrate`", settings.calibration, found.get("judge"), identity(settings))
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()

@@ -52,13 +52,19 @@ def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
         assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0 and found["calibration"][0] > 0
 
         config["sentences"] = {"calibration": "calibration.json"}
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-        checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
-                              CONTEXT, "-a", answer, cwd=tmp_path)
-                   for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
-    flagged, passed = (json.loads(c.stdout) for c in checked)
+        flagged, passed = checked_with(config, tmp_path)
     assert flagged["detector"] == "sentences" and 0 < passed["score"] < flagged["score"] < 1
-    assert [c.returncode for c in checked] == [1, 0]
+
+
+def checked_with(config: dict, folder: Path) -> tuple[dict, dict]:
+    """`check` of an unsupported answer and of a supported one under `config`: flagged (exit 1), then passed (0)."""
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
+                          CONTEXT, "-a", answer, cwd=folder)
+               for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
+    assert [c.returncode for c in checked] == [1, 0], [c.stderr for c in checked]
+    flagged, passed = (json.loads(c.stdout) for c in checked)
+    return flagged, passed
 
 
 def test_calibrate_refuses_the_embedded_judges_check(tmp_path):
@@ -87,10 +93,6 @@ def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(
     assert found["auroc"] == 1.0 and found["calibration"][0] > 0 and found["thresholds"]["(all)"]["threshold"]
 
     config["verifier"]["calibration"] = "verifier-calibration.json"
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
-                          CONTEXT, "-a", answer, cwd=tmp_path)
-               for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
-    flagged, passed = (json.loads(c.stdout) for c in checked)
+    flagged, passed = checked_with(config, tmp_path)
     assert flagged["detector"] == "verifier" and 0 < passed["score"] < flagged["score"] < 1
     assert flagged["settings"]["explanation"][-1]["step"] == "calibration"

@@ -91,9 +91,14 @@ class OnnxVerifier:
         missing = {"input_ids", "attention_mask"} - set(self.inputs)
         if missing:
             raise MorphguardError(f"verifier.model {self.name}: the graph has no input {sorted(missing)[0]}")
-        self.tokenizer = Tokenizer.from_file(str(vocabulary))
-        self.tokenizer.no_padding()
+        # One tokenizer counts (no truncation, read from the text threads), one encodes for the model cutting the
+        # context first, and one cuts the longest part where the second text alone is longer than a window.
+        self.counter, self.tokenizer, self.fallback = (Tokenizer.from_file(str(vocabulary)) for _ in range(3))
+        for made in (self.counter, self.tokenizer, self.fallback):
+            made.no_padding()
+        self.counter.no_truncation()
         self.tokenizer.enable_truncation(settings.max_tokens, strategy="only_first")
+        self.fallback.enable_truncation(settings.max_tokens, strategy="longest_first")
         padding = self.tokenizer.padding
         self.pad_id = int(padding["pad_id"]) if padding else next(
             (i for i in map(self.tokenizer.token_to_id, PAD_TOKENS) if i is not None), 0)
@@ -101,7 +106,7 @@ class OnnxVerifier:
         self.label = label_index(settings.label, self.labels)
 
     def length(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return len(self.counter.encode(text, add_special_tokens=False).ids)
 
     async def supported(self, texts: Sequence[Text]) -> list[float]:
         reserve(batches(len(texts), self.settings.batch))
@@ -112,7 +117,11 @@ class OnnxVerifier:
         return await _model_lane().run(self._hallucinated, list(texts)) if texts else []
 
     def _encode(self, texts: Sequence[Text]) -> list[Any]:
-        return list(self.tokenizer.encode_batch([(a, b) if b is not None else a for a, b in texts]))
+        inputs = [(a, b) if b is not None else a for a, b in texts]
+        try:
+            return list(self.tokenizer.encode_batch(inputs))
+        except Exception:  # a second text longer than a window: the context cannot give way alone
+            return list(self.fallback.encode_batch(inputs))
 
     def _supported(self, texts: list[Text]) -> list[float]:
         encodings = self._encode(texts)

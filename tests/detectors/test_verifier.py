@@ -192,3 +192,10 @@ def test_the_settings_refuse_what_cannot_run():
         VerifierSettings(model="m", runtime="tei", url="http://x", shape="tokens")
     with pytest.raises(ValueError, match="set verifier.template"):
         VerifierSettings(model="m", runtime="vllm-classify", url="http://x")
+
+
+def test_a_sentence_longer_than_a_window_is_cut_not_an_error(tokens_folder, claims_folder):
+    sentence = "Ibuprofen is safe throughout pregnancy " + "and the third trimester " * 40 + "."
+    found = run(check(tokens_folder, shape="tokens", max_tokens=64), sentence, [PASSAGE])
+    assert found.flagged and "safe throughout" in found.factoids[0].text  # the context cut too: more is flagged
+    assert run(check(claims_folder, max_tokens=64), sentence, [PASSAGE]).flagged

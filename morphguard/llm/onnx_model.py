@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from morphguard.config import VerifierSettings
-from morphguard.errors import MorphguardError
+from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import reserve
 from morphguard.llm.fair import Lane
 from morphguard.llm.verifiers import Text, TokenScore, batches, label_index
 
 PAD_TOKENS = ("[PAD]", "<pad>", "<|padding|>")
+T = TypeVar("T")
 _lane: Lane | None = None
 
 
@@ -110,11 +111,22 @@ class OnnxVerifier:
 
     async def supported(self, texts: Sequence[Text]) -> list[float]:
         reserve(batches(len(texts), self.settings.batch))
-        return await _model_lane().run(self._supported, list(texts)) if texts else []
+        return await self._run(self._supported, list(texts)) if texts else []
 
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         reserve(batches(len(texts), self.settings.batch))
-        return await _model_lane().run(self._hallucinated, list(texts)) if texts else []
+        return await self._run(self._hallucinated, list(texts)) if texts else []
+
+    async def _run(self, func: Callable[[list[Any]], T], texts: list[Any]) -> T:
+        """`func(texts)` in the verifier lane; a failure of the model or its tokenizer is the check's error (the
+        profile's `on_error` decides), never the request's."""
+        try:
+            return await _model_lane().run(func, texts)
+        except MorphguardError:
+            raise
+        except Exception as exc:
+            raise LLMError(f"verifier {self.name}: the model could not run ({type(exc).__name__}: "
+                           f"{str(exc)[:200]})") from exc
 
     def _encode(self, texts: Sequence[Text]) -> list[Any]:
         inputs = [(a, b) if b is not None else a for a, b in texts]

@@ -13,7 +13,7 @@ from morphguard.config import Config, VerifierSettings
 from morphguard.detectors import build_detector
 from morphguard.detectors.registry import resolve_auto
 from morphguard.detectors.verifier import VerifierCheck
-from morphguard.errors import JudgeCallCapError, MorphguardError
+from morphguard.errors import JudgeCallCapError, LLMError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.llm.onnx_model import OnnxVerifier
 from morphguard.models import RagInput
@@ -199,3 +199,14 @@ def test_a_sentence_longer_than_a_window_is_cut_not_an_error(tokens_folder, clai
     found = run(check(tokens_folder, shape="tokens", max_tokens=64), sentence, [PASSAGE])
     assert found.flagged and "safe throughout" in found.factoids[0].text  # the context cut too: more is flagged
     assert run(check(claims_folder, max_tokens=64), sentence, [PASSAGE]).flagged
+
+
+def test_a_model_that_fails_to_run_is_the_checks_error_not_a_crash(claims_folder, monkeypatch):
+    detector = check(claims_folder)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT")
+
+    monkeypatch.setattr(detector.model.session, "run", broken)  # type: ignore[attr-defined]
+    with pytest.raises(LLMError, match="could not run"):
+        run(detector, WRONG, [PASSAGE])

@@ -83,6 +83,8 @@ class OnnxVerifier:
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.threads or _cpus()
         options.inter_op_num_threads = 1
+        # Threads that sleep between runs rather than spin: the proxy's event loop and text threads share these CPUs.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         except Exception as exc:

@@ -4,10 +4,11 @@ Two shapes of model (`verifier.shape`), read through one interface however they 
 
 - **claims** (HHEM, MiniCheck, FactCG, an NLI cross-encoder): each answer sentence is a hypothesis, checked against
   the context sentences most relevant to it (`focus.Focus`, within `verifier.context_budget` characters), cut into
-  windows the model takes (`verifier.max_tokens`, with the sentence and the special tokens): consecutive sentences of
-  one passage, a gap or a new passage starting a new window. A sentence's score is 1 minus the highest probability
-  of supported over its windows, as MiniCheck takes the maximum over chunks; the window that gave it is the
-  sentence's evidence, named in its explanation.
+  windows the model takes (`verifier.max_tokens`, with the sentence and the special tokens): whole sentences in
+  context order, as many as fit, a gap marked " … " and each passage on a line of its own. A sentence's score is 1
+  minus the highest probability of supported over its windows, as MiniCheck takes the maximum over chunks; the
+  window that gave it is the sentence's evidence (its runs of sentences, each where it is in its passage), named in
+  its explanation.
 - **tokens** (LettuceDetect): the context (focused on the answer within the budget) and the question make a prompt,
   and the model labels each answer token; the answer goes in parts of whole sentences of at most half the window,
   so that the context keeps room. Runs of tokens labelled hallucinated are the flagged spans; a sentence's score is
@@ -51,10 +52,23 @@ FLAGGED = 0.5  # a token more likely hallucinated than not is flagged (the argma
 
 @dataclass(frozen=True)
 class Window:
-    passage: int  # 1-based
-    start: int
-    end: int
-    text: str
+    """Context a claim is checked against: runs of consecutive sentences, each where it is in its passage."""
+
+    parts: tuple[Evidence, ...]
+
+    @property
+    def text(self) -> str:
+        """The runs as one premise: a gap within a passage marked " … ", passages apart on lines of their own."""
+        out = ""
+        for i, part in enumerate(self.parts):
+            if i:
+                same = self.parts[i - 1].passage == part.passage
+                out += " … " if same else "\n"
+            out += part.text
+        return out
+
+    def where(self) -> str:
+        return "; ".join(f"passage {p.passage}, characters {p.start}-{p.end}" for p in self.parts)
 
 
 @dataclass
@@ -205,30 +219,36 @@ class VerifierCheck:
 
 
 def _group(focus: Focus, chosen: list[int], lengths: dict[int, int], room: int, budget: int) -> list[Window]:
-    """The chosen context sentences as windows of at most `room` tokens: consecutive sentences of one passage, a new
-    window at a gap, a new passage or a full window. A sentence longer than a window is one alone (the tokenizer
-    cuts its end). At most `budget` characters in all."""
+    """The chosen context sentences, in context order, as windows of at most `room` tokens, each sentence whole (one
+    longer than a window is one alone: the tokenizer cuts its end). A window's parts are its runs of consecutive
+    sentences of one passage. At most `budget` characters in all."""
     windows: list[Window] = []
-    current: list[int] = []
+    runs: list[list[int]] = []  # the open window's runs of consecutive sentences
     used = spent = 0
 
     def close() -> None:
-        if current:
-            first, last = focus.pool[current[0]], focus.pool[current[-1]]
-            text = focus.passages[first.passage][first.start:last.end]
-            windows.append(Window(first.passage + 1, first.start, last.end, text))
+        if runs:
+            parts = []
+            for run in runs:
+                first, last = focus.pool[run[0]], focus.pool[run[-1]]
+                parts.append(Evidence(passage=first.passage + 1, start=first.start, end=last.end,
+                                      text=focus.passages[first.passage][first.start:last.end]))
+            windows.append(Window(tuple(parts)))
 
     for i in chosen:
         sentence = focus.pool[i]
         spent += len(sentence.text)
         if spent > budget and windows:
             break
-        previous = focus.pool[current[-1]] if current else None
-        joins = previous is not None and previous.passage == sentence.passage and previous.order + 1 == sentence.order
-        if not joins or used + lengths[i] > room:
+        if runs and used + lengths[i] > room:
             close()
-            current, used = [], 0
-        current.append(i)
+            runs, used = [], 0
+        previous = focus.pool[runs[-1][-1]] if runs else None
+        if previous is not None and previous.passage == sentence.passage and previous.order + 1 == sentence.order:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+            used += 1  # the break between runs
         used += lengths[i]
     close()
     return windows
@@ -246,9 +266,8 @@ def _claims(model: str, planned: list[tuple[int, int, list[Window]]], supported:
         best = max(range(len(windows)), key=lambda k: found[k])
         window = windows[best]
         reason = (f"{model}: supported with probability {found[best]:.2f} at most, in window {best + 1} of "
-                  f"{len(windows)} (passage {window.passage}, characters {window.start}-{window.end})")
-        scored.append(Scored(start, end, 1.0 - found[best], [], reason,
-                             [Evidence(passage=window.passage, start=window.start, end=window.end, text=window.text)]))
+                  f"{len(windows)} ({window.where()})")
+        scored.append(Scored(start, end, 1.0 - found[best], [], reason, list(window.parts)))
     return scored
 
 

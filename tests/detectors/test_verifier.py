@@ -101,9 +101,12 @@ def test_batches_of_any_size_give_the_same_scores_and_count_as_calls(claims_fold
     one, many = run(check(claims_folder, batch=1), answer, passages), run(check(claims_folder, batch=8), answer,
                                                                           passages)
     assert [f.score for f in one.factoids] == pytest.approx([f.score for f in many.factoids])
-    # each sentence against a window of each passage: 6 sequences, run one at a time or all in one batch
-    assert one.settings["sequences"] == many.settings["sequences"] == 6
-    assert one.cost.llm_calls == 6 and many.cost.llm_calls == 1
+    # each sentence against one window holding both passages: 3 sequences, run one at a time or in one batch
+    assert one.settings["sequences"] == many.settings["sequences"] == 3
+    assert one.cost.llm_calls == 3 and many.cost.llm_calls == 1
+    evidence = many.factoids[2].evidence
+    assert [(e.passage, e.text) for e in evidence] == [(1, PASSAGE), (2, LATE)]
+    assert "window 1 of 1 (passage 1, characters 0-65; passage 2, characters 0-34)" in many.factoids[2].reason
 
 
 def test_a_check_needing_more_runs_than_the_cap_fails_before_any(claims_folder, monkeypatch):

@@ -343,8 +343,8 @@ def _require_judges(config: Config) -> None:
     from morphguard.llm import build_client
 
     models = stage_models(config)
-    if models and config.judge.probe != "off":
-        asyncio.run(require_judges(config, build_client(config, models)))
+    if config.judge.probe != "off":  # with no judge model, a served verifier is still asked
+        asyncio.run(require_judges(config, build_client(config, models) if models else None))
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import pytest
 
 from morphguard.config import Config, VerifierSettings
 from morphguard.detectors import build_detector
-from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
+from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
 from tests.e2e.conftest import start
@@ -135,3 +135,19 @@ def test_the_check_cap_stops_a_served_check_before_it_sends_anything(fake):
     with pytest.raises(JudgeCallCapError):
         run(detector(fake, "tei", batch=1), cap=1)
     assert seen(fake)["requests"] == []
+
+
+def test_a_served_verifier_that_cannot_answer_refuses_the_start_as_a_judge_would(fake):
+    from morphguard.detectors.judges import require_judges
+    from tests.servers import free_port as unused_port
+
+    def config(url: str, probe: str = "required") -> Config:
+        verifier = VerifierSettings(model="tiny-verifier", runtime="vllm-score", url=url, max_attempts=1)
+        return Config.model_validate({"verifier": verifier.model_dump(), "judge": {"probe": probe}})
+
+    asyncio.run(require_judges(config(fake + "/vllm"), None))
+    assert seen(fake)["requests"][0]["body"]["text_2"] == ["Water boils at 100 degrees Celsius at sea level."]
+    down = f"http://127.0.0.1:{unused_port()}"
+    with pytest.raises(MorphguardError, match="cannot be called"):
+        asyncio.run(require_judges(config(down), None))
+    asyncio.run(require_judges(config(down, "warn"), None))  # warns, starts

@@ -4,6 +4,9 @@ scripted provider. The verdict carries the spans the model labelled; the model's
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import openai
 import pytest
 
@@ -24,7 +27,7 @@ def verifier_proxy(provider, tmp_path_factory):
     config = {
         "judge": {"model": "openai/unused", "api_base": provider, "api_key": "sk-judge", "probe": "required"},
         "verifier": {"model": str(model), "shape": "tokens", "threads": 1},
-        "proxy": {"upstream": {"base_url": provider, "timeout_s": 5}},
+        "proxy": {"upstream": {"base_url": provider, "timeout_s": 5}, "stream_mode": "incremental"},
         "policy": {"audit": {"path": str(folder / "audit.db")}},
     }
     base, process = serve(config, folder)
@@ -51,6 +54,12 @@ def test_the_verifier_flags_the_tokens_the_context_lacks_as_spans_of_the_verdict
 
 
 def test_a_stream_checked_as_it_flows_ends_with_the_verifiers_verdict(verifier_proxy):
-    chunks = list(ask(verifier_proxy, "hallucinated", stream=True))
-    verdicts = [c.model_extra["morphguard"] for c in chunks if c.model_extra and "morphguard" in c.model_extra]
+    body = {"model": "hallucinated", "stream": True, "messages": [{"role": "user", "content": QUESTION}],
+            "morphguard": {"context": [PASSAGE]}}
+    with httpx.stream("POST", verifier_proxy + "/v1/chat/completions", json=body, timeout=60,
+                      headers={"authorization": "Bearer sk-client"}) as response:
+        assert response.headers["x-morphguard-stream"] == "incremental"
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    verdicts = [e["morphguard"] for e in events if "morphguard" in e]
     assert verdicts and verdicts[-1]["detector"] == "verifier" and verdicts[-1]["flagged"]
+    assert any(f["text"] == "safe throughout" for f in verdicts[-1]["factoids"])

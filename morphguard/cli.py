@@ -1,6 +1,6 @@
 """The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `review` flagged
-answers, `eval` detectors, `calibrate` the sentences check for a judge, `doctor` the configured judges, read the
-`audit` trail, run the offline `demo`, `model pull` the embedded judge.
+answers, `eval` detectors, `calibrate` the sentences check for a judge (or the verifier for its model), `doctor` the
+configured judges, read the `audit` trail, run the offline `demo`, `model pull` the embedded judge.
 
 The parser is also the CLI reference of the docs site (`morphguard/_docs.py` renders it), so each subcommand's
 description and each option's help are written for that page as much as for `--help`.
@@ -78,11 +78,12 @@ def _parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser(
         "calibrate", help="fit the sentences check's weight, calibration and per-topic thresholds for the "
-                          "configured judge from labelled answers",
-        description="Run the sentences check with the configured judge on labelled answers and fit what it needs "
-                    "for that judge: the weight of the whole-answer verdict, the score calibration and per-topic "
-                    "thresholds for --target-recall. Prints the fit's figures and the config snippet to paste, and "
-                    "writes the fit to --out.")
+                          "configured judge (or the verifier check's for its model) from labelled answers",
+        description="Run the sentences check with the configured judge (or the verifier check with its model, where "
+                    "one is configured) on labelled answers and fit what it needs for that judge or model: the "
+                    "weight of the whole-answer verdict (sentences), the score calibration and per-topic thresholds "
+                    "for --target-recall. Prints the fit's figures and the config snippet to paste, and writes the "
+                    "fit to --out.")
     calibrate.add_argument("--dataset", "-d", required=True,
                            help="comma-separated: ragtruth-qa, ..., reviews (the review console's judgements) or "
                                 "jsonl:PATH ({question, context, answer, hallucinated} per line)")
@@ -93,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="the share of hallucinated answers each proposed threshold catches (default 0.75)")
     calibrate.add_argument("--workers", type=_positive, default=4, help="checks at once (default 4)")
     calibrate.add_argument("--data-dir", type=Path, default=None, help="where the benchmark data is")
-    calibrate.add_argument("--out", type=Path, default=Path("sentences-calibration.json"),
-                           help="where to write the fit as JSON (default sentences-calibration.json)")
+    calibrate.add_argument("--out", type=Path, default=None,
+                           help="where to write the fit as JSON (default CHECK-calibration.json: "
+                                "sentences-calibration.json or verifier-calibration.json)")
     _config_option(calibrate)
     calibrate.set_defaults(run=_calibrate)
 
@@ -385,8 +387,8 @@ def _require_judges(config: Config) -> None:
     from morphguard.llm import build_client
 
     models = stage_models(config)
-    if models and config.judge.probe != "off":
-        asyncio.run(require_judges(config, build_client(config, models)))
+    if config.judge.probe != "off":  # with no judge model, a served verifier is still asked
+        asyncio.run(require_judges(config, build_client(config, models) if models else None))
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -394,21 +396,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     from morphguard.eval.cli import evaluate
 
     config = _load(args)
-    calibrate.check_detector(config)
+    name = calibrate.check_detector(config)
     _require_judges(config)
     items, outcomes = [], []
     for dataset in (d.strip() for d in args.dataset.split(",") if d.strip()):
-        run = evaluate(config, dataset, ["sentences"], half=args.half, limit=args.limit, workers=args.workers,
+        run = evaluate(config, dataset, [name], half=args.half, limit=args.limit, workers=args.workers,
                        data_dir=args.data_dir)
         items += run.items
         outcomes += run.outcomes
     result = calibrate.fitted(items, outcomes, config, recall=args.target_recall)
-    snippet = calibrate.write(result, args.out)
+    out = args.out or Path(f"{name}-calibration.json")
+    snippet = calibrate.write(result, out)
     labels = result["labels"]
-    print(f"calibrated the sentences check for the judge {result['judge']['model']} on {labels['answers']} labelled "
-          f"answers ({labels['hallucinated']} hallucinated; by task: "
-          f"{', '.join(f'{t} {n}' for t, n in labels['by_task'].items())}): whole-answer weight "
-          f"{result['whole_weight']}, AUROC {result['auroc']:.3f}; wrote {args.out}\n\n{snippet}")
+    weight = f"whole-answer weight {result['whole_weight']}, " if "whole_weight" in result else ""
+    print(f"calibrated the {name} check for {'the judge' if name == 'sentences' else 'the model'} "
+          f"{result['judge']['model']} on {labels['answers']} labelled answers ({labels['hallucinated']} "
+          f"hallucinated; by task: {', '.join(f'{t} {n}' for t, n in labels['by_task'].items())}): {weight}"
+          f"AUROC {result['auroc']:.3f}; wrote {out}\n\n{snippet}")
     return EXIT_OK
 
 

@@ -99,8 +99,9 @@ AUTO_DETECTOR = "auto"
 
 
 class DetectorSettings(Section):
-    # A detector of DETECTOR_SECTIONS, or "auto": `combined` with the judge its weights were fitted with (the embedded
-    # one), `sentences` with any other judge (`detectors.registry.resolve_auto`).
+    # A detector of DETECTOR_SECTIONS, or "auto": `verifier` where a trained verifier is configured (verifier.model),
+    # else `combined` with the judge its weights were fitted with (the embedded one), `sentences` with any other judge
+    # (`detectors.registry.resolve_auto`).
     name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     # The most judge calls one check of the proxy may make (`sentences` makes one per `sentences.batch` sentences,
@@ -269,6 +270,59 @@ class SpotCheckSettings(Section):
     context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
 
 
+class VerifierSettings(Section):
+    """The `verifier` config section: a trained hallucination detector (detectors/verifier.py), run in process with
+    ONNX Runtime or served by Text Embeddings Inference or vLLM (llm/verifiers.py)."""
+
+    # A folder holding the ONNX export and its tokenizer.json (in process), a hub id to fetch them from where the hub
+    # can be reached, or the model name a server is asked for. None: no verifier is configured.
+    model: str | None = None
+    # claims: premise + hypothesis -> P(supported) per answer sentence (HHEM, MiniCheck, FactCG, NLI cross-encoders);
+    # tokens: context + question + answer -> a label per answer token (LettuceDetect)
+    shape: Literal["claims", "tokens"] = "claims"
+    # onnx: in process; tei: a Text Embeddings Inference server's /predict; vllm-classify, vllm-score: a vLLM pooling
+    # server's /classify (one text per pair, so `template` is needed) or /score (premise and hypothesis as a pair)
+    runtime: Literal["onnx", "tei", "vllm-classify", "vllm-score"] = "onnx"
+    url: str | None = None  # the server's base URL (tei, vllm-*)
+    api_key: SecretStr | None = None  # sent as a bearer token to the server, where it asks for one
+    file: str = "model.onnx"  # the ONNX graph in the model's folder
+    # The label that means supported (claims) or hallucinated (tokens): its name in the model's id2label, or its
+    # index. HHEM, MiniCheck and FactCG: 1; LettuceDetect: 1 (hallucinated); an MNLI cross-encoder: "entailment".
+    label: str = "1"
+    # The tokens a window may hold, pair and special tokens included (the model's maximum: 512 for BERT-likes and
+    # T5, 4096 or 8192 for ModernBERT); a longer context is cut into windows, the maximum taken over them.
+    max_tokens: int = Field(512, ge=16)
+    # A claim classifier taking one text (HHEM's and MiniCheck-Flan-T5's prompts): the text made of {premise} and
+    # {hypothesis}; a token classifier: the text before the answer, made of {context} and {question}. None: the
+    # premise and hypothesis as the tokenizer's pair (claims), LettuceDetect's question-answering prompt (tokens).
+    template: str | None = None
+    context_budget: int = Field(8000, ge=200)  # characters of context per answer sentence, the most relevant first
+    batch: int = Field(8, ge=1, le=256)  # sequences per model run (onnx) or per request (served)
+    threads: int | None = Field(None, ge=1)  # ONNX Runtime's threads per run; None: the CPUs this process may use
+    # A file written by `morphguard calibrate` for this model: the logistic that turns its score into a
+    # probability, and the thresholds fitted on the team's labels. None: the model's own probability.
+    calibration: str | None = None
+    # A served verifier's calls follow the judge's rules (retries with backoff on 408, 429, 5xx and dropped
+    # connections; a timeout per try; places taken by clients in turn), with figures of their own.
+    timeout_s: float = Field(30.0, gt=0)
+    max_attempts: int = Field(4, ge=1)
+    concurrency: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _runnable(self) -> VerifierSettings:
+        if self.runtime != "onnx" and not self.url:
+            raise ValueError(f"verifier.runtime {self.runtime} needs verifier.url, the server's base URL")
+        if self.runtime != "onnx" and self.shape == "tokens":
+            raise ValueError("a token classifier runs in process only (verifier.runtime: onnx): Text Embeddings "
+                             "Inference and vLLM's /classify and /score give one score per sequence")
+        if self.runtime == "vllm-classify" and self.shape == "claims" and not self.template:
+            raise ValueError("verifier.runtime vllm-classify takes one text per pair: set verifier.template")
+        if self.runtime == "vllm-score" and self.template:
+            raise ValueError("verifier.runtime vllm-score sends premise and hypothesis as a pair: unset "
+                             "verifier.template, or use vllm-classify")
+        return self
+
+
 DETECTOR_SECTIONS: dict[str, type[Section]] = {
     "claims": ClaimsSettings,
     "combined": CombinedSettings,
@@ -280,6 +334,7 @@ DETECTOR_SECTIONS: dict[str, type[Section]] = {
     "restatement": RestatementSettings,
     "sentences": SentencesSettings,
     "spotcheck": SpotCheckSettings,
+    "verifier": VerifierSettings,
 }
 
 

@@ -163,6 +163,29 @@ async def in_thread(func: Callable[..., T], *args: object, size: int) -> T:
     thread is done, also when the caller stops waiting: a thread cannot be stopped, so a client that gives up on its
     checks does not get more threads by it."""
     executor, limit = _lane(size)
+    return await _run(executor, limit, func, *args)
+
+
+class Lane:
+    """Threads of their own for one kind of blocking work (a verifier model's runs), taken in turn by client as the
+    text-reading threads are: at most `threads` at once, one per client. Work that holds a native library's own
+    threads (ONNX Runtime's) runs here rather than in the text lanes, so that it neither waits behind text reading
+    nor takes its threads."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._limits: dict[int, FairLimit] = {}
+
+    async def run(self, func: Callable[..., T], *args: object) -> T:
+        """`func(*args)` in one of the lane's threads, once the current client's turn comes."""
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._limits:
+            self._limits = {loop: FairLimit(self.threads, per_client=1)}
+        return await _run(self._executor, self._limits[loop], func, *args)
+
+
+async def _run(executor: ThreadPoolExecutor, limit: FairLimit, func: Callable[..., T], *args: object) -> T:
     name = current_client()
     await limit.acquire(name)
     loop = asyncio.get_running_loop()

@@ -5,7 +5,8 @@ Each detector runs unchanged, over the real client (litellm, HTTP on loopback), 
 oracle reads each prompt the way a judge would be asked it, finds the answer sentence (or the whole answer) it
 is about among the benchmark's items, and answers from the gold: a sentence is unsupported where it overlaps a
 gold span, and the phrases it names are the gold spans' words within it; an answer is unsupported where the item
-is labelled hallucinated. The noise model at rate p:
+is labelled hallucinated, and the phrases named for it are every gold span's words (a false alarm names the first
+sentence). The noise model at rate p:
 - each item has a difficulty d, uniform in [0, 1), shared by every question about it;
 - each verdict is flipped with probability 2·p·d (so p on average; hard items are the ones judges get wrong);
 - its stated confidence (the log-probabilities the client reads) is 1 at p = 0, else 0.55 + 0.45·(1 − d);
@@ -36,7 +37,9 @@ of the factoids at or above each threshold.
                                        [--datasets ragtruth-qa,...] [--limit N] [--delay 0.4]
                                        [--judges uniform,realistic]
 
-Writes benchmarks/results/judge_quality.json and judge_quality.png. `--delay` adds that many seconds to every
+Writes benchmarks/results/judge_quality.json and judge_quality.png. `--fit-calibration PATH` instead writes the
+`sentences` check's calibration fitted on the fit halves under the realistic judge (the shipped one is
+morphguard/detectors/sentences.json). `--delay` adds that many seconds to every
 judge call (a fixed-latency API judge) and reports the check's p50 time, calls and tokens.
 """
 

@@ -47,6 +47,7 @@ from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
+from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve, together
@@ -316,8 +317,16 @@ def _within(answer: str, start: int, end: int, phrases: list[str]) -> list[tuple
     return sorted(found)
 
 
+def _fingerprint(settings: SentencesSettings) -> dict[str, Any]:
+    """What decides the check's score besides the judge: its options, its version, the calibration it reads (not the
+    path alone: a refitted file makes earlier eval results stale) and the rules that say an answer is about a record."""
+    calibration = load_calibration(settings.calibration) if settings.calibration else shipped()
+    return {**changed_options(settings), "version": VERSION,
+            "calibration": calibration.model_dump(include={"whole_weight", "prose", "records"}), **rules_fingerprint()}
+
+
 register(DetectorSpec(
     name="sentences", settings=SentencesSettings, models=lambda settings: [settings.model],
     prompts=lambda settings: ["sentences_system", "sentences_user"],
-    fingerprint=lambda settings: {**changed_options(settings), "version": VERSION},
+    fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Sentences(llm, settings, threshold)))

@@ -95,8 +95,7 @@ class Calibration(BaseModel):
     def probability(self, parts: Mapping[str, float], record: bool, weight: float) -> tuple[float, str]:
         """The answer's probability from its readings (`Detection.features`; `weight` where the calibration sets no
         whole-answer weight of its own), and which logistic read it."""
-        kind = "records" if record and self.records is not None else "prose"
-        logistic = self.records if kind == "records" and self.records is not None else self.prose
+        logistic, kind = (self.records, "records") if record and self.records is not None else (self.prose, "prose")
         return logistic.probability(inputs(parts, self.weight(weight))), kind
 
     def weight(self, configured: float) -> float:

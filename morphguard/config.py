@@ -254,11 +254,12 @@ class SentencesSettings(Section):
     batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
     context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
     hints: bool = True  # show the judge each sentence's words the context never uses
-    # The whole-answer judgment's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
-    # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
+    # The whole-answer judgment's share of the fused score, the worst sentence's the rest, where the calibration sets
+    # none: 0.6 had the best mean AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
     whole_weight: float = Field(0.6, ge=0.0, le=1.0)
-    # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
-    # the score into a probability. None: the weight above, the score as it is.
+    # A file written by `morphguard calibrate` for this judge: the logistic that turns the judge's verdicts into a
+    # probability, and its whole-answer weight. None: the calibration shipped beside the check (`sentences.json`,
+    # fitted under a scripted judge that errs as real ones do).
     calibration: str | None = None
 
 

@@ -92,7 +92,7 @@ def _warn_of_calibration(config: Config, name: str | None) -> None:
     settings = config.section(Sentences.name, SentencesSettings)
     if spec.name != Sentences.name or not settings.calibration:
         return
-    fitted, judge = load_calibration(settings.calibration).get("judge"), judge_identity(config, settings.model)
+    fitted, judge = load_calibration(settings.calibration).judge, judge_identity(config, settings.model)
     if fitted != judge:
         log.warning("sentences.calibration %s was fitted with the judge %s, not %s: rerun `morphguard calibrate`",
                     settings.calibration, fitted, judge)

@@ -8,8 +8,9 @@ It stands in for a paid API in two roles, told apart by the request:
 - the judge: the `sentences` check's prompts and MetaRAG's are answered by a lexical rule (a sentence or
   statement is supported when the passages contain it word for word; `sentences` is told the runs of words the
   passages never use as its phrases), so verdicts are exact and known in advance. A sentence with
-  "automatically" is unsupported while the answer as a whole is supported: `sentences` scores it
-  1 - `sentences.whole_weight` (0.4). MetaRAG's statements with "automatically" get NOT SURE except the second
+  "automatically" is unsupported while the answer as a whole is supported: `sentences` scores it between the
+  sensitive topics' threshold and the general one (`tests.scripted_llm.sentences_score`). MetaRAG's statements
+  with "automatically" get NOT SURE except the second
   antonym (NO): a score of exactly 0.375. The judge
   models "slow-judge" (3 s per call) and "broken-judge" (HTTP 400) make checks fail.
 Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit headers), "unavailable"

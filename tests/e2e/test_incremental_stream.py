@@ -19,6 +19,7 @@ import pytest
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.models import RagInput
 from tests.e2e.conftest import audit_row
+from tests.scripted_llm import sentences_score
 
 if TYPE_CHECKING:  # imported where it is used (tests/clients/conftest.py says why)
     import anthropic
@@ -177,8 +178,9 @@ def test_chat_under_highlight_flagged_sentences_go_out_with_their_verdicts(highl
     chunks = chat_stream(highlight_proxy, f"{INVENTED} {PASSAGE}")
     assert text_of(chunks) == f"{INVENTED} {PASSAGE}"  # sent as it flowed: the verdict travels beside it
     per_sentence = [c.model_extra["morphguard"] for c in chunks[:-1] if "morphguard" in (c.model_extra or {})]
+    flagged = round(sentences_score(whole=True, sentence=True), 4)
     assert per_sentence and per_sentence[0]["sentences"][0] == {"start": 0, "end": len(INVENTED), "flagged": True,
-                                                               "score": 1.0}
+                                                               "score": flagged}
     verdict = chunks[-1].model_extra["morphguard"]
     assert verdict["flagged"] is True and verdict["action"] == "annotate"
     assert "already sent" in verdict["reason"]

@@ -49,7 +49,10 @@ def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
         assert "16 labelled answers (8 hallucinated" in done.stdout and "calibration: calibration.json" in done.stdout
         found = json.loads((tmp_path / "calibration.json").read_text())
         assert found["judge"] == {"model": "openai/scripted", "api_base": server.base_url}
-        assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0 and found["calibration"][0] > 0
+        assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0
+        # the judge's verdicts told the labels apart: the logistic leans on them; no answer was about a record
+        assert found["prose"]["coef"]["whole_unsupported"] + found["prose"]["coef"]["sentence_unsupported"] > 0
+        assert found["records"] is None and found["labels"]["about_records"] == 0
 
         config["sentences"] = {"calibration": "calibration.json"}
         flagged, passed = checked_with(config, tmp_path)

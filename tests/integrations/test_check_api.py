@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.integrations.conftest import CLINIC_KEY, FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.scripted_llm import sentences_score
 
 DATA = Path(__file__).parent / "data"
 
@@ -37,7 +38,7 @@ def test_a_grounded_answer_passes_with_its_verdict_and_audit_row(checker):
     assert response.status_code == 200, response.text
     verdict = response.json()
     assert verdict["checked"] is True and verdict["flagged"] is False and verdict["action"] == "pass"
-    assert verdict["score"] == 0.0 and verdict["answer"] == FAITHFUL
+    assert verdict["score"] == round(sentences_score(whole=False, sentence=False), 4) and verdict["answer"] == FAITHFUL
     assert response.headers["x-morphguard-action"] == "pass"
     row = rows(folder)[verdict["request_id"]]
     assert row["checked"] == 1 and row["answer"] == FAITHFUL and row["question"] == QUESTION
@@ -57,7 +58,8 @@ def test_a_caller_naming_its_gateway_gets_what_it_was_told_recorded(checker):
 def test_a_hallucinated_answer_is_flagged_with_its_spans(checker):
     base, folder = checker
     verdict = post(base, "/v1/check", check_body(HALLUCINATED, context=PASSAGE)).json()  # context as one string
-    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    assert verdict["flagged"] is True and verdict["action"] == "annotate"
+    assert verdict["score"] == round(sentences_score(whole=True, sentence=True), 4)
     [claim] = verdict["factoids"]
     # the words the judge names as unsupported (the scripted judge: those the passage never uses)
     assert claim["flagged"] and HALLUCINATED[claim["start"]:claim["end"]] == "safe throughout"

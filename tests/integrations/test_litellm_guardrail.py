@@ -18,6 +18,7 @@ import yaml
 
 from tests.e2e.conftest import start
 from tests.integrations.conftest import FAITHFUL, HALLUCINATED, PASSAGE, QUESTION, SAFE, rows
+from tests.scripted_llm import sentences_score
 from tests.servers import free_port, stop
 
 MASTER = "sk-litellm-master-0123"
@@ -140,7 +141,8 @@ def test_a_hallucinated_answer_is_annotated_under_the_default_profile(gateway):
     completion = ask(client(base), "hallucinated").parse()
     assert completion.choices[0].message.content == HALLUCINATED
     verdict = completion.model_extra["morphguard"]
-    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    assert verdict["flagged"] is True and verdict["action"] == "annotate"
+    assert verdict["score"] == round(sentences_score(whole=True, sentence=True), 4)
     assert rows(folder)[verdict["request_id"]]["flagged"] == 1
 
 

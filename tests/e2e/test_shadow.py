@@ -79,6 +79,8 @@ def _shadow_rows(proxy_factory, base: str, count: int) -> list[dict]:
 def _metric(base: str) -> dict[str, float]:
     text = httpx.get(base + "/metrics", timeout=10).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    if "morphguard_shadow_checks" not in families:  # no candidate check has ended yet
+        return {}
     return {s.labels["morphguard_shadow_outcome"]: s.value for s in families["morphguard_shadow_checks"].samples
             if s.name.endswith("_total")}
 

@@ -103,7 +103,7 @@ def test_votes_leave_the_sentences_check_at_one_call_per_batch(fakes, model):
     """Votes sample a yes/no question; `sentences` asks for a list of verdicts, one call per batch, votes or not."""
     answer = "Ibuprofen is not contraindicated in pregnancy."  # a reply of its own: the judge cache holds none
     found = detect(QUESTION, [PASSAGE], answer, config=config_for(fakes, model, "sentences", votes=3))
-    assert found.cost.llm_calls == 1 and found.settings == {"judged": 1, "calls": 1}
+    assert found.cost.llm_calls == 1 and (found.settings["judged"], found.settings["calls"]) == (1, 1)
     assert found.stats.unparseable_verdicts == 0 and found.flagged
 
 
@@ -120,7 +120,7 @@ def test_the_sentences_check_sends_openai_a_strict_schema_and_reasoning_models_t
     schema = call["response_format"]["json_schema"]
     assert call["response_format"]["json_schema"]["strict"] is True
     assert schema["schema"]["additionalProperties"] is False
-    assert set(schema["schema"]["required"]) == {"sentences", "answer"}
+    assert set(schema["schema"]["required"]) == {"sentences", "answer", "unsupported"}
     reasoning = model != "openai/gpt-4.1-mini"
     assert ("max_completion_tokens" in call) == reasoning and ("max_tokens" in call) != reasoning
     assert bool(call.get("logprobs")) != reasoning  # log-probabilities asked for where the model gives them

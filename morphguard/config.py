@@ -564,6 +564,17 @@ class QueueSettings(Section):
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
+    # The secret every replica and worker of one fleet shares, and no one else holds: queued checks, the workers'
+    # replies and cached detections are sealed with it (store/sealed.py), so a Redis client without it cannot
+    # decide a verdict. Required with `url`; at least 32 characters (`openssl rand -hex 32`).
+    fleet_key: SecretStr | None = Field(None, min_length=32)
+
+    @model_validator(mode="after")
+    def _fleet_has_a_key(self) -> QueueSettings:
+        if self.url is not None and self.fleet_key is None:
+            raise ValueError("a shared queue (queue.url) needs queue.fleet_key, the secret the fleet's replicas "
+                             "and workers share: without it anyone who reaches Redis could decide a verdict")
+        return self
 
 
 class AnnotationSettings(Section):

@@ -22,7 +22,7 @@ from morphguard.detectors import SPECS
 from tests.detectors.scripted_judge import every_part_says, judge, stage_of
 from tests.forked import run_command
 from tests.scripted_llm import ScriptedLLM, completion
-from tests.servers import stop
+from tests.servers import FLEET_KEY, stop
 
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 CONTEXT = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -256,7 +256,8 @@ def test_port_0_serves_on_a_free_port_and_names_it(command, pattern, probe, tmp_
 
 
 def test_a_worker_on_port_0_serves_its_probes_on_a_free_port_and_names_it(redis_url, tmp_path):
-    config = _no_judge_config(tmp_path, queue={"url": redis_url, "stream": f"checks:{uuid.uuid4().hex[:8]}"})
+    config = _no_judge_config(tmp_path, queue={"url": redis_url, "fleet_key": FLEET_KEY,
+                                                        "stream": f"checks:{uuid.uuid4().hex[:8]}"})
     process, port = _started(["worker", "--config", config, "--port", "0"], tmp_path / "worker.log",
                              r"worker probes on http://127\.0\.0\.1:(\d+)")
     try:

@@ -41,7 +41,8 @@ REASONS = frozenset({
     "upstream_stream_broken", "upstream_timeout", "stream_error", "no_context", "no_answer", "queue_full",
     "check_crashed", "client_disconnected", "audit_failed", "judge_error", "judge_timeout", "judge_call_cap",
     "check_too_large",
-    "latency_budget_exceeded", "expired", "queue_unavailable", "tool_calls_unchecked", "unreadable_output"})
+    "latency_budget_exceeded", "expired", "queue_unavailable", "tool_calls_unchecked", "unreadable_output",
+    "unsealed_reply"})
 _CACHED = 4096  # model names remembered with their label; more and the memo starts over
 
 

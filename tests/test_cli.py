@@ -278,3 +278,12 @@ def _get(url: str) -> httpx.Response:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("secret", ["trial-only-session-secret-0123456789abcdef", "too-short-a-secret"])
+def test_the_review_console_refuses_to_start_with_a_published_or_short_session_secret(secret, tmp_path):
+    config = _no_judge_config(tmp_path, review={"port": 0, "session_secret": secret, "reviewers": {"ann": "k" * 20}})
+    ended = run_command(["review", "--config", config], cwd=tmp_path, timeout=60)
+    assert ended.returncode == 2
+    assert "review.session_secret" in ended.stderr and "Traceback" not in ended.stderr
+    assert secret not in ended.stderr  # the error names the key, never the value

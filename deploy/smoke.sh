@@ -139,7 +139,8 @@ code="$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/v1/chat/com
     -H 'authorization: Bearer sk-not-the-proxy-key' -d '{"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}')"
 [ "$code" = 401 ] || { echo "a request without the proxy key got $code, not 401"; exit 1; }
 echo "a request without the proxy key: $code"
-podman exec morphguard_redis_1 sh -c 'redis-cli ping' | grep -q NOAUTH && echo "redis without its password: NOAUTH"
+podman exec morphguard_redis_1 redis-cli ping | grep -q NOAUTH || { echo "redis answered without its password"; exit 1; }
+echo "redis without its password: NOAUTH"
 podman exec morphguard_proxy-1_1 morphguard audit --format jsonl --config /etc/morphguard/config.yaml \
     > "$work/audit.jsonl"
 python3 - "$work/audit.jsonl" "${ids[@]}" <<'PY'
@@ -198,7 +199,10 @@ if ! { wait_ready "$worker" && wait_ready "$proxy" &&
     done
     exit 1
 fi
-# The hardening as podman applied it, container by container.
+# The hardening as podman applied it, container by container; the exec probes of Redis and PostgreSQL, run once.
+# (Podman 4.3 turns an httpGet probe into curl inside the container, which the morphguard image does not have.)
+podman healthcheck run morphguard-redis-pod-0-redis && podman healthcheck run morphguard-postgres-pod-0-postgres
+echo "redis and postgres probes: healthy"
 for container in $(podman ps --format '{{.Names}}' | grep -E '^morphguard-.*-pod-0-'); do
     podman inspect "$container" --format \
         "$container: read-only root {{.HostConfig.ReadonlyRootfs}}, caps {{.EffectiveCaps}}, {{.HostConfig.SecurityOpt}}, user {{.Config.User}}, memory limit {{.HostConfig.Memory}}"

@@ -220,8 +220,10 @@ class RedisCheckQueue:
             self.refused += 1
             log.warning("queue entry %s is not sealed with the fleet key (written by someone outside the fleet): "
                         "set aside unread in %s", message_id, self.dead_letters)
-            await self._settle_id(message_id, (self.dead_letters, {"id": key, "reason": "unsealed"}))
-            self._in_flight.discard(message_id)
+            try:
+                await self._settle_id(message_id, (self.dead_letters, {"id": key, "reason": "unsealed"}))
+            finally:
+                self._in_flight.discard(message_id)  # not ours to renew: a later take finds it again if still there
             return None
         tries = max(int(fields.get("tries", 0)), deliveries - 1)
         return Entry(message_id, key, json.loads(text), tries, poisoned=tries >= self.settings.max_tries,

@@ -201,7 +201,8 @@ if ! { wait_ready "$worker" && wait_ready "$proxy" &&
 fi
 # The hardening as podman applied it, container by container; the exec probes of Redis and PostgreSQL, run once.
 # (Podman 4.3 turns an httpGet probe into curl inside the container, which the morphguard image does not have.)
-podman healthcheck run morphguard-redis-pod-0-redis && podman healthcheck run morphguard-postgres-pod-0-postgres
+podman healthcheck run morphguard-redis-pod-0-redis
+podman healthcheck run morphguard-postgres-pod-0-postgres
 echo "redis and postgres probes: healthy"
 for container in $(podman ps --format '{{.Names}}' | grep -E '^morphguard-.*-pod-0-'); do
     podman inspect "$container" --format \

@@ -185,6 +185,7 @@ for doc in docs:
 out.write_text(yaml.safe_dump_all(kept))
 PY
 podman secret create morphguard-secrets "$work/secret.json" >/dev/null
+proxy_key="$(sed -n 's/^MORPHGUARD_PROXY_KEY=//p' deploy/kubernetes/secrets.env)"  # the Secret's, not compose's
 podman network create morphguard-kube >/dev/null
 podman kube play --network morphguard-kube "$kube_all" >/dev/null 2>&1
 ip_of() { podman inspect "$1" --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}'; }

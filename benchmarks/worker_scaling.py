@@ -69,7 +69,7 @@ def one_round(workers: int, args: argparse.Namespace, provider: str, redis_url: 
                   "max_attempts": 1},
         "detector": {"name": "direct"},
         "proxy": {"upstream": {"base_url": provider}, "mode": "async", "workers": 0, "queue_size": 100_000},
-        "queue": {"url": redis_url, "stream": f"bench:{uuid.uuid4().hex[:8]}"},
+        "queue": {"url": redis_url, "fleet_key": servers.FLEET_KEY, "stream": f"bench:{uuid.uuid4().hex[:8]}"},
         "store": {"url": database},
         "policy": {"profiles": {"general": {"action": "annotate", "topics": {}}}, "audit": {"path": "unused.db"}},
     }

@@ -4,7 +4,9 @@
 #   2. the image (Containerfile), its health check;
 #   3. the compose fleet (compose.yaml: 2 replicas, worker, Redis, PostgreSQL, console, scripted upstream): a
 #      supported and an unsupported answer through each replica, their verdicts and audit rows;
-#   4. the Kubernetes manifests under `podman kube play`, as far as podman runs them: one RAG request.
+#   4. the Kubernetes manifests under `podman kube play`, as far as podman runs them: one RAG request, and the
+#      containers' hardening (read-only root, no capabilities, no privilege escalation) as podman applied it.
+# The fleet's secrets are generated first (deploy/secrets.sh; files already there are kept).
 # Everything listens on loopback or podman's own network and is removed at the end, by name.
 #
 # Usage, from the repository root: bash deploy/smoke.sh      (root, with podman, runc, debootstrap installed)
@@ -90,9 +92,11 @@ podman run --rm --entrypoint sh localhost/morphguard:latest -c \
 python3 -m venv "$work/tools"
 "$work/tools/bin/pip" install -q podman-compose
 
+sh deploy/secrets.sh
+proxy_key="$(sed -n 's/^MORPHGUARD_PROXY_KEY=//p' deploy/secrets.env)"
 # A RAG request through a proxy at $1; $2: the question. Prints the response body.
 ask() {
-    curl -sS -m 30 "$1/v1/chat/completions" -H 'content-type: application/json' -H 'authorization: Bearer sk-trial' \
+    curl -sS -m 30 "$1/v1/chat/completions" -H 'content-type: application/json' -H "authorization: Bearer $proxy_key" \
         -d "{\"model\": \"scripted\", \"messages\": [
               {\"role\": \"system\", \"content\": \"Answer from <context>The museum is closed on Mondays. It opens at nine on other days.</context>\"},
               {\"role\": \"user\", \"content\": \"$2\"}]}"
@@ -131,6 +135,12 @@ podman healthcheck run morphguard_worker_1 && echo "worker healthy"
 code="$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8090/)"
 [ "$code" = 303 ] || [ "$code" = 200 ] || { echo "review console answered $code"; exit 1; }
 echo "review console: $code"
+code="$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8080/v1/chat/completions -H 'content-type: application/json' \
+    -H 'authorization: Bearer sk-not-the-proxy-key' -d '{"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}')"
+[ "$code" = 401 ] || { echo "a request without the proxy key got $code, not 401"; exit 1; }
+echo "a request without the proxy key: $code"
+podman exec morphguard_redis_1 redis-cli ping | grep -q NOAUTH || { echo "redis answered without its password"; exit 1; }
+echo "redis without its password: NOAUTH"
 podman exec morphguard_proxy-1_1 morphguard audit --format jsonl --config /etc/morphguard/config.yaml \
     > "$work/audit.jsonl"
 python3 - "$work/audit.jsonl" "${ids[@]}" <<'PY'
@@ -144,24 +154,26 @@ PY
 
 step "Kubernetes manifests: podman kube play"
 # What podman runs of them: no Services (a pod is found by its pod's name), one proxy replica (podman publishes
-# each container port on the host), and the Secret given as podman's flat JSON of base64 values (podman 4.3).
+# each container port on the host), no NetworkPolicies, and the Secret (kustomize's secretGenerator of secrets.env)
+# given as podman's flat JSON of base64 values (podman 4.3).
 podman tag localhost/morphguard-standin/redis:7 docker.io/library/redis:7-bookworm
 podman tag localhost/morphguard-standin/postgres:15 docker.io/library/postgres:15-bookworm
 "$work/clean/bin/python" - deploy/kubernetes "$kube_all" "$work/secret.json" <<'PY'
-import json, sys
+import base64, json, sys
 from pathlib import Path
 
 import yaml
 
 folder, out, secret_out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-listed = yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
-docs = [d for name in listed for d in yaml.safe_load_all((folder / name).read_text()) if d]
+kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+docs = [d for name in kustomization["resources"] for d in yaml.safe_load_all((folder / name).read_text()) if d]
 hosts = {d["metadata"]["name"]: d["metadata"]["name"] + "-pod-0" for d in docs if d["kind"] == "Deployment"}
+(generated,) = kustomization["secretGenerator"]
+lines = [line.partition("=") for name in generated["envs"] for line in (folder / name).read_text().splitlines()]
+secret_out.write_text(json.dumps({k: base64.b64encode(v.encode()).decode() for k, _, v in lines if k}))
 kept = []
 for doc in docs:
-    if doc["kind"] == "Secret":
-        secret_out.write_text(json.dumps(doc["data"]))
-    elif doc["kind"] in ("ConfigMap", "Deployment"):
+    if doc["kind"] in ("ConfigMap", "Deployment"):
         if doc["kind"] == "Deployment":
             doc["spec"]["replicas"] = 1
             for container in doc["spec"]["template"]["spec"]["containers"]:
@@ -173,6 +185,7 @@ for doc in docs:
 out.write_text(yaml.safe_dump_all(kept))
 PY
 podman secret create morphguard-secrets "$work/secret.json" >/dev/null
+proxy_key="$(sed -n 's/^MORPHGUARD_PROXY_KEY=//p' deploy/kubernetes/secrets.env)"  # the Secret's, not compose's
 podman network create morphguard-kube >/dev/null
 podman kube play --network morphguard-kube "$kube_all" >/dev/null 2>&1
 ip_of() { podman inspect "$1" --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}'; }
@@ -187,6 +200,19 @@ if ! { wait_ready "$worker" && wait_ready "$proxy" &&
     done
     exit 1
 fi
+# The hardening as podman applied it, container by container; the exec probes of Redis and PostgreSQL, run once.
+# (Podman 4.3 turns an httpGet probe into curl inside the container, which the morphguard image does not have.)
+podman healthcheck run morphguard-redis-pod-0-redis
+podman healthcheck run morphguard-postgres-pod-0-postgres
+echo "redis and postgres probes: healthy"
+for container in $(podman ps --format '{{.Names}}' | grep -E '^morphguard-.*-pod-0-'); do
+    podman inspect "$container" --format \
+        "$container: read-only root {{.HostConfig.ReadonlyRootfs}}, caps {{.EffectiveCaps}}, {{.HostConfig.SecurityOpt}}, user {{.Config.User}}, memory limit {{.HostConfig.Memory}}"
+    [ "$(podman inspect "$container" --format '{{.HostConfig.ReadonlyRootfs}}')" = true ] \
+        || { echo "$container: root file system writable"; exit 1; }
+    [ -z "$(podman inspect "$container" --format '{{range .EffectiveCaps}}{{.}}{{end}}')" ] \
+        || { echo "$container: capabilities kept"; exit 1; }
+done
 podman kube down "$kube_all" >/dev/null 2>&1
 
 step "done"

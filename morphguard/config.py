@@ -594,6 +594,19 @@ class PolicySettings(Section):
         return self
 
 
+# Secrets anyone may know: the values earlier trial deployments shipped, and placeholders. No process starts with
+# one of them as its session secret, fleet key or a reviewer's key.
+PUBLIC_SECRETS = frozenset({
+    "trial-only-session-secret-0123456789abcdef", "trial-only-review-key", "trial-only-postgres-password",
+    "changeme", "change-me", "changeit", "replace-me", "secret", "password", "admin"})
+
+
+def _not_public(value: SecretStr | None, name: str) -> None:
+    if value is not None and value.get_secret_value().strip().lower() in PUBLIC_SECRETS:
+        raise ValueError(f"{name} is a published trial value or a placeholder: generate one "
+                         "(deploy/secrets.sh, or `openssl rand -hex 32`)")
+
+
 class ShadowSettings(Section):
     """A candidate config run beside the live check on a share of live traffic, after the answer has gone out: its
     verdict is stored beside the live decision and counted in metrics, and never changes or delays a response."""
@@ -614,7 +627,8 @@ class ReviewSettings(Section):
     port: int = Field(8090, ge=0, le=65535)
     # name → key, separate from proxy keys. None configured: `morphguard review` makes a one-time key for "local".
     reviewers: dict[str, SecretStr] = {}
-    session_secret: SecretStr | None = None  # signs session cookies; None: random per process
+    # Signs session cookies; None: random per process. At least 32 characters, and never a published value.
+    session_secret: SecretStr | None = Field(None, min_length=32)
     session_max_age_s: int = Field(8 * 3600, ge=60)  # a session ends this long after login, however active
     # Failed logins, counted in each process's memory (review/throttle.py): this many from one address within the
     # window lock it out for login_lockout_s, doubled at each further lockout up to login_lockout_max_s;
@@ -628,6 +642,13 @@ class ReviewSettings(Section):
     trace_url: str | None = None  # e.g. http://localhost:6006/projects/default/traces/{trace_id}
     page_size: int = Field(50, ge=1, le=500)
     mount_in_serve: bool = False  # also serve the console at /review on the proxy's port
+
+    @model_validator(mode="after")
+    def _secrets_are_secret(self) -> ReviewSettings:
+        _not_public(self.session_secret, "review.session_secret")
+        for name, key in self.reviewers.items():
+            _not_public(key, f"review.reviewers.{name}")
+        return self
 
 
 class StoreSettings(Section):
@@ -655,6 +676,18 @@ class QueueSettings(Section):
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
+    # The secret every replica and worker of one fleet shares, and no one else holds: queued checks, the workers'
+    # replies and cached detections are sealed with it (store/sealed.py), so a Redis client without it cannot
+    # decide a verdict. Required with `url`; at least 32 characters (`openssl rand -hex 32`).
+    fleet_key: SecretStr | None = Field(None, min_length=32)
+
+    @model_validator(mode="after")
+    def _fleet_has_a_key(self) -> QueueSettings:
+        if self.url is not None and self.fleet_key is None:
+            raise ValueError("a shared queue (queue.url) needs queue.fleet_key, the secret the fleet's replicas "
+                             "and workers share: without it anyone who reaches Redis could decide a verdict")
+        _not_public(self.fleet_key, "queue.fleet_key")
+        return self
 
 
 class AnnotationSettings(Section):

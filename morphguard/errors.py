@@ -5,6 +5,7 @@
      ├── ModelUnavailableError  the embedded judge's weights cannot be found, fetched or verified
      ├── JudgeStartError        the embedded llama.cpp server did not come up
      ├── CheckTooLargeError     a check would read more than its bounds (`detector.max_text_chars`, alignment's work)
+     ├── UnsealedReplyError     the only replies to a check on the fleet's queue lacked the fleet key's seal
      └── LLMError               a judge call failed after its retries
           ├── LLMTimeoutError   ... because it ran out of time
           └── JudgeCallCapError a check would make more judge calls than `detector.max_judge_calls`
@@ -31,6 +32,11 @@ class JudgeStartError(MorphguardError):
 
 class CheckTooLargeError(MorphguardError):
     """A check would read more text, or compare more of it, than its bounds allow; it is not made."""
+
+
+class UnsealedReplyError(MorphguardError):
+    """Replies came to a check the fleet's workers run, none sealed with the fleet key: someone outside the fleet
+    wrote them, and the check failed."""
 
 
 class LLMError(MorphguardError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import secrets
 import shutil
 import socket
 import subprocess
@@ -101,6 +102,10 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+# The secret a test fleet's replicas and workers share (`queue.fleet_key`), fresh for each test session.
+FLEET_KEY = secrets.token_hex(32)
 
 
 class RedisServer:

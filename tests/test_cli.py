@@ -22,7 +22,7 @@ from morphguard.detectors import SPECS
 from tests.detectors.scripted_judge import every_part_says, judge, stage_of
 from tests.forked import run_command
 from tests.scripted_llm import ScriptedLLM, completion
-from tests.servers import stop
+from tests.servers import FLEET_KEY, stop
 
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 CONTEXT = "Ibuprofen is contraindicated in the third trimester of pregnancy."
@@ -256,7 +256,8 @@ def test_port_0_serves_on_a_free_port_and_names_it(command, pattern, probe, tmp_
 
 
 def test_a_worker_on_port_0_serves_its_probes_on_a_free_port_and_names_it(redis_url, tmp_path):
-    config = _no_judge_config(tmp_path, queue={"url": redis_url, "stream": f"checks:{uuid.uuid4().hex[:8]}"})
+    config = _no_judge_config(tmp_path, queue={"url": redis_url, "fleet_key": FLEET_KEY,
+                                                        "stream": f"checks:{uuid.uuid4().hex[:8]}"})
     process, port = _started(["worker", "--config", config, "--port", "0"], tmp_path / "worker.log",
                              r"worker probes on http://127\.0\.0\.1:(\d+)")
     try:
@@ -277,3 +278,12 @@ def _get(url: str) -> httpx.Response:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@pytest.mark.parametrize("secret", ["trial-only-session-secret-0123456789abcdef", "too-short-a-secret"])
+def test_the_review_console_refuses_to_start_with_a_published_or_short_session_secret(secret, tmp_path):
+    config = _no_judge_config(tmp_path, review={"port": 0, "session_secret": secret, "reviewers": {"ann": "k" * 20}})
+    ended = run_command(["review", "--config", config], cwd=tmp_path, timeout=60)
+    assert ended.returncode == 2
+    assert "review.session_secret" in ended.stderr and "Traceback" not in ended.stderr
+    assert secret not in ended.stderr  # the error names the key, never the value

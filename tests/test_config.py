@@ -125,3 +125,13 @@ def test_a_config_reads_the_same_whatever_else_was_imported():
     assert "cfg.yaml:1: claims.samples" in read[3]
     assert "unknown key 'combinedd'" in read[4]
     assert set(fresh["sections"]) == set(morphguard.detectors.SPECS)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("review:\n  session_secret: trial-only-session-secret-0123456789abcdef\n", "review.session_secret"),
+    ("review:\n  reviewers:\n    admin: trial-only-review-key\n", "review.reviewers.admin"),
+    ("queue:\n  url: redis://r:6379/0\n  fleet_key: short\n", "queue.fleet_key"),
+])
+def test_a_published_placeholder_or_short_secret_is_refused(text, key):
+    with pytest.raises(ConfigError, match=key):
+        parse_config(text, source="cfg.yaml")

@@ -166,13 +166,18 @@ class ReviewStore:
 
     def judge(self, decision_id: int, reviewer: str, label: str, factoid_labels: dict[int, str] | None = None,
               note: str = "") -> int:
-        """Record a judgement; labels outside LABELS are a ValueError, an unknown decision a KeyError."""
+        """Record a judgement; labels outside LABELS are a ValueError, an unknown decision a KeyError, a decision
+        another reviewer has taken `HeldByAnother`: only its holder judges it until they give it back."""
         if label not in LABELS or any(v not in LABELS for v in (factoid_labels or {}).values()):
             raise ValueError(f"label must be one of {', '.join(LABELS)}")
         decision = self.decision(decision_id)
         if decision is None:
             raise KeyError(decision_id)
         with self.engine.begin() as db:
+            holder = db.execute(sa.select(assignments.c.reviewer)
+                                .where(assignments.c.decision_id == decision_id)).scalar()
+            if holder is not None and holder != reviewer:
+                raise HeldByAnother(holder)
             return int(db.execute(reviews.insert().values(
                 time=now(), decision_id=decision_id, request_id=decision["request_id"], reviewer=reviewer,
                 label=label, factoids=json.loads(json.dumps({str(k): v for k, v in (factoid_labels or {}).items()})),
@@ -236,6 +241,14 @@ class ReviewStore:
         with self.engine.connect() as db:
             return db.execute(sa.select(revoked_sessions.c.session_id)
                               .where(revoked_sessions.c.session_id == session_id)).first() is not None
+
+
+class HeldByAnother(Exception):
+    """The decision is taken by another reviewer (`args[0]`)."""
+
+    @property
+    def holder(self) -> str:
+        return str(self.args[0])
 
 
 def _worst_claim(factoids: list[dict[str, Any]]) -> str | None:

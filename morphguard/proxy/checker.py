@@ -17,7 +17,14 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector, build_detector, fingerprint
-from morphguard.errors import CheckTooLargeError, JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
+from morphguard.errors import (
+    CheckTooLargeError,
+    JudgeCallCapError,
+    LLMError,
+    LLMTimeoutError,
+    MorphguardError,
+    UnsealedReplyError,
+)
 from morphguard.llm.client import call_budget
 from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, utf8
@@ -124,6 +131,8 @@ class Checker:
             raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
         if error == "check_too_large":
             raise CheckTooLargeError("the check reads more than its bounds allow")
+        if error == "unsealed_reply":
+            raise UnsealedReplyError("replies came without the fleet key's seal, none from a worker of the fleet")
         if error:
             raise LLMError(f"the worker could not check: {error}")
         return Detection.model_validate(reply["detection"])
@@ -164,6 +173,8 @@ def _reason(exc: BaseException) -> str:
         return "judge_timeout"
     if isinstance(exc, CheckTooLargeError):
         return "check_too_large"
+    if isinstance(exc, UnsealedReplyError):
+        return "unsealed_reply"
     return "judge_call_cap" if isinstance(exc, JudgeCallCapError) else "judge_error"
 
 

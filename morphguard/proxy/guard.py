@@ -408,8 +408,8 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     call_timeout_s = min([config.queue.timeout_s, *(b for b in budgets if b > 0)])
     queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size,
                        max([config.judge.timeout_s, *budgets]), call_timeout_s, policy.audit.synchronous)
-    cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s, call_timeout_s) \
-        if config.queue.url and config.queue.cache_ttl_s else None
+    cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s, config.queue.fleet_key, call_timeout_s) \
+        if config.queue.url and config.queue.fleet_key and config.queue.cache_ttl_s else None
     shared = queue if isinstance(queue, RedisCheckQueue) else None
     checker = Checker(detector, engine, config, cache, shared if config.proxy.inline_via == "workers" else None)
     return Guard(checker, engine, config, audit, Escalator(policy.escalation, audit), queue, shared)

@@ -38,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from morphguard.config import ReviewSettings
 from morphguard.policy.audit import AuditStore, parse_time
-from morphguard.policy.reviews import LABELS, QueueFilter, ReviewStore, text_kept
+from morphguard.policy.reviews import LABELS, HeldByAnother, QueueFilter, ReviewStore, text_kept
 from morphguard.review import charts
 from morphguard.review.pages import answer_pieces, attach_evidence, claims_of, passage_pieces, passages_of
 from morphguard.review.throttle import LoginThrottle
@@ -289,6 +289,9 @@ class ReviewConsole:
             return self._no_decision(request)
         except ValueError:
             return self._page(request, "error.html", 400, message="Choose hallucinated, faithful or unsure.")
+        except HeldByAnother as held:
+            return self._page(request, "error.html", 409, message=f"{held.holder} has taken this item: only they "
+                              "can judge it until they give it back.")
         _newer, older = await asyncio.to_thread(store.neighbours, decision_id, QueueFilter(reviewed=False))
         return self._redirect(request, f"/decisions/{older}?saved=1" if older else f"/decisions/{decision_id}?saved=1")
 

@@ -2,8 +2,9 @@
 settings is checked once per fleet, not once per replica or worker.
 
 Keys are SHA-256 digests of (detector fingerprint, question, passages, answer), so Redis never holds
-the texts; values are the detection as JSON, kept `queue.cache_ttl_s` seconds. A cache that cannot be
-reached is a miss, never an error: the check runs.
+the texts; values are the detection as JSON, sealed with the fleet key for their key (`store.sealed`), kept
+`queue.cache_ttl_s` seconds. A cache that cannot be reached is a miss, never an error: the check runs. So is a
+value whose seal does not hold (someone outside the fleet wrote it): logged, and the check runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import logging
 from typing import Any
 
 import redis.asyncio as redis
+from pydantic import SecretStr
 from redis.exceptions import RedisError
+
+from morphguard.store.sealed import FleetKey
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +29,11 @@ def key_of(fingerprint: str, question: str, passages: list[str], answer: str) ->
 
 
 class DetectionCache:
-    def __init__(self, url: str, ttl_s: float, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, ttl_s: float, fleet_key: SecretStr, timeout_s: float = 2.0) -> None:
         # bounded: a Redis that does not answer is a miss within `timeout_s`, not a check held up
         self._redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
                                            socket_connect_timeout=timeout_s)
+        self._key = FleetKey(fleet_key)
         self.ttl_ms = int(ttl_s * 1000)
 
     async def get(self, key: str) -> dict[str, Any] | None:
@@ -37,11 +42,18 @@ class DetectionCache:
         except (RedisError, OSError) as exc:
             log.warning("detection cache unavailable: %s", exc)
             return None
-        return json.loads(text) if text else None
+        if not text:
+            return None
+        detection = self._key.open(text, "detection", key)
+        if detection is None:
+            log.warning("cached detection %s is not sealed with the fleet key (written by someone outside the "
+                        "fleet): ignored, checking again", key)
+            return None
+        return dict(json.loads(detection))
 
     async def put(self, key: str, detection: dict[str, Any]) -> None:
         try:
-            await self._redis.set(key, json.dumps(detection), px=self.ttl_ms)
+            await self._redis.set(key, self._key.seal(json.dumps(detection), "detection", key), px=self.ttl_ms)
         except (RedisError, OSError) as exc:
             log.warning("detection cache unavailable: %s", exc)
 

@@ -15,6 +15,10 @@ stream's `epoch` (a random value kept beside the stream, set by the first put) c
 replicas that what they queued before is gone and must be queued again (`guard.Guard`). A Redis that
 cannot be reached raises `QueueUnavailable`, and so does one that does not answer: every command is bounded by
 `queue.timeout_s` (or the smallest latency budget), the reads that wait on purpose by their wait and that bound.
+
+Whoever reaches Redis can write to it, so entries and replies carry the fleet key's seal (`store.sealed`): an entry
+whose seal does not hold is set aside in the dead-letter stream unread, a reply whose seal does not hold is
+ignored, and the caller keeps waiting for its worker's. Both are logged and counted (`refused`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from morphguard.config import QueueSettings
 from morphguard.store.queue import Entry, QueueUnavailable
+from morphguard.store.sealed import FleetKey
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,7 +90,7 @@ class RedisCheckQueue:
 
     def __init__(self, settings: QueueSettings, max_size: int, longest_wait_s: float = 120.0,
                  call_timeout_s: float | None = None) -> None:
-        assert settings.url is not None
+        assert settings.url is not None and settings.fleet_key is not None
         self.settings, self.max_size = settings, max_size
         self.stream, self.group, self.dead_letters = settings.stream, settings.group, settings.stream + ":dead"
         self.consumer = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -99,6 +104,8 @@ class RedisCheckQueue:
         self._put = self._redis.register_script(_PUT)
         self._next_claim = 0.0  # when to look for entries of dead workers again
         self.redeliveries = 0
+        self.refused = 0  # entries and replies whose seal did not hold: written by someone without the fleet key
+        self._key = FleetKey(settings.fleet_key)
         self.epoch = ""  # the stream's epoch the latest put went into
 
     @property
@@ -107,12 +114,13 @@ class RedisCheckQueue:
 
     async def put(self, entry_id: str, payload: dict[str, Any], tries: int = 0) -> bool:
         """`tries` > 0: an entry queued again (Redis lost the first copy); the worker looks for its row first."""
-        return await self._add(entry_id, json.dumps(payload), tries)
+        return await self._add(entry_id, payload, tries)
 
-    async def _add(self, entry_id: str, text: str, tries: int, reply_to: str = "") -> bool:
+    async def _add(self, entry_id: str, payload: dict[str, Any], tries: int, reply_to: str = "") -> bool:
+        sealed = self._sealed(entry_id, payload, reply_to)
         with _reaching():
             epoch = await self._put(keys=[self.stream, self._epoch_key],
-                                    args=[self.max_size, entry_id, text, tries, uuid.uuid4().hex, reply_to])
+                                    args=[self.max_size, entry_id, sealed, tries, uuid.uuid4().hex, reply_to])
         if not epoch:
             return False
         self.epoch = epoch
@@ -163,7 +171,7 @@ class RedisCheckQueue:
             return None
         _stream, messages = read[0]
         message_id, fields = messages[0]
-        return self._entry(message_id, fields, deliveries=1)
+        return await self._entry(message_id, fields, deliveries=1)
 
     async def _own_unseen(self) -> Entry | None:
         """An entry the group delivered to this consumer that no task here is working on.
@@ -184,7 +192,10 @@ class RedisCheckQueue:
                 self._in_flight.discard(message_id)
                 raise
             if claimed and claimed[0][1]:
-                return self._entry(claimed[0][0], claimed[0][1], int(info["times_delivered"]) + 1)
+                entry = await self._entry(claimed[0][0], claimed[0][1], int(info["times_delivered"]) + 1)
+                if entry is not None:
+                    return entry
+                continue  # refused: set aside
             self._in_flight.discard(message_id)  # settled meanwhile
         return None
 
@@ -201,7 +212,7 @@ class RedisCheckQueue:
         info = await self._redis.xpending_range(self.stream, self.group, min=message_id, max=message_id, count=1)
         deliveries = int(info[0]["times_delivered"]) if info else 2
         self.redeliveries += 1
-        return self._entry(message_id, fields, deliveries)
+        return await self._entry(message_id, fields, deliveries)
 
     async def keep_claims(self) -> None:
         """Renew this process's claims on the entries it works on, so that a check slower than
@@ -212,11 +223,27 @@ class RedisCheckQueue:
             await self._grouped(lambda: self._redis.xclaim(self.stream, self.group, self.consumer, min_idle_time=0,
                                                            message_ids=held, justid=True))
 
-    def _entry(self, message_id: str, fields: dict[str, str], deliveries: int) -> Entry:
+    def _sealed(self, entry_id: str, payload: dict[str, Any], reply_to: str | None) -> str:
+        return self._key.seal(json.dumps(payload), "entry", entry_id, reply_to or "")
+
+    async def _entry(self, message_id: str, fields: dict[str, str], deliveries: int) -> Entry | None:
+        """The entry as it was put, or None where its seal does not hold: then it is moved, unread, to the dead
+        letters (`refused`), so that a worker never judges a text, or answers a caller, someone else chose."""
         self._in_flight.add(message_id)
+        key, reply_to = fields.get("id", ""), fields.get("reply_to") or None
+        text = self._key.open(fields.get("payload"), "entry", key, reply_to or "")
+        if text is None:
+            self.refused += 1
+            log.warning("queue entry %s is not sealed with the fleet key (written by someone outside the fleet): "
+                        "set aside unread in %s", message_id, self.dead_letters)
+            try:
+                await self._settle_id(message_id, (self.dead_letters, {"id": key, "reason": "unsealed"}))
+            finally:
+                self._in_flight.discard(message_id)  # not ours to renew: a later take finds it again if still there
+            return None
         tries = max(int(fields.get("tries", 0)), deliveries - 1)
-        return Entry(message_id, fields.get("id", ""), json.loads(fields["payload"]), tries,
-                     poisoned=tries >= self.settings.max_tries, reply_to=fields.get("reply_to") or None)
+        return Entry(message_id, key, json.loads(text), tries, poisoned=tries >= self.settings.max_tries,
+                     reply_to=reply_to)
 
     async def done(self, entry: Entry) -> None:
         await self._settle(entry)
@@ -224,19 +251,23 @@ class RedisCheckQueue:
 
     async def retry(self, entry: Entry) -> None:
         """Back at the end of the stream with one try more, at once: no waiting for the claim timeout."""
-        await self._settle(entry, (self.stream, {"id": entry.key, "payload": json.dumps(entry.payload),
-                                                 "tries": entry.tries + 1}))
+        await self._settle(entry, (self.stream, {"id": entry.key, "tries": entry.tries + 1,
+                                                 "payload": self._sealed(entry.key, entry.payload, None)}))
         self._in_flight.discard(entry.id)
 
     async def dead(self, entry: Entry, reason: str) -> None:
-        await self._settle(entry, (self.dead_letters, {"id": entry.key, "payload": json.dumps(entry.payload),
-                                                       "tries": entry.tries, "reason": reason}))
+        await self._settle(entry, (self.dead_letters, {"id": entry.key, "tries": entry.tries, "reason": reason,
+                                                       "payload": self._sealed(entry.key, entry.payload, None)}))
         self._in_flight.discard(entry.id)
 
     async def _settle(self, entry: Entry, then: tuple[str, dict[Any, Any]] | None = None,
                       reply: tuple[str, str] | None = None) -> None:
         """Acknowledge and delete the entry, in one transaction with what replaces it (a stream entry, a reply).
         An entry still listed as ours until this succeeds, so that its claim is renewed meanwhile."""
+        await self._settle_id(entry.id, then, reply)
+
+    async def _settle_id(self, message_id: str, then: tuple[str, dict[Any, Any]] | None = None,
+                         reply: tuple[str, str] | None = None) -> None:
         async def run() -> None:
             async with self._redis.pipeline(transaction=True) as pipe:
                 if then is not None:
@@ -244,8 +275,8 @@ class RedisCheckQueue:
                 if reply is not None:
                     pipe.rpush(reply[0], reply[1])
                     pipe.expire(reply[0], 60)
-                pipe.xack(self.stream, self.group, entry.id)
-                pipe.xdel(self.stream, entry.id)
+                pipe.xack(self.stream, self.group, message_id)
+                pipe.xdel(self.stream, message_id)
                 await pipe.execute()
 
         # Without the group the entry is no one's any more (the pipeline's other commands ran): nothing to repeat.
@@ -255,23 +286,36 @@ class RedisCheckQueue:
     # entry names a list to answer on (`reply_to`); the caller waits on it as long as its latency budget allows.
 
     async def call(self, entry_id: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """The worker's reply, {"error": "queue_full"}, or None when none came within `timeout_s`."""
+        """The worker's reply, {"error": "queue_full"}, or None when none came within `timeout_s`; where only
+        replies without the fleet's seal came, {"error": "unsealed_reply"}."""
         reply_to = f"{self.stream}:reply:{uuid.uuid4().hex}"
-        job = {**job, "deadline": time.time() + timeout_s}
-        if not await self._add(entry_id, json.dumps(job), 0, reply_to):
+        deadline = time.monotonic() + timeout_s
+        if not await self._add(entry_id, {**job, "deadline": time.time() + timeout_s}, 0, reply_to):
             return {"error": "queue_full"}
+        refused = False
         with _reaching():
             try:
                 async with asyncio.timeout(timeout_s + self._bound):
-                    reply: Any = await self._waiting.blpop([reply_to], timeout=timeout_s)
+                    while (left := deadline - time.monotonic()) > 0:
+                        popped: Any = await self._waiting.blpop([reply_to], timeout=max(0.01, round(left, 3)))
+                        if not popped:
+                            break
+                        text = self._key.open(popped[1], "reply", entry_id, reply_to)
+                        if text is not None:
+                            return dict(json.loads(text))
+                        refused = True
+                        self.refused += 1
+                        log.warning("a reply to check %s is not sealed with the fleet key (written by someone "
+                                    "outside the fleet): ignored, waiting for the worker's", entry_id)
             finally:
                 await self._redis.delete(reply_to)
-        return json.loads(reply[1]) if reply else None
+        return {"error": "unsealed_reply"} if refused else None
 
     async def answer(self, entry: Entry, reply: dict[str, Any]) -> None:
-        """Send the reply, then drop the job; a reply nobody waits for any more expires."""
+        """Send the reply, sealed, then drop the job; a reply nobody waits for any more expires."""
         assert entry.reply_to is not None
-        await self._settle(entry, reply=(entry.reply_to, json.dumps(reply)))
+        sealed = self._key.seal(json.dumps(reply), "reply", entry.key, entry.reply_to)
+        await self._settle(entry, reply=(entry.reply_to, sealed))
         self._in_flight.discard(entry.id)
 
     async def recover(self) -> int:
@@ -299,7 +343,8 @@ class RedisCheckQueue:
         summary: Any = await self._grouped(lambda: self._redis.xpending(self.stream, self.group))
         claimed = int(summary["pending"])
         return {"backlog": backlog, "claimed": claimed, "lag": max(0, backlog - claimed),
-                "dead_letters": await self._dead_letters(), "redeliveries": self.redeliveries}
+                "dead_letters": await self._dead_letters(), "redeliveries": self.redeliveries,
+                "refused": self.refused}
 
     async def _dead_letters(self) -> int:
         with _reaching():

@@ -73,6 +73,8 @@ def _instruments() -> dict[str, Any]:
                       (names.METRIC_QUEUE_DEAD, "dead_letters", "Poison checks moved to the dead-letter stream"),
                       (names.METRIC_QUEUE_REDELIVERIES, "redeliveries",
                        "Checks this process took over from a worker that died"),
+                      (names.METRIC_QUEUE_REFUSED, "refused",
+                       "Queue entries and replies this process refused: not sealed with the fleet key"),
                       (names.METRIC_ESCALATION_BACKLOG, "escalation_backlog",
                        "Escalations the webhook has not taken yet that will still be tried"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",

@@ -42,7 +42,7 @@ REASONS = frozenset({
     "check_crashed", "client_disconnected", "audit_failed", "judge_error", "judge_timeout", "judge_call_cap",
     "check_too_large",
     "latency_budget_exceeded", "expired", "queue_unavailable", "tool_calls_unchecked", "unreadable_output",
-    "store_unavailable", "upstream_busy", "stream_interrupted"})
+    "store_unavailable", "upstream_busy", "stream_interrupted", "unsealed_reply"})
 _CACHED = 4096  # model names remembered with their label; more and the memo starts over
 
 

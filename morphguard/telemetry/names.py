@@ -103,6 +103,7 @@ METRIC_QUEUE_CLAIMED = "morphguard.queue.claimed"  # read by a worker, not yet d
 METRIC_QUEUE_LAG = "morphguard.queue.lag"  # not yet read by any worker (Redis)
 METRIC_QUEUE_DEAD = "morphguard.queue.dead_letters"  # poison checks set aside (Redis)
 METRIC_QUEUE_REDELIVERIES = "morphguard.queue.redeliveries"  # checks taken over from a dead worker
+METRIC_QUEUE_REFUSED = "morphguard.queue.refused"  # entries and replies without the fleet key's seal
 METRIC_ESCALATION_BACKLOG = "morphguard.escalations.backlog"  # pending, or undelivered with a retry ahead
 METRIC_FAIL_OPEN = "morphguard.fail_open"
 METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, audit_failed, judge_error, judge_timeout, ...

@@ -17,11 +17,14 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ROOT, serve, stop
 from tests.forked import Forked, fork_command
 from tests.otlp_receiver import OtlpReceiver
+from tests.servers import FLEET_KEY
 
 # minutes of real processes each: replicas, workers, Redis and PostgreSQL, with faults injected
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -38,7 +41,8 @@ def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str
         "detector": {"name": "direct"},
         "proxy": {"upstream": {"base_url": provider, "timeout_s": 10}, "mode": mode, "workers": workers,
                   "queue_size": 5000, "shutdown_grace_s": 2},
-        "queue": {"url": redis_url, "stream": f"checks:{uuid.uuid4().hex[:8]}", "claim_idle_s": claim_idle_s},
+        "queue": {"url": redis_url, "fleet_key": FLEET_KEY, "stream": f"checks:{uuid.uuid4().hex[:8]}",
+                  "claim_idle_s": claim_idle_s},
         "store": {"url": postgres_url},
         "policy": {"profiles": {"general": {"action": "annotate", "escalate": True, "threshold": 0.0,
                                             "topics": {}}},
@@ -262,3 +266,58 @@ def test_the_fleet_judges_the_same_answer_once(provider, redis_url, postgres_url
     assert first["checked"] and second["checked"] and first["score"] == second["score"]
     assert first["request_id"] != second["request_id"]
     assert len(judged) == 1  # the second replica took the first one's verdict from Redis
+
+
+PASSING = {"detector": "sentences", "score": 0.0, "threshold": 0.5, "flagged": False}  # a well-formed detection
+
+
+def test_a_redis_client_without_the_fleet_key_cannot_pass_a_blocked_answer(provider, redis_url, postgres_url,
+                                                                            tmp_path):
+    """An outsider on the fleet's Redis reads each inline job's `reply_to` and answers first with a passing
+    detection; the replica waits on for its worker's sealed reply, and the unsupported answer stays blocked."""
+    config = fleet_config(provider, redis_url, postgres_url, judge="judge-1500ms", mode="inline")
+    config["policy"]["profiles"]["general"].update(action="block", latency_budget_s=20, threshold=0.3)
+    config["proxy"]["inline_via"] = "workers"
+    config["detector"] = {"name": "sentences"}  # the scripted judge's lexical rule: the answer is unsupported
+    config["telemetry"] = {"prometheus": True}
+    (replica_folder, worker_folder) = folders(tmp_path, 2, "node")
+    base, replica = serve(config, replica_folder)
+    worker = start_worker(config, worker_folder)
+    outsider = redis.Redis.from_url(redis_url, decode_responses=True)
+    forged: list[str] = []
+
+    def forge() -> None:  # a plain Redis client: the jobs are in the stream, each naming its reply list
+        deadline = time.monotonic() + 30
+        while not forged and time.monotonic() < deadline:
+            for _, fields in outsider.xrange(config["queue"]["stream"]):
+                if fields.get("reply_to"):
+                    outsider.rpush(fields["reply_to"], json.dumps({"detection": PASSING}))
+                    forged.append(fields["reply_to"])
+            time.sleep(0.01)
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            forging = pool.submit(forge)
+            attacked = _verdict(base, 0)
+            forging.result()
+        alone = _verdict(base, 1)  # no forger: the worker's reply decides as before
+        refused = _gauge(base, "morphguard_queue_refused", until=1.0)
+    finally:
+        outsider.close()
+        stop(worker)
+        stop(replica)
+    assert forged  # the forgery reached the replica's reply list before the worker's reply
+    assert attacked["checked"] is True and attacked["flagged"] is True and attacked["action"] == "block", attacked
+    assert alone["checked"] is True and alone["flagged"] is True and alone["action"] == "block", alone
+    assert refused == 1.0  # counted, as /metrics shows it
+
+
+def _gauge(base: str, name: str, until: float) -> float | None:
+    """The gauge's value on /metrics once it reads `until` (the queue's gauges are refreshed every 2 s)."""
+    deadline, value = time.monotonic() + 15, None
+    while time.monotonic() < deadline and value != until:
+        text = httpx.get(base + "/metrics", timeout=10).text
+        value = next((s.value for family in text_string_to_metric_families(text) for s in family.samples
+                      if s.name == name), None)
+        time.sleep(0.5)
+    return value

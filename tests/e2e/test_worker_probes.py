@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.e2e.conftest import ROOT
 from tests.e2e.test_fleet import fleet_config, start_worker
 from tests.forked import run_command
-from tests.servers import free_port, fresh_database, stop
+from tests.servers import FLEET_KEY, free_port, fresh_database, stop
 
 TOKEN = "scrape-me-9f2c"
 SCRAPE = {"authorization": f"Bearer {TOKEN}"}
@@ -70,7 +70,8 @@ def test_a_worker_serves_health_readiness_and_metrics(provider, redis_url, postg
 
 
 def test_a_port_in_use_ends_the_worker_with_one_line_before_it_connects_anything(tmp_path):
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"queue": {"url": "redis://127.0.0.1:9/0"}}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"queue": {"url": "redis://127.0.0.1:9/0",
+                                                                       "fleet_key": FLEET_KEY}}))
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         ended = run_command(["worker", "--config", str(tmp_path / "config.yaml"), "--port", str(port)], cwd=ROOT)

@@ -47,7 +47,7 @@ def test_a_logout_from_another_site_is_refused(console):
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_session_cookie_is_refused_after_logout_by_every_process(backend, tmp_path, request):
     # Two processes of one fleet: the same session secret, the same audit store, nothing else shared.
-    settings = ReviewSettings(secure_cookies=False, session_secret="one secret for the fleet")
+    settings = ReviewSettings(secure_cookies=False, session_secret="one secret for the fleet, 32 characters or more")
     url = request.getfixturevalue("postgres_url") if backend == "postgresql" else None
     stores = [AuditStore(AuditSettings(path=str(tmp_path / "audit.db")), StoreSettings(url=url)) for _ in range(2)]
     consoles = [ReviewConsole(settings, lambda store=store: store, {"alice": "k"}) for store in stores]
@@ -70,7 +70,7 @@ def test_a_session_cookie_is_refused_after_logout_by_every_process(backend, tmp_
 
 
 def test_a_session_is_refused_past_its_end_however_recently_used(tmp_path):
-    secret = "one secret for the fleet"
+    secret = "one secret for the fleet, 32 characters or more"
     store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
 
     def cookie(expires: float) -> str:  # a session cookie as the console signs it (Starlette's SessionMiddleware)

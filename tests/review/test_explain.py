@@ -7,10 +7,12 @@ from __future__ import annotations
 import html
 import re
 
+import httpx
 import pytest
 
 from morphguard.config import AuditSettings, ReviewSettings, StoreSettings
 from morphguard.policy.audit import AuditStore
+from morphguard.policy.reviews import ReviewStore
 from morphguard.review.app import ReviewConsole
 from tests.review.conftest import Console, csrf_of, seed, serving
 
@@ -52,12 +54,18 @@ def test_search_finds_words_of_the_question_or_the_answer(any_store_console):
     assert 'value="pregnant women"' in client.get("/queue", params={"q": "pregnant women"}).text
 
 
-def test_a_reviewer_takes_an_item_and_another_cannot(any_store_console):
-    console = any_store_console
-    item = console.ids["flagged"]
+def _alice_and_bob(console: Console) -> tuple[httpx.Client, httpx.Client]:
+    """Two reviewers logged in to the console."""
     alice = console.login()
     bob = console.client()
     bob.post("/login", data={"csrf": csrf_of(bob.get("/login").text), "name": "bob", "key": "other-key"})
+    return alice, bob
+
+
+def test_a_reviewer_takes_an_item_and_another_cannot(any_store_console):
+    console = any_store_console
+    item = console.ids["flagged"]
+    alice, bob = _alice_and_bob(console)
     token = csrf_of(alice.get(f"/decisions/{item}").text)
     assert alice.post(f"/decisions/{item}/take", data={}).status_code == 403  # no token
     assert alice.post(f"/decisions/{item}/take", data={"csrf": token}).status_code == 303
@@ -75,6 +83,21 @@ def test_a_reviewer_takes_an_item_and_another_cannot(any_store_console):
     assert bob.post(f"/decisions/{item}/take", data={"csrf": bob_token}).status_code == 303
     assert listed(bob.get("/queue", params={"assigned": "me"}).text) == [item]
     assert alice.post("/decisions/999999/take", data={"csrf": token}).status_code == 404
+
+
+def test_a_reviewer_cannot_judge_an_item_another_has_taken(any_store_console):
+    console = any_store_console
+    item = console.ids["flagged"]
+    alice, bob = _alice_and_bob(console)
+    token, bob_token = csrf_of(alice.get(f"/decisions/{item}").text), csrf_of(bob.get(f"/decisions/{item}").text)
+    assert alice.post(f"/decisions/{item}/take", data={"csrf": token}).status_code == 303
+    refused = bob.post(f"/decisions/{item}/review", data={"label": "faithful", "csrf": bob_token})
+    assert refused.status_code == 409 and "alice has taken this item" in html.unescape(refused.text)
+    assert ReviewStore(console.store).judgements(item) == []
+    assert alice.post(f"/decisions/{item}/review", data={"label": "hallucinated", "csrf": token}).status_code == 303
+    alice.post(f"/decisions/{item}/release", data={"csrf": token})
+    assert bob.post(f"/decisions/{item}/review", data={"label": "faithful", "csrf": bob_token}).status_code == 303
+    assert [j["reviewer"] for j in ReviewStore(console.store).judgements(item)] == ["bob", "alice"]
 
 
 def test_charts_draw_a_single_day_and_keep_their_legend_inside(console):

@@ -10,6 +10,7 @@ import pytest
 from morphguard.config import QueueSettings
 from morphguard.store import open_queue
 from morphguard.store.sqlite_queue import SqliteCheckQueue
+from tests.servers import FLEET_KEY
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -22,7 +23,8 @@ def make_queue(request, tmp_path):
             queue = SqliteCheckQueue(tmp_path / "q.db", max_size, max_tries)
         else:
             url = request.getfixturevalue("redis_url")
-            queue = open_queue(QueueSettings(url=url, stream=stream, max_tries=max_tries, claim_idle_s=claim_idle_s),
+            queue = open_queue(QueueSettings(url=url, fleet_key=FLEET_KEY, stream=stream, max_tries=max_tries,
+                                             claim_idle_s=claim_idle_s),
                                tmp_path / "unused.db", max_size)
         return queue  # each test closes its queues inside its own event loop
 
@@ -106,8 +108,8 @@ def test_claims_of_a_dead_process_are_handed_out_again_on_sqlite(tmp_path):
 
 def test_a_dead_workers_entries_go_to_another_worker_on_redis(redis_url, tmp_path):
     async def go():
-        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}", claim_idle_s=0.5,
-                                 max_tries=3)
+        settings = QueueSettings(url=redis_url, fleet_key=FLEET_KEY, stream=f"test:{uuid.uuid4().hex[:8]}",
+                                 claim_idle_s=0.5, max_tries=3)
         dead, alive = (open_queue(settings, tmp_path / "x.db", 10) for _ in range(2))
         await dead.recover()
         await alive.recover()
@@ -134,7 +136,7 @@ def test_a_dead_workers_entries_go_to_another_worker_on_redis(redis_url, tmp_pat
 
 def test_poison_lands_in_the_dead_letter_stream_on_redis(redis_url, tmp_path):
     async def go():
-        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}", max_tries=1)
+        settings = QueueSettings(url=redis_url, fleet_key=FLEET_KEY, stream=f"test:{uuid.uuid4().hex[:8]}", max_tries=1)
         q = open_queue(settings, tmp_path / "x.db", 10)
         await q.recover()
         await q.put("p", {"poison": True})
@@ -143,14 +145,15 @@ def test_poison_lands_in_the_dead_letter_stream_on_redis(redis_url, tmp_path):
         entry = await q.take(0)
         assert entry.poisoned
         await q.dead(entry, "check_crashed")
-        assert await q.stats() == {"backlog": 0, "claimed": 0, "lag": 0, "dead_letters": 1, "redeliveries": 0}
+        assert await q.stats() == {"backlog": 0, "claimed": 0, "lag": 0, "dead_letters": 1, "redeliveries": 0,
+                                   "refused": 0}
         await q.close()
     run(go())
 
 
 def test_an_entry_delivered_during_a_failed_read_is_taken_back_on_redis(redis_url, tmp_path):
     async def go():
-        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        settings = QueueSettings(url=redis_url, fleet_key=FLEET_KEY, stream=f"test:{uuid.uuid4().hex[:8]}")
         q = open_queue(settings, tmp_path / "x.db", 10)
         await q.recover()
         await q.put("a", {"k": "a"})
@@ -168,7 +171,7 @@ def test_an_entry_delivered_during_a_failed_read_is_taken_back_on_redis(redis_ur
 
 def test_concurrent_takes_after_a_failed_read_each_get_their_own_entry_on_redis(redis_url, tmp_path):
     async def go():
-        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        settings = QueueSettings(url=redis_url, fleet_key=FLEET_KEY, stream=f"test:{uuid.uuid4().hex[:8]}")
         q = open_queue(settings, tmp_path / "x.db", 10)
         await q.recover()
         await q.put("a", {"k": "a"})
@@ -184,7 +187,7 @@ def test_concurrent_takes_after_a_failed_read_each_get_their_own_entry_on_redis(
 
 def test_redis_back_without_its_data_gets_its_group_again_and_a_new_epoch(redis_url, tmp_path):
     async def go():
-        settings = QueueSettings(url=redis_url, stream=f"test:{uuid.uuid4().hex[:8]}")
+        settings = QueueSettings(url=redis_url, fleet_key=FLEET_KEY, stream=f"test:{uuid.uuid4().hex[:8]}")
         q = open_queue(settings, tmp_path / "x.db", 10)
         await q.recover()
         assert await q.put("before", {})

@@ -21,6 +21,7 @@ import pytest
 
 from tests.e2e.conftest import serve, stop
 from tests.e2e.test_proxy import PASSAGE, QUESTION
+from tests.servers import FLEET_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -80,7 +81,8 @@ def config(provider: str, redis_url: str, folder: Path) -> dict:
         "detector": {"name": "direct"},
         "proxy": {"upstream": {"base_url": provider, "timeout_s": 10}, "mode": "async", "workers": 2,
                   "shutdown_grace_s": 2},
-        "queue": {"url": redis_url, "stream": f"checks:{time.monotonic_ns()}", "timeout_s": 1.0},
+        "queue": {"url": redis_url, "fleet_key": FLEET_KEY, "stream": f"checks:{time.monotonic_ns()}",
+                  "timeout_s": 1.0},
         "policy": {"profiles": {"general": {"action": "annotate", "escalate": False, "threshold": 0.5,
                                             "topics": {}}},
                    "audit": {"path": str(folder / "audit.db")}},

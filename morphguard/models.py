@@ -152,6 +152,9 @@ class Detection(BaseModel):
     stats: DetectionStats = Field(default_factory=DetectionStats)
     settings: dict[str, object] = Field(default_factory=dict)
     features: dict[str, float] = Field(default_factory=dict)  # numeric signals a combined check can learn from
+    # Where the answer's text the check did not read begins: past a cap (`detector.max_judge_calls`,
+    # `max_text_chars`) a check reads the answer's first sentences and decides on them. None: it read all of it.
+    unchecked_from: int | None = None
 
 
 class Decision(BaseModel):

@@ -2,10 +2,10 @@
 token accounting and an optional cache for deterministic (temperature 0) calls.
 
 Calls made side by side go through `together`, which cancels the rest of them when one fails. A check's judge calls
-are bounded by the `CallBudget` its caller opens around it (`call_budget`): every call the check's code makes, in
-whichever task, draws on it, and a call past it raises `JudgeCallCapError` unsent. A check that knows its calls
-before it makes them (`sentences`) takes them at once (`reserve`), so that it fails before sending any rather than
-after sending the first `limit`.
+are bounded by the `CallBudget` its caller opens around it (`call_budget`; the checks of one stream share one):
+every call the check's code makes, in whichever task, draws on it, and a call past it raises `JudgeCallCapError`
+unsent. A check that knows its calls before it makes them (`sentences`) takes those that fit at once
+(`reserve_up_to`) and reads only what they cover, rather than sending the first `limit` and failing.
 """
 
 from __future__ import annotations
@@ -115,6 +115,12 @@ class CallBudget:
         self.used += calls
         self._reserved += calls
 
+    def reserve_up_to(self, calls: int) -> int:
+        """Take as many of `calls` as the limit leaves, at once; how many were taken."""
+        taken = max(0, min(calls, self.limit - self.used))
+        self.reserve(taken)
+        return taken
+
     def spend(self) -> None:
         """One call about to be sent: one reserved, else one more taken."""
         if not self._reserved:
@@ -126,10 +132,10 @@ _BUDGET: ContextVar[CallBudget | None] = ContextVar("morphguard_judge_call_budge
 
 
 @contextmanager
-def call_budget(limit: int | None) -> Iterator[CallBudget | None]:
+def call_budget(limit: int | None, shared: CallBudget | None = None) -> Iterator[CallBudget | None]:
     """The judge calls of the code run inside (and of the tasks and threads it starts) bounded by `limit`; None:
-    unbounded."""
-    budget = CallBudget(limit) if limit is not None else None
+    unbounded. `shared`: the budget of several checks (a stream's), drawn on instead of a new one."""
+    budget = shared if shared is not None else CallBudget(limit) if limit is not None else None
     token = _BUDGET.set(budget)
     try:
         yield budget
@@ -153,11 +159,11 @@ async def together(calls: Iterable[Awaitable[T]]) -> list[T]:
         raise
 
 
-def reserve(calls: int) -> None:
-    """Take `calls` judge calls of the current check's budget at once (none open: nothing to take)."""
+def reserve_up_to(calls: int) -> int:
+    """Take as many of `calls` judge calls as the current check's budget leaves, at once; how many (all of them where
+    no budget is open)."""
     budget = _BUDGET.get()
-    if budget is not None:
-        budget.reserve(calls)
+    return calls if budget is None else budget.reserve_up_to(calls)
 
 
 class TransientLLMError(LLMError):

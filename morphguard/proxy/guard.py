@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector
+from morphguard.detectors.memo import Memo
 from morphguard.models import Detection
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, Written
@@ -73,9 +74,10 @@ class Guard:
         # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
         self.journal = Journal() if shared is not None and audit is not None else None
 
-    async def find(self, request: CheckRequest, answer: Answer) -> Found:
-        """The check of the answer's text (no decision, no side effects)."""
-        return await self.checker.find(request, answer)
+    async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
+        """The check of the answer's text (no decision, no side effects); `memo`: shared by the checks of one
+        stream (`Checker.memo`)."""
+        return await self.checker.find(request, answer, memo)
 
     def decide(self, request: CheckRequest, answer: Answer, found: Found, reach: Reach) -> CheckOutcome:
         """Policy's one decision on what the check found in this answer, as far as `reach` lets it act."""

@@ -336,6 +336,7 @@ class GuardChecks:
         self.answer = whole
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
         self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
+        self.memo = guard.checker.memo()  # the stream's checks: one budget of judge calls, each sentence asked once
 
     @property
     def closed(self) -> bool:
@@ -343,7 +344,7 @@ class GuardChecks:
 
     async def prefix(self, text: str) -> PrefixCheck:
         answer = Answer.of_text(text)
-        found = await self.guard.find(self.request, answer)
+        found = await self.guard.find(self.request, answer, self.memo)
         check = _of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD))
         if not check.blocks:
             self._cleared = (self.guard.checked_text(answer), found)
@@ -355,7 +356,7 @@ class GuardChecks:
         if cleared is not None and cleared[0].strip() == self.guard.checked_text(answer).strip():
             found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
         else:                  # on the whole answer, with all it holds beside that text
-            found = await self.guard.find(self.request, answer)
+            found = await self.guard.find(self.request, answer, self.memo)
         return replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
 
     async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:

@@ -295,3 +295,32 @@ def test_messages_under_annotate_a_stream_passes_through_unchanged(annotate_prox
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == f"{INVENTED} {AFTER}" and final.stop_reason == "end_turn"
+
+
+# --- the judge's cost of a stream -------------------------------------------------------------------------------
+
+
+def test_a_stream_checked_as_it_flows_asks_the_judge_about_each_sentence_once(proxy_factory, provider):
+    """The echo model writes a word every 10 ms and the judge answers in 100 ms: the answer is checked up to each
+    finished sentence several times, then whole. Each check asks only about the sentences no check before it asked
+    (or is asking), so every sentence reaches the judge once however many checks read it."""
+    import httpx
+
+    from tests.scripted_llm import asked_sentences
+
+    base = proxy_factory(judge_model="openai/judge-100ms",
+                         policy={"profiles": {"general": {"action": "block", "topics": {}}}})
+    said = [f"Station {name} opens its western gate at dawn." for name in
+            ("Aldgate", "Bermondsey", "Clapham", "Dalston", "Euston", "Fulham", "Greenwich", "Hackney", "Islington",
+             "Kennington", "Lambeth", "Marylebone", "Norwood", "Oval")]
+    answer = " ".join(said)
+    chunks = list(oai(base).chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": answer}], stream=True,
+        extra_body={"morphguard": {"context": [answer]}}))
+    assert text_of(chunks) == answer and chunks[-1].morphguard["action"] == "pass"
+    calls = [body for r in httpx.get(provider.removesuffix("/v1") + "/_requests", timeout=10).json()
+             if "sentences are numbered" in str((body := r["body"])["messages"][0]["content"])
+             and "Station Aldgate" in str(body["messages"][-1]["content"])]
+    asked = [sentence for body in calls for _, sentence in asked_sentences(body["messages"][-1]["content"])]
+    assert len(calls) >= 3  # checked as it flowed, in several checks
+    assert sorted(asked) == sorted(said)  # each sentence asked once

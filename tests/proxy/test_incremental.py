@@ -532,9 +532,9 @@ def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_s
     calls: list[str] = []
     find = guard.checker.find
 
-    async def counted(request: CheckRequest, answer: Answer) -> Any:
+    async def counted(request: CheckRequest, answer: Answer, memo: Any = None) -> Any:
         calls.append(guard.checker.answer_text(answer))
-        return await find(request, answer)
+        return await find(request, answer, memo)
 
     guard.checker.find = counted
 

@@ -18,7 +18,11 @@ answer (as the API reads it) is checked at once, beside the prefix check under w
 if it blocks, what the prefix check under way passes still goes out, the rest is withheld and the stream ends as
 the API ends a refused answer. A prefix check that blocks mid-stream stops reading the upstream and ends the
 stream there. A check's score can exceed the scores of its sentences one by one (evidence adds up over an
-answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence.
+answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence. The
+checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`): each
+sentence is asked about once. Past that budget a check reads the answer as far as it can and, where the profile
+withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it read and passed goes out
+first.
 
 The stream's record says what was released apart from what was withheld (`Closing`, `Checks.close`): how many
 characters of answer text the client received and the verdict of the prefix they passed.
@@ -74,6 +78,9 @@ class PrefixCheck:
     claims: tuple[Claim, ...] = ()
     whole: bool = False
     outcome: Any = None  # the checker's own record of it, handed back to `Checks.close`
+    # A check that read the text only up to a cap and blocks for the unread rest: where that rest begins. The text
+    # before it passed this check (it read that text and flagged nothing in it).
+    read_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,7 @@ class Incremental(Generic[E]):
                     self.checked.append(Checked(upto, check))
                     if not check.blocks:
                         self._pass(upto, check)
+                    if not check.blocks or self._passed_in_part(check):
                         for out in self._release():
                             yield out
                     if decided is not None:  # the whole answer blocked: what this check passed went out
@@ -209,6 +217,9 @@ class Incremental(Generic[E]):
                             yield out
                         return
                     if prefix is None:
+                        if self._passed_in_part(check):
+                            for out in self._release():
+                                yield out
                         for out in await self._closed(check):
                             yield out
                         return
@@ -243,6 +254,13 @@ class Incremental(Generic[E]):
         if ends:
             self._ends += ends
             self._scanned = ends[-1]
+
+    def _passed_in_part(self, check: PrefixCheck) -> bool:
+        """Where a blocking check read the text only up to a cap and flagged nothing there: that text passed it."""
+        if check.read_to is None or check.read_to <= self._passed:
+            return False
+        self._pass(check.read_to, replace(check, blocks=False))
+        return True
 
     def _pass(self, upto: int, check: PrefixCheck) -> None:
         self._verdicts += sentence_verdicts(self.text[:upto], check, self._passed)
@@ -375,5 +393,8 @@ def _of(outcome: CheckOutcome) -> PrefixCheck:
         threshold = outcome.decision.threshold
         placed = tuple(Claim(f.start, f.end, f.score, f.score >= threshold) for f in claims(detection.factoids)
                        if f.start is not None and f.end is not None)
-    return PrefixCheck(flagged=outcome.decision.flagged, blocks=outcome.decision.action in ENDS_STREAM,
-                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome)
+    blocks = outcome.decision.action in ENDS_STREAM
+    read_to = detection.unchecked_from if detection is not None and blocks and not outcome.decision.flagged else None
+    return PrefixCheck(flagged=outcome.decision.flagged, blocks=blocks,
+                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome,
+                       read_to=read_to)

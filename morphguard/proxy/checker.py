@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry import trace
 
 from morphguard import telemetry
-from morphguard.config import Config
+from morphguard.config import Config, SentencesSettings
 from morphguard.detectors import Detector, build_detector, fingerprint
 from morphguard.detectors.focus import within
 from morphguard.detectors.memo import Memo, remembering
@@ -57,6 +57,12 @@ class Checker:
     def answer_text(self, answer: Answer) -> str:
         """What the check reads of an answer, as policy says (`policy.tool_calls`)."""
         return answers.checked_text(answer.completion, tool_calls=self.config.policy.tool_calls == "check")
+
+    def sentences_per_call(self, request: CheckRequest) -> int:
+        """How many of an answer's sentences one judge call of the request's check reads (`sentences.batch`); 1
+        for a check that does not read them in batches."""
+        name = request.detector or self.detector.name
+        return self.config.section("sentences", SentencesSettings).batch if name == "sentences" else 1
 
     def memo(self) -> Memo:
         """What the checks of one growing answer (a stream's) share: one budget of judge calls for all of them

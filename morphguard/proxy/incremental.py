@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -124,6 +125,8 @@ class Checked:
 
 
 class Checks(Protocol):
+    fill: int  # how many sentences one judge call of the check reads (1: it does not read them in batches)
+
     @property
     def closed(self) -> bool:
         """The stream's verdict is recorded."""
@@ -167,11 +170,16 @@ class Incremental(Generic[E]):
     stream: Stream[E]
     checks: Checks
     window: int = 1  # a prefix check waits for at least this many sentences finished since the last
+    # After the first prefix check (which gates the first token), a check takes whole multiples of `fill` sentences
+    # (the judge's batch: each call full), unless a finished sentence has waited `hold_s` for companions.
+    fill: int = 1
+    hold_s: float = 0.0
     text: str = ""  # the answer read so far
     checked: list[Checked] = field(default_factory=list)  # every prefix check that finished, in order
     _held: deque[tuple[E, int]] = field(default_factory=deque)  # (event, where its text ends)
     _sent: list[E] = field(default_factory=list)
     _ends: list[int] = field(default_factory=list)  # ends of finished sentences not yet given to a check
+    _ends_at: list[float] = field(default_factory=list)  # when each of them was read
     _scanned: int = 0  # where the next finished sentence begins
     _passed: int = 0  # the answer up to here has passed the check
     _passing: PrefixCheck | None = None  # the check it passed
@@ -186,10 +194,13 @@ class Incremental(Generic[E]):
         upto = 0  # the end of its prefix
         whole: asyncio.Task[PrefixCheck] | None = None  # the whole answer's check, once the upstream has ended
         decided: PrefixCheck | None = None  # the whole answer's verdict, when it blocks while a prefix is checked
+        holding: asyncio.Task[None] | None = None  # until the sentences held to fill a check are due
         try:
             while True:
-                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole) if t is not None}
+                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole, holding) if t is not None}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if holding is not None and holding in done:
+                    holding = None
                 if prefix is not None and prefix in done:
                     check = prefix.result()
                     prefix = None
@@ -235,11 +246,17 @@ class Incremental(Generic[E]):
                         for out in self._release():  # events with no unchecked text before them
                             yield out
                 if prefix is None and whole is None and decided is None and len(self._ends) >= self.window:
-                    upto = self._ends[-1]
-                    self._ends = []
-                    prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
+                    taken, due = self._taken()
+                    if taken:
+                        _cancel(holding)
+                        holding = None
+                        upto = self._ends[taken - 1]
+                        del self._ends[:taken], self._ends_at[:taken]
+                        prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
+                    elif holding is None:
+                        holding = asyncio.ensure_future(asyncio.sleep(due))
         finally:
-            tasks = (read, prefix, whole)
+            tasks = (read, prefix, whole, holding)
             _cancel(*tasks)
             await _settle(*tasks)
             close = getattr(reader, "aclose", None)
@@ -253,7 +270,17 @@ class Incremental(Generic[E]):
         ends = sentence_ends(self.text, self._scanned)
         if ends:
             self._ends += ends
+            self._ends_at += [time.monotonic()] * len(ends)
             self._scanned = ends[-1]
+
+    def _taken(self) -> tuple[int, float]:
+        """How many of the finished sentences the next prefix check takes (0: none yet), and else how long until
+        they are due: all of them for the first check and once the oldest has waited `hold_s`; else whole multiples
+        of `fill`."""
+        waited = time.monotonic() - self._ends_at[0]
+        if not self.checked or waited >= self.hold_s:
+            return len(self._ends), 0.0
+        return len(self._ends) - len(self._ends) % self.fill, self.hold_s - waited
 
     def _passed_in_part(self, check: PrefixCheck) -> bool:
         """Where a blocking check read the text only up to a cap and flagged nothing there: that text passed it."""
@@ -355,6 +382,7 @@ class GuardChecks:
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
         self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
         self.memo = guard.checker.memo()  # the stream's checks: one budget of judge calls, each sentence asked once
+        self.fill = guard.checker.sentences_per_call(request)
 
     @property
     def closed(self) -> bool:

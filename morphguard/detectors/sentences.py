@@ -115,6 +115,10 @@ class Sentences:
         passages = Focus(rag.passages).select(asked, self.settings.context_budget) if asked else []
         return [self._messages(rag, answer, batch, passages) for batch in batches]
 
+    def shared(self, messages: list[dict[str, str]]) -> int:
+        """How many characters of the user message every call of the check opens with: all but the sentences."""
+        return messages[-1]["content"].index("<answer>") + len("<answer>\n")
+
     async def _judge(self, messages: list[dict[str, str]], batch: Batch,
                      stage: StageCost) -> tuple[list[Verdict], float | None]:
         """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
@@ -125,7 +129,8 @@ class Sentences:
                 "phrases": {"type": "array", "items": {"type": "string"}}}}},
             "answer": {"type": "string", "enum": list(LABELS)}}}
         reply = await self.llm.complete(messages, model=self.settings.model,
-                                        max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5)
+                                        max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5,
+                                        shared=self.shared(messages))
         stage.count(reply)
         stage.seconds = max(stage.seconds, reply.seconds)  # the batches are asked at once
         entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]

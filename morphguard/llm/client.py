@@ -34,7 +34,7 @@ from tenacity import (
 from morphguard import telemetry
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
 from morphguard.llm.fair import FairLimit
-from morphguard.llm.providers import Abilities, abilities, fitted, strict_schema
+from morphguard.llm.providers import Abilities, abilities, cache_marked, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -62,6 +62,7 @@ class Completion:
     seconds: float
     logprobs: tuple[TokenChoice, ...] | None = None
     cached: bool = False
+    cached_input_tokens: int = 0  # of `input_tokens`, those the provider's prompt cache served
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Usage:
     calls: int = 0
     cached_calls: int = 0
     input_tokens: int = 0
+    cached_input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
 
@@ -95,6 +97,7 @@ class Usage:
             return
         self.calls += 1
         self.input_tokens += c.input_tokens
+        self.cached_input_tokens += c.cached_input_tokens
         self.output_tokens += c.output_tokens
         self.seconds += c.seconds
 
@@ -235,11 +238,15 @@ class LLMClient:
         max_tokens: int = 256,
         json_schema: dict[str, Any] | None = None,
         top_logprobs: int = 0,
+        shared: int = 0,
     ) -> Completion:
+        """One judge call. `shared`: how many characters the last message opens with that other calls of the check
+        open with too (after the same messages before it): the prefix a provider's prompt cache can serve, marked
+        where the provider caches only what is marked (`providers.cache_marked`)."""
         endpoint = self.endpoint(model)
         request: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": messages,
+            "messages": cache_marked(messages, endpoint.provider_name, shared),
             "temperature": temperature,
             "max_tokens": max_tokens,
         }
@@ -345,6 +352,7 @@ class LLMClient:
             output_tokens=int(output_tokens),
             seconds=seconds,
             logprobs=_read_logprobs(getattr(choice, "logprobs", None)),
+            cached_input_tokens=_cached_tokens(usage),
         )
 
     @staticmethod
@@ -381,6 +389,17 @@ def _count_tokens(model: str, content: Any) -> int:
     except Exception:
         size = len(content) if isinstance(content, str) else sum(len(m.get("content", "")) for m in content)
         return max(1, size // 4)
+
+
+def _cached_tokens(usage: Any) -> int:
+    """The input tokens a provider's prompt cache served, as litellm reports them: OpenAI's
+    `prompt_tokens_details.cached_tokens`, into which it maps Anthropic's `cache_read_input_tokens` and Gemini's
+    `cachedContentTokenCount`; else Anthropic's own field."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    found = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
+    if not found:
+        found = getattr(usage, "cache_read_input_tokens", None)
+    return found if isinstance(found, int) and found > 0 else 0
 
 
 def _read_logprobs(raw: Any) -> tuple[TokenChoice, ...] | None:

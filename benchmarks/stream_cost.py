@@ -34,12 +34,11 @@ import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from streaming import free_port, wait_ready  # noqa: E402  (the sibling benchmark's helpers)
+from streaming import free_port, start_proxy, wait_ready  # noqa: E402  (the sibling benchmark's helpers)
 
 QUESTION = "What does the catalogue say about each item?"
 
@@ -111,23 +110,6 @@ def upstream_app():  # the scripted upstream and judge, run in its own process
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/v1/models", models, methods=["GET"]), Route("/calls", seen, methods=["GET"])])
-
-
-def start_proxy(folder: Path, code: Path, upstream: str, judge_ms: int, mode: str) -> tuple[str, subprocess.Popen]:
-    config = {"judge": {"model": f"openai/judge-{judge_ms}", "api_base": upstream, "api_key": "k",
-                        "max_attempts": 1, "cache": {"enabled": False}},
-              "proxy": {"upstream": {"base_url": upstream}, "stream_mode": mode},
-              "policy": {"profiles": {"general": {"action": "block", "topics": {}}},
-                         "audit": {"path": str(folder / "audit.db")}}}
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = folder / "proxy.log"
-    process = subprocess.Popen([sys.executable, "-m", "morphguard.cli", "serve", "--config",
-                                str(folder / "config.yaml"), "--port", str(port)], cwd=code,
-                               env={**os.environ, "PYTHONPATH": str(code)}, stdout=log.open("wb"),
-                               stderr=subprocess.STDOUT)
-    wait_ready(f"http://127.0.0.1:{port}/healthz", process, log)
-    return f"http://127.0.0.1:{port}/v1", process
 
 
 def cpu_seconds(pid: int) -> float:
@@ -212,7 +194,9 @@ def main() -> None:
             proxies = {}
             for mode in ("auto", "buffer"):
                 (folder / mode).mkdir()
-                base, process = start_proxy(folder / mode, args.code.resolve(), judge + "/v1", args.judge_ms, mode)
+                judging = {"model": f"openai/judge-{args.judge_ms}", "api_base": judge + "/v1", "api_key": "k",
+                           "max_attempts": 1, "cache": {"enabled": False}}
+                base, process = start_proxy(folder / mode, judge + "/v1", judging, "auto", mode, args.code.resolve())
                 started.append(process)
                 proxies["streamed" if mode == "auto" else "buffered"] = (base, process.pid)
             for scenario in args.scenarios.split(","):

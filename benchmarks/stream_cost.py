@@ -127,6 +127,8 @@ async def one_stream(client: httpx.AsyncClient, base: str, sentences: list[str],
     started, first, text, action = time.perf_counter(), None, [], ""
     async with client.stream("POST", base + "/chat/completions", json=body,
                              headers={"Authorization": "Bearer sk-bench"}) as response:
+        if response.status_code != 200:
+            raise AssertionError(f"{response.status_code}: {(await response.aread())[:300]!r}")
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -137,7 +139,7 @@ async def one_stream(client: httpx.AsyncClient, base: str, sentences: list[str],
                 text.append(content)
             action = (data.get("morphguard") or {}).get("action", action)
     ended = time.perf_counter()
-    assert "".join(text) == answer, "the stream was changed"
+    assert "".join(text) == answer, f"the stream was changed ({action}): {''.join(text)[-300:]!r}"
     return (first or ended) - started, ended - started, action
 
 
@@ -178,7 +180,8 @@ def main() -> None:
     if args.upstream:
         import uvicorn
 
-        uvicorn.run(upstream_app(), host="127.0.0.1", port=args.upstream, log_level="warning")
+        # idle connections kept open past the proxies' pools' own idle time: a pooled connection is never found closed
+        uvicorn.run(upstream_app(), host="127.0.0.1", port=args.upstream, log_level="warning", timeout_keep_alive=300)
         return
     port = free_port()
     results: dict = {}

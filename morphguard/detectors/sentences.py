@@ -30,7 +30,7 @@ from typing import Any
 
 from morphguard.config import SentencesSettings
 from morphguard.detectors.focus import Focus
-from morphguard.detectors.grounding import ungrounded
+from morphguard.detectors.grounding import SentenceReport, sentence_report, ungrounded
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.logistic import log_odds
@@ -38,6 +38,7 @@ from morphguard.detectors.memo import current
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list
+from morphguard.detectors.text import sentences, vocabulary
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve_up_to, together
 from morphguard.llm.fair import in_thread
@@ -60,6 +61,25 @@ class Judged:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     wholes: list[tuple[frozenset[str], float]] = field(default_factory=list)
     pending: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # lines a check is asking about now
+    _vocabulary: tuple[int, set[str]] | None = None  # the context's words, read once for all the checks
+    _reports: dict[tuple[int, str], SentenceReport] = field(default_factory=dict)  # by a sentence's start and text
+
+    def reports_of(self, rag: RagInput, answer: str) -> list[SentenceReport]:
+        """`grounding.ungrounded` of the answer, reading only what earlier checks did not: the context once (again
+        only where a check reads other passages, cut to fit `max_text_chars`), and each sentence once, as the answer
+        grows at its end."""
+        key = hash((rag.question, *rag.passages))
+        if self._vocabulary is None or self._vocabulary[0] != key:
+            self._vocabulary = key, vocabulary([*rag.passages, rag.question])
+            self._reports = {}
+        known = self._vocabulary[1]
+        out = []
+        for start, end in sentences(answer):
+            at = (start, answer[start:end])
+            if at not in self._reports:
+                self._reports[at] = sentence_report(answer, start, end, known)
+            out.append(self._reports[at])
+        return out
 
     def add(self, lines: list[str], verdicts: list[Verdict], whole: float | None) -> None:
         self.verdicts.update(zip(lines, verdicts, strict=True))
@@ -84,13 +104,14 @@ class Sentences:
             found = load_calibration(settings.calibration)
             self.weight, self.logistic = found["whole_weight"], tuple(found["calibration"])
 
-    def plan(self, rag: RagInput, answer: str) -> Batch:
+    def plan(self, rag: RagInput, answer: str, known: Judged | None = None) -> Batch:
         """Every sentence, with the words of it the context never uses and whether it addresses its checker.
         Even "Yes." is one: a short sentence can carry the whole claim, and the judge is told that one stating
-        nothing is supported."""
+        nothing is supported. `known`: the answer's earlier checks, whose reading of the context is reused."""
         planted = instructions(answer)
+        reports = ungrounded(answer, rag.passages, rag.question) if known is None else known.reports_of(rag, answer)
         return [(r.start, r.end, [w.text for w in r.unsupported], any(s < r.end and r.start < e for s, e in planted))
-                for r in ungrounded(answer, rag.passages, rag.question)]
+                for r in reports]
 
     def _line(self, answer: str, sentence: tuple[int, int, list[str], bool]) -> str:
         """How the judge is shown one sentence (after its number): its text, then its hints."""
@@ -154,10 +175,10 @@ class Sentences:
         started = time.perf_counter()
         # Everything that reads the text grows with the answer and the context (a 4 MB check is seconds of pure
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
-        planned = await in_thread(self.plan, rag, answer, size=rag.size(answer))
-        lines = [self._line(answer, sentence) for sentence in planned]
         memo = current()
         known = memo.of(self.name, Judged) if memo is not None else Judged()  # a stream's earlier checks' verdicts
+        planned = await in_thread(self.plan, rag, answer, known, size=rag.size(answer))
+        lines = [self._line(answer, sentence) for sentence in planned]
         stage, calls = StageCost(), 0
         while True:
             missing = [i for i, line in enumerate(lines) if line not in known.verdicts]

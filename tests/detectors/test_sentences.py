@@ -292,3 +292,20 @@ def test_a_long_answer_past_max_judge_calls_is_read_as_far_as_the_cap_goes_and_t
     assert capped.detection is not None and capped.detection.unchecked_from == LONG.index("Town number 288")
     assert (caught.decision.action, caught.decision.flagged) == ("annotate", True)  # what it read decides
     assert caught.decision.reason == "read in part: judge_call_cap"
+
+
+def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_and_plan_as_a_check_alone(
+        monkeypatch):
+    from morphguard.config import SentencesSettings
+
+    check = sentences.Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
+    said = " ".join(FRANCE)
+    read_sentences, read_contexts = [], []
+    report, vocabulary = sentences.sentence_report, sentences.vocabulary
+    monkeypatch.setattr(sentences, "sentence_report", lambda a, s, e, k: read_sentences.append(a[s:e]) or report(
+        a, s, e, k))
+    monkeypatch.setattr(sentences, "vocabulary", lambda texts: read_contexts.append(1) or vocabulary(texts))
+    known = sentences.Judged()
+    for end in (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said)):  # three checks, the answer growing
+        assert check.plan(RAG, said[:end], known) == check.plan(RAG, said[:end])
+    assert read_contexts == [1] and sorted(read_sentences) == sorted(FRANCE)

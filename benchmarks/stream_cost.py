@@ -10,12 +10,16 @@ then sent): judge calls, input tokens, the cacheable share, time to first token 
 the proxy's CPU time per stream (user + system, from /proc). The context is the answer's own sentences, so beyond
 `sentences.context_budget` (24,000 characters: the 600-sentence answer) the passages are cut.
 
+`--reading N,N,...` measures, without a proxy or a judge, the CPU of the `sentences` check's reading of the text
+(sentences, their hints, the context's vocabulary) over the checks of a stream of N sentences, one every 12, on a
+context of about 200,000 characters: each check reading all of it, and the stream's checks sharing one memo.
+
 `--code PATH` runs the proxy from another checkout (`git worktree add --detach /tmp/base main`), so that the same
 figures of another version are measured by the same scripts; each is written under its `--label`. Scenarios:
 `N:T` (N sentences over T seconds) and `N:T:S` (S such streams at once). Writes benchmarks/results/stream_cost.json.
 
     python benchmarks/stream_cost.py [--runs 3] [--judge-ms 400] [--scenarios 10:1,120:4,600:8,80:2.7:12]
-                                     [--code PATH --label main]
+                                     [--code PATH --label main] [--reading 120,600,2400]
 """
 
 from __future__ import annotations
@@ -168,6 +172,31 @@ async def measure(proxy: str, pid: int, judge: str, n: int, seconds: float, stre
             "actions": sorted({r["action"] for r in rows}), "n": len(rows)}
 
 
+def reading(n: int) -> dict:
+    """CPU seconds of the `sentences` check's reading over a stream's checks of an N-sentence answer."""
+    from morphguard.config import SentencesSettings
+    from morphguard.detectors.sentences import Judged, Sentences
+    from morphguard.models import RagInput
+
+    said = answer_of(n, "reading")
+    answer = " ".join(said)
+    context = [answer] + [f"Passage {k} describes warehouse {k} and its opening hours, with staff notes. " * 25
+                          for k in range(100)]
+    rag = RagInput(question=QUESTION, passages=context)
+    check = Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
+    ends = [len(" ".join(said[:k])) for k in range(12, n, 12)] + [len(answer)]
+    out = {"checks": len(ends), "context_chars": sum(map(len, context))}
+    for name, known in (("each_check_alone_s", None), ("shared_memo_s", Judged())):
+        started = time.process_time()
+        for end in ends:
+            check.plan(rag, answer[:end], known)
+        out[name] = round(time.process_time() - started, 3)
+    started = time.process_time()
+    check.plan(rag, answer)
+    out["one_buffered_check_s"] = round(time.process_time() - started, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -175,8 +204,17 @@ def main() -> None:
     parser.add_argument("--scenarios", default="10:1,120:4,600:8,80:2.7:12")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose proxy is measured")
     parser.add_argument("--label", default="this", help="the name its figures are written under")
+    parser.add_argument("--reading", help="answer lengths whose reading is measured alone (no proxy, no judge)")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)  # run as the scripted upstream
     args = parser.parse_args()
+    if args.reading:
+        out = HERE / "results" / "stream_cost.json"
+        previous = json.loads(out.read_text()) if out.exists() else {}
+        for n in map(int, args.reading.split(",")):
+            previous.setdefault("reading", {}).setdefault(args.label, {})[str(n)] = figures = reading(n)
+            print(f"{args.label:>6} reading {n} sentences: {figures}", flush=True)
+        out.write_text(json.dumps(previous, indent=2) + "\n")
+        return
     if args.upstream:
         import uvicorn
 

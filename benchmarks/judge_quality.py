@@ -5,7 +5,8 @@ Each detector runs unchanged, over the real client (litellm, HTTP on loopback), 
 oracle reads each prompt the way a judge would be asked it, finds the answer sentence (or the whole answer) it
 is about among the benchmark's items, and answers from the gold: a sentence is unsupported where it overlaps a
 gold span, and the phrases it names are the gold spans' words within it; an answer is unsupported where the item
-is labelled hallucinated. The noise model at rate p:
+is labelled hallucinated, and the phrases named for it are every gold span's words (a false alarm names the first
+sentence). The noise model at rate p:
 - each item has a difficulty d, uniform in [0, 1), shared by every question about it;
 - each verdict is flipped with probability 2·p·d (so p on average; hard items are the ones judges get wrong);
 - its stated confidence (the log-probabilities the client reads) is 1 at p = 0, else 0.55 + 0.45·(1 − d);
@@ -29,13 +30,16 @@ that sends a cut of the context (the spot check) is not punished for cutting awa
 names are exactly the annotators', which a real judge's would only approach.
 
 Thresholds: F1 at the configured threshold (0.3), and at the threshold that maximises F1 on the fit half with
-another noise seed. Span F1 (character overlap, as in RAGTruth) of the factoids at or above each threshold.
+another noise seed; recall at the sensitive topics' threshold (0.175). Span F1 (character overlap, as in RAGTruth)
+of the factoids at or above each threshold.
 
     python benchmarks/judge_quality.py [--noise 0,0.1,0.2,0.3] [--detectors sentences,direct,spotcheck,combined]
                                        [--datasets ragtruth-qa,...] [--limit N] [--delay 0.4]
                                        [--judges uniform,realistic]
 
-Writes benchmarks/results/judge_quality.json and judge_quality.png. `--delay` adds that many seconds to every
+Writes benchmarks/results/judge_quality.json and judge_quality.png. `--fit-calibration PATH` instead writes the
+`sentences` check's calibration fitted on the fit halves under the realistic judge (the shipped one is
+morphguard/detectors/sentences.json). `--delay` adds that many seconds to every
 judge call (a fixed-latency API judge) and reports the check's p50 time, calls and tokens.
 """
 
@@ -72,6 +76,7 @@ HERE = Path(__file__).resolve().parent
 SETS = ("ragtruth-qa", "ragtruth-summary", "ragtruth-data2txt", "contrast-qa")
 DETECTORS = ("sentences", "direct", "spotcheck", "combined", "metarag:paper", "claims", "hierarchical")
 THRESHOLD = 0.3
+SENSITIVE = 0.175  # config.yaml's threshold for sensitive topics
 
 
 def _tag(text: str, tag: str) -> str:
@@ -139,7 +144,9 @@ class Oracle:
         found = [i for i in self.items if text and text in i.answer]
         if not found:
             return None
-        exact = [i for i in found if i.answer.strip() == text]  # an edit that adds a sentence contains the original
+        # an edit that adds a sentence contains the original, which may be this sentence alone: exact only with the
+        # others shown
+        exact = [i for i in found if i.answer.strip() == text and all(o in i.answer for o in others)]
         if exact:
             return exact[0], exact[0].answer.find(text)
         whole = [i for i in found if all(o in i.answer for o in others)]
@@ -260,14 +267,14 @@ class Oracle:
             entries.append({"id": number, "verdict": verdict, "phrases": phrases if said and truth else
                             ([sentence] if said else [])})
             weighed.append((verdict, "SUPPORTED" if said else "UNSUPPORTED", confidence))
-        overall = "SUPPORTED"
+        overall, named = "SUPPORTED", []
         if whole is not None:  # the same question as `direct`'s, answered as the oracle answers that one
             if self._malformed(whole, "whole"):  # a reply is malformed or not as a whole, as `direct`'s is
                 return "I could not check these sentences.", []
             said, confidence = self._verdict(whole, "whole", whole.hallucinated)
-            overall = "UNSUPPORTED" if said else "SUPPORTED"
+            overall, named = "UNSUPPORTED" if said else "SUPPORTED", self._named(whole, said)
             weighed.append((overall, "SUPPORTED" if said else "UNSUPPORTED", confidence))
-        return json.dumps({"sentences": entries, "answer": overall}), weighed
+        return json.dumps({"sentences": entries, "answer": overall, "unsupported": named}), weighed
 
     def _direct(self, user: str) -> tuple[str, list[tuple[str, str, float]]]:
         where = self._item(_tag(user, "answer"), user)
@@ -277,12 +284,16 @@ class Oracle:
         said, confidence = self._verdict(item, "whole", item.hallucinated)
         if self._malformed(item, "whole"):
             return "Unclear.", []
-        # a wrong NO names something, as a wrong UNSUPPORTED sentence does: the answer's first sentence
-        phrases = (self._gold(item, 0, len(item.answer)) if item.hallucinated else [item.answer.split(". ")[0]]) \
-            if said else []
         verdict = "NO" if said else "YES"
-        return json.dumps({"verdict": verdict, "unsupported": phrases[:8]}), [(verdict, "YES" if said else "NO",
-                                                                                 confidence)]
+        return json.dumps({"verdict": verdict, "unsupported": self._named(item, said)}), [
+            (verdict, "YES" if said else "NO", confidence)]
+
+    def _named(self, item: Item, said: bool) -> list[str]:
+        """The phrases named with a verdict that the whole answer is unsupported: the gold spans' words; a wrong
+        verdict names something, as a wrong UNSUPPORTED sentence does: the answer's first sentence."""
+        if not said:
+            return []
+        return (self._gold(item, 0, len(item.answer)) if item.hallucinated else [item.answer.split(". ")[0]])[:8]
 
     def _yes_no(self, sentence: str, user: str) -> tuple[str, list[tuple[str, str, float]]]:
         where = self._item(sentence, user)
@@ -472,6 +483,7 @@ def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, d
 
     return {"n": len(items), "hallucinated": sum(labels), "auroc": metrics.auroc(labels, scores),
             "f1_at_0.3": metrics.at_threshold(labels, scores, THRESHOLD).f1,
+            "recall_at_0.175": metrics.at_threshold(labels, scores, SENSITIVE).recall,
             "fit_threshold": chosen, "f1_at_fit": metrics.at_threshold(labels, scores, chosen).f1,
             "span_f1": span_f1(THRESHOLD), "span_f1_at_fit": span_f1(chosen),
             "calls_per_check": statistics.mean(r[3] for r in report),
@@ -506,6 +518,39 @@ def plot(results: dict[str, Any], noise: list[float], out: Path) -> None:
 
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+DRAWS = (1, 2, 3)  # seeds of the judge's errors over the fit halves for the shipped calibration (the report's: 0)
+
+
+def fit_calibration(names: list[str], out: Path, concurrency: int, data_dir: Path | None) -> None:
+    """The `sentences` check's shipped calibration: its readings of every fit half under the realistic judge, each
+    half read under `DRAWS` draws of the judge's errors, fitted as `morphguard calibrate` fits a team's labels."""
+    from morphguard.eval import calibrate
+
+    parts, labels, sources = [], [], []
+    for name in names:
+        fit_items = datasets.load_half(name, "fit", data_dir)
+        oracle = Oracle(datasets.load_half(name, "report", data_dir) + fit_items, 0.0, seed=DRAWS[0], delay=0.0,
+                        realistic=Realistic())
+        base, server = serve(oracle)
+        try:
+            for seed in DRAWS:
+                oracle.seed = seed
+                for item, row in zip(fit_items, asyncio.run(run(fit_items, "sentences", base, concurrency, True)),
+                                     strict=True):
+                    if not row[4].get("failed"):
+                        parts.append(row[4])
+                        labels.append(item.hallucinated)
+                        sources.append(name)
+        finally:
+            server.should_exit = True
+    found = calibrate.calibration(parts, labels, sources, "the scripted judge of benchmarks/judge_quality.py "
+                                                          "(--judges realistic)")
+    fitted_on = {"datasets": names, "half": "fit", "draws": list(DRAWS), "answers": len(labels),
+                 "hallucinated": sum(labels), "about_records": sum(p.get("record", 0.0) > 0 for p in parts),
+                 "command": f"python benchmarks/judge_quality.py --fit-calibration {out} --datasets "
+                            f"{','.join(names)}"}
+    out.write_text(json.dumps({**found.model_dump(exclude_none=True), "fitted_on": fitted_on}, indent=2) + "\n")
+    print(f"wrote {out}: {len(labels)} readings ({sum(labels)} hallucinated) of the fit halves of {', '.join(names)}")
 
 
 def weigh(path: Path) -> None:
@@ -539,6 +584,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weigh", type=Path, default=None,
                         help="a results file: choose the sentences check's whole-answer weight from its fit halves")
+    parser.add_argument("--fit-calibration", type=Path, default=None,
+                        help="write the sentences check's calibration fitted on the fit halves under the realistic "
+                             "judge (the shipped one: morphguard/detectors/sentences.json)")
     parser.add_argument("--noise", default="0,0.1,0.2,0.3")
     parser.add_argument("--detectors", default=",".join(DETECTORS))
     parser.add_argument("--datasets", default=",".join(SETS))
@@ -553,10 +601,13 @@ def main() -> None:
     if args.weigh:
         weigh(args.weigh)
         return
+    if args.fit_calibration:
+        fit_calibration(args.datasets.split(","), args.fit_calibration, args.concurrency, args.data_dir)
+        return
     noise = [float(p) for p in args.noise.split(",")]
     results: dict[str, Any] = {"noise": noise, "delay_s": args.delay, "threshold": THRESHOLD}
-    print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'span@.3':>7} "
-          f"{'span@fit':>7} {'calls':>5} {'p50 s':>6}")
+    print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'R@.175':>6} "
+          f"{'span@.3':>7} {'span@fit':>7} {'calls':>5} {'p50 s':>6}")
     for name in args.datasets.split(","):
         report = datasets.sample(datasets.load_half(name, "report", args.data_dir), args.limit)
         fit_items = datasets.sample(datasets.load_half(name, "fit", args.data_dir), args.limit)
@@ -568,10 +619,11 @@ def main() -> None:
             runs += [("realistic", 0.0, True)] if "realistic" in judges else []
             for key, p, realistic in runs:
                 row = rows[key] = measure(report, fit_items, detector, p, args.delay, args.concurrency, realistic)
-                cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["span_f1"], row["span_f1_at_fit"]]
+                cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["recall_at_0.175"], row["span_f1"],
+                         row["span_f1_at_fit"]]
                 print(f"{name:<18} {detector:<10} {key[:4]:>4} {row['n']:>4} "
-                      + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:3]) + " "
-                      + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[3:])
+                      + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:4]) + " "
+                      + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[4:])
                       + f" {row['calls_per_check']:>5.1f} {row['p50_s']:>6.2f}", flush=True)
     args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")
     if "uniform" in args.judges.split(","):

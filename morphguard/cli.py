@@ -1,6 +1,6 @@
 """The `morphguard` command: `check` an answer, `serve` the proxy, run a check `worker`, `review` flagged
-answers, `eval` detectors, `calibrate` the sentences check for a judge, `doctor` the configured judges, read the
-`audit` trail, run the offline `demo`, `model pull` the embedded judge.
+answers, `eval` detectors, `calibrate` the sentences check for a judge (or the verifier for its model), `doctor` the
+configured judges, read the `audit` trail, run the offline `demo`, `model pull` the embedded judge.
 
 The parser is also the CLI reference of the docs site (`morphguard/_docs.py` renders it), so each subcommand's
 description and each option's help are written for that page as much as for `--help`.
@@ -11,18 +11,23 @@ repeat the judge's key."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from morphguard.config import AUTO_DETECTOR, Config, load_config
+from morphguard.config import AUTO_DETECTOR, Config, load_config, overlay_config
 from morphguard.detectors import SPECS
 from morphguard.errors import MorphguardError
 from morphguard.masking import mask_config_secrets, mask_secrets
 from morphguard.models import Detection
+
+if TYPE_CHECKING:
+    from morphguard.policy.comparison import Report
 
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR = 0, 1, 2
 
@@ -73,11 +78,12 @@ def _parser() -> argparse.ArgumentParser:
 
     calibrate = commands.add_parser(
         "calibrate", help="fit the sentences check's weight, calibration and per-topic thresholds for the "
-                          "configured judge from labelled answers",
-        description="Run the sentences check with the configured judge on labelled answers and fit what it needs "
-                    "for that judge: the weight of the whole-answer verdict, the score calibration and per-topic "
-                    "thresholds for --target-recall. Prints the fit's figures and the config snippet to paste, and "
-                    "writes the fit to --out.")
+                          "configured judge (or the verifier check's for its model) from labelled answers",
+        description="Run the sentences check with the configured judge (or the verifier check with its model, where "
+                    "one is configured) on labelled answers and fit what it needs for that judge or model: the "
+                    "weight of the whole-answer verdict (sentences), the score calibration and per-topic thresholds "
+                    "for --target-recall. Prints the fit's figures and the config snippet to paste, and writes the "
+                    "fit to --out.")
     calibrate.add_argument("--dataset", "-d", required=True,
                            help="comma-separated: ragtruth-qa, ..., reviews (the review console's judgements) or "
                                 "jsonl:PATH ({question, context, answer, hallucinated} per line)")
@@ -88,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                            help="the share of hallucinated answers each proposed threshold catches (default 0.75)")
     calibrate.add_argument("--workers", type=_positive, default=4, help="checks at once (default 4)")
     calibrate.add_argument("--data-dir", type=Path, default=None, help="where the benchmark data is")
-    calibrate.add_argument("--out", type=Path, default=Path("sentences-calibration.json"),
-                           help="where to write the fit as JSON (default sentences-calibration.json)")
+    calibrate.add_argument("--out", type=Path, default=None,
+                           help="where to write the fit as JSON (default CHECK-calibration.json: "
+                                "sentences-calibration.json or verifier-calibration.json)")
     _config_option(calibrate)
     calibrate.set_defaults(run=_calibrate)
 
@@ -209,6 +216,45 @@ def _parser() -> argparse.ArgumentParser:
                        help="reduce texts kept for review past policy.audit.keep_text_days to what store_text says")
     _config_option(audit)
     audit.set_defaults(run=_audit)
+
+    replay = commands.add_parser(
+        "replay", help="what a candidate config would have done with stored traffic",
+        description="Replay the decisions the audit trail holds under a candidate config (a partial config laid "
+                    "over --config) and report what it would have done: live action → candidate action by profile "
+                    "and topic, precision and recall against the reviewers' labels for both, the candidate's judge "
+                    "calls and time. --depth decide reapplies policy to each stored score (no judge call); "
+                    "--depth check runs the candidate's detector and judge on the texts kept for review. A rerun "
+                    "with the same --out continues where the last one stopped.")
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--candidate", type=Path, metavar="CANDIDATE.yaml",
+                        help="the keys that differ from the live config (thresholds, profiles, topics, detector, "
+                             "judge)")
+    source.add_argument("--shadow", action="store_true",
+                        help="no replay: the same report of the verdicts the shadow candidate (shadow in the config) "
+                             "stored beside live decisions (--since and --until apply)")
+    replay.add_argument("--depth", choices=["decide", "check"], default="decide",
+                        help="decide: the stored score under the candidate's policy (default); check: the stored "
+                             "texts through its detector and judge too")
+    replay.add_argument("--since", help="ISO time or age (30m, 24h, 7d)")
+    replay.add_argument("--until", help="ISO time or age")
+    replay.add_argument("--profile", help="one profile")
+    replay.add_argument("--topic", help="one topic, e.g. healthcare")
+    replay.add_argument("--route", help="one route, as the audit trail names it")
+    replayed_flags = replay.add_mutually_exclusive_group()
+    replayed_flags.add_argument("--flagged", dest="flagged", action="store_true", default=None,
+                                help="flagged only")
+    replayed_flags.add_argument("--not-flagged", dest="flagged", action="store_false", help="not flagged only")
+    reviewed = replay.add_mutually_exclusive_group()
+    reviewed.add_argument("--reviewed", dest="reviewed", action="store_true", default=None,
+                          help="only decisions a reviewer judged")
+    reviewed.add_argument("--not-reviewed", dest="reviewed", action="store_false", help="only those none judged")
+    replay.add_argument("--limit", type=_positive, default=None, help="at most this many decisions (default: all)")
+    replay.add_argument("--workers", type=_positive, default=4, help="checks in flight at once (default 4)")
+    replay.add_argument("--out", type=Path, default=None,
+                        help="run folder: outcomes, report.txt, report.json, changed.jsonl (default: "
+                             "runs/replay/<candidate>-<depth>)")
+    _config_option(replay)
+    replay.set_defaults(run=_replay)
 
     demo = commands.add_parser(
         "demo", help="the whole loop offline: proxy, embedded model, two RAG requests",
@@ -341,8 +387,8 @@ def _require_judges(config: Config) -> None:
     from morphguard.llm import build_client
 
     models = stage_models(config)
-    if models and config.judge.probe != "off":
-        asyncio.run(require_judges(config, build_client(config, models)))
+    if config.judge.probe != "off":  # with no judge model, a served verifier is still asked
+        asyncio.run(require_judges(config, build_client(config, models) if models else None))
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -350,21 +396,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     from morphguard.eval.cli import evaluate
 
     config = _load(args)
-    calibrate.check_detector(config)
+    name = calibrate.check_detector(config)
     _require_judges(config)
     items, outcomes = [], []
     for dataset in (d.strip() for d in args.dataset.split(",") if d.strip()):
-        run = evaluate(config, dataset, ["sentences"], half=args.half, limit=args.limit, workers=args.workers,
+        run = evaluate(config, dataset, [name], half=args.half, limit=args.limit, workers=args.workers,
                        data_dir=args.data_dir)
         items += run.items
         outcomes += run.outcomes
     result = calibrate.fitted(items, outcomes, config, recall=args.target_recall)
-    snippet = calibrate.write(result, args.out)
+    out = args.out or Path(f"{name}-calibration.json")
+    snippet = calibrate.write(result, out)
     labels = result["labels"]
-    print(f"calibrated the sentences check for the judge {result['judge']['model']} on {labels['answers']} labelled "
-          f"answers ({labels['hallucinated']} hallucinated; by task: "
-          f"{', '.join(f'{t} {n}' for t, n in labels['by_task'].items())}): whole-answer weight "
-          f"{result['whole_weight']}, AUROC {result['auroc']:.3f}; wrote {args.out}\n\n{snippet}")
+    weight = f"whole-answer weight {result['whole_weight']}, " if "whole_weight" in result else ""
+    print(f"calibrated the {name} check for {'the judge' if name == 'sentences' else 'the model'} "
+          f"{result['judge']['model']} on {labels['answers']} labelled answers ({labels['hallucinated']} "
+          f"hallucinated; by task: {', '.join(f'{t} {n}' for t, n in labels['by_task'].items())}): {weight}"
+          f"AUROC {result['auroc']:.3f}; wrote {out}\n\n{snippet}")
     return EXIT_OK
 
 
@@ -497,6 +545,71 @@ def _audit(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_OK
+
+
+def _replay(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from tqdm import tqdm
+
+    from morphguard.policy import audit, replay
+    from morphguard.policy.comparison import Report
+
+    live = _load(args)
+    if args.shadow:
+        return _shadow_report(args, live)
+    candidate = overlay_config(live, _read(args.candidate), source=str(args.candidate))
+    mask_config_secrets(candidate)
+    if live.store.url is None and not Path(live.policy.audit.path).is_file():
+        raise MorphguardError(f"no audit store at {live.policy.audit.path} (policy.audit.path)")
+    if args.depth == "check":
+        _require_judges(candidate)
+    try:
+        where = replay.RowFilter(since=audit.parse_time(args.since) if args.since else None,
+                                 until=audit.parse_time(args.until) if args.until else None,
+                                 profile=args.profile, topic=args.topic, route=args.route, flagged=args.flagged,
+                                 reviewed=args.reviewed)
+    except ValueError as exc:
+        raise MorphguardError(f"cannot read the time: {exc}") from None
+    out = args.out or Path("runs") / "replay" / f"{args.candidate.stem}-{args.depth}"
+    store = audit.AuditStore(live.policy.audit, live.store)
+    try:
+        total = replay.count(store, where)
+        with tqdm(total=min(total, args.limit or total), unit="row", desc="replay", file=sys.stderr) as bar:
+            outcomes = asyncio.run(replay.replay(store, live, candidate, args.depth, where, out, workers=args.workers,
+                                                 limit=args.limit, progress=bar.update))
+    finally:
+        store.close()
+    _write_report(Report.of(outcomes), f"replay of {args.candidate} at depth {args.depth}, {out}", out)
+    return EXIT_OK
+
+
+def _shadow_report(args: argparse.Namespace, live: Config) -> int:
+    from morphguard.policy import audit
+    from morphguard.policy.comparison import Outcome, Report
+
+    store = audit.AuditStore(live.policy.audit, live.store)
+    try:
+        stored = store.shadow_outcomes(since=audit.parse_time(args.since) if args.since else None,
+                                       until=audit.parse_time(args.until) if args.until else None)
+    except ValueError as exc:
+        raise MorphguardError(f"cannot read the time: {exc}") from None
+    finally:
+        store.close()
+    report = Report.of([Outcome.model_validate({**o, "row_id": n}) for n, o in enumerate(stored, 1)])
+    out = args.out or Path("runs") / "replay" / "shadow"
+    _write_report(report, f"shadow verdicts of {live.shadow.name} stored beside live decisions, {out}", out)
+    return EXIT_OK
+
+
+def _write_report(report: Report, title: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.render(title)
+    (out / "report.txt").write_text(text, encoding="utf-8")
+    (out / "report.json").write_text(json.dumps(report.summary(), indent=2), encoding="utf-8")
+    (out / "changed.jsonl").write_text("".join(o.model_dump_json() + "\n" for o in report.changed),
+                                       encoding="utf-8")
+    sys.stdout.write(text)
 
 
 def _audit_table(rows: list[dict[str, object]]) -> str:

@@ -99,8 +99,9 @@ AUTO_DETECTOR = "auto"
 
 
 class DetectorSettings(Section):
-    # A detector of DETECTOR_SECTIONS, or "auto": `combined` with the judge its weights were fitted with (the embedded
-    # one), `sentences` with any other judge (`detectors.registry.resolve_auto`).
+    # A detector of DETECTOR_SECTIONS, or "auto": `verifier` where a trained verifier is configured (verifier.model),
+    # else `combined` with the judge its weights were fitted with (the embedded one), `sentences` with any other judge
+    # (`detectors.registry.resolve_auto`).
     name: str = AUTO_DETECTOR
     threshold: float = Field(GENERAL_THRESHOLD, ge=0.0, le=1.0)
     # The most judge calls one check of the proxy may make (`sentences` makes one per `sentences.batch` sentences,
@@ -253,11 +254,12 @@ class SentencesSettings(Section):
     batch: int = Field(12, ge=1, le=40)  # sentences per call; the calls go out at once
     context_budget: int = Field(24_000, ge=1000)  # characters of context per call before it is focused
     hints: bool = True  # show the judge each sentence's words the context never uses
-    # The whole-answer judgment's share of the answer's score, the worst sentence's the rest: 0.6 had the best mean
-    # AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
+    # The whole-answer judgment's share of the fused score, the worst sentence's the rest, where the calibration sets
+    # none: 0.6 had the best mean AUROC over the fit halves and noise rates of benchmarks/judge_quality.py (`--weigh`).
     whole_weight: float = Field(0.6, ge=0.0, le=1.0)
-    # A file written by `morphguard calibrate` for this judge: its whole-answer weight, and the logistic that turns
-    # the score into a probability. None: the weight above, the score as it is.
+    # A file written by `morphguard calibrate` for this judge: the logistic that turns the judge's verdicts into a
+    # probability, and its whole-answer weight. None: the calibration shipped beside the check (`sentences.json`,
+    # fitted under a scripted judge that errs as real ones do).
     calibration: str | None = None
 
 
@@ -267,6 +269,59 @@ class SpotCheckSettings(Section):
     model: str | None = None  # None: the judge's default model
     max_calls: int = Field(1, ge=1)  # sentences judged per answer, the least grounded first
     context_budget: int = Field(1200, ge=200)  # characters of context sent with each sentence
+
+
+class VerifierSettings(Section):
+    """The `verifier` config section: a trained hallucination detector (detectors/verifier.py), run in process with
+    ONNX Runtime or served by Text Embeddings Inference or vLLM (llm/verifiers.py)."""
+
+    # A folder holding the ONNX export and its tokenizer.json (in process), a hub id to fetch them from where the hub
+    # can be reached, or the model name a server is asked for. None: no verifier is configured.
+    model: str | None = None
+    # claims: premise + hypothesis -> P(supported) per answer sentence (HHEM, MiniCheck, FactCG, NLI cross-encoders);
+    # tokens: context + question + answer -> a label per answer token (LettuceDetect)
+    shape: Literal["claims", "tokens"] = "claims"
+    # onnx: in process; tei: a Text Embeddings Inference server's /predict; vllm-classify, vllm-score: a vLLM pooling
+    # server's /classify (one text per pair, so `template` is needed) or /score (premise and hypothesis as a pair)
+    runtime: Literal["onnx", "tei", "vllm-classify", "vllm-score"] = "onnx"
+    url: str | None = None  # the server's base URL (tei, vllm-*)
+    api_key: SecretStr | None = None  # sent as a bearer token to the server, where it asks for one
+    file: str = "model.onnx"  # the ONNX graph in the model's folder
+    # The label that means supported (claims) or hallucinated (tokens): its name in the model's id2label, or its
+    # index. HHEM, MiniCheck and FactCG: 1; LettuceDetect: 1 (hallucinated); an MNLI cross-encoder: "entailment".
+    label: str = "1"
+    # The tokens a window may hold, pair and special tokens included (the model's maximum: 512 for BERT-likes and
+    # T5, 4096 or 8192 for ModernBERT); a longer context is cut into windows, the maximum taken over them.
+    max_tokens: int = Field(512, ge=16)
+    # A claim classifier taking one text (HHEM's and MiniCheck-Flan-T5's prompts): the text made of {premise} and
+    # {hypothesis}; a token classifier: the text before the answer, made of {context} and {question}. None: the
+    # premise and hypothesis as the tokenizer's pair (claims), LettuceDetect's question-answering prompt (tokens).
+    template: str | None = None
+    context_budget: int = Field(8000, ge=200)  # characters of context per answer sentence, the most relevant first
+    batch: int = Field(8, ge=1, le=256)  # sequences per model run (onnx) or per request (served)
+    threads: int | None = Field(None, ge=1)  # ONNX Runtime's threads per run; None: the CPUs this process may use
+    # A file written by `morphguard calibrate` for this model: the logistic that turns its score into a
+    # probability, and the thresholds fitted on the team's labels. None: the model's own probability.
+    calibration: str | None = None
+    # A served verifier's calls follow the judge's rules (retries with backoff on 408, 429, 5xx and dropped
+    # connections; a timeout per try; places taken by clients in turn), with figures of their own.
+    timeout_s: float = Field(30.0, gt=0)
+    max_attempts: int = Field(4, ge=1)
+    concurrency: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _runnable(self) -> VerifierSettings:
+        if self.runtime != "onnx" and not self.url:
+            raise ValueError(f"verifier.runtime {self.runtime} needs verifier.url, the server's base URL")
+        if self.runtime != "onnx" and self.shape == "tokens":
+            raise ValueError("a token classifier runs in process only (verifier.runtime: onnx): Text Embeddings "
+                             "Inference and vLLM's /classify and /score give one score per sequence")
+        if self.runtime == "vllm-classify" and self.shape == "claims" and not self.template:
+            raise ValueError("verifier.runtime vllm-classify takes one text per pair: set verifier.template")
+        if self.runtime == "vllm-score" and self.template:
+            raise ValueError("verifier.runtime vllm-score sends premise and hypothesis as a pair: unset "
+                             "verifier.template, or use vllm-classify")
+        return self
 
 
 DETECTOR_SECTIONS: dict[str, type[Section]] = {
@@ -280,13 +335,21 @@ DETECTOR_SECTIONS: dict[str, type[Section]] = {
     "restatement": RestatementSettings,
     "sentences": SentencesSettings,
     "spotcheck": SpotCheckSettings,
+    "verifier": VerifierSettings,
 }
 
 
 class UpstreamSettings(Section):
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr | None = None  # set: the proxy sends this key and clients must present a proxy key
+    # Every wait on the provider is bounded: `first_byte_s` until its response begins (None: `timeout_s`; a plain
+    # answer begins only once it is generated whole), `timeout_s` of silence between two pieces of a body, and
+    # `response_s` for the whole response, first byte to last (a stream that never ends is cut there: 504).
     timeout_s: float = Field(120.0, gt=0)
+    first_byte_s: float | None = Field(None, gt=0)
+    response_s: float = Field(1800.0, gt=0)
+    # A request finding all `max_connections` busy waits this long for one, then gets 503 upstream_busy.
+    pool_wait_s: float = Field(10.0, ge=0)
     max_attempts: int = Field(3, ge=1)  # connection failures, 429 and 503 only: nothing was processed
     retry_reads: bool = False  # also retry read timeouts and resets (the provider may have billed the call)
     max_connections: int = Field(100, ge=1)
@@ -365,6 +428,7 @@ class ProxySettings(Section):
 
 
 Action = Literal["pass", "annotate", "highlight", "cite", "regenerate", "block"]
+OnError = Literal["fail_open", "fail_closed"]
 
 # Subjects where a wrong answer harms people most; they get the stricter threshold by default.
 SENSITIVE_TOPICS = ("pregnancy", "healthcare", "migration", "employment", "finance", "legal")
@@ -386,6 +450,7 @@ class TopicPolicy(Section):
     action: Action | None = None  # for flagged answers on this topic; None: the profile's
     escalate: bool | None = None  # None: the profile's
     safe_message: str | None = None  # what a blocked answer says; None: the profile's
+    on_error: OnError | None = None  # None: the profile's
 
 
 class ProfileSettings(Section):
@@ -396,7 +461,10 @@ class ProfileSettings(Section):
     action: Action = "annotate"  # what happens to a flagged answer
     escalate: bool = False  # also send flagged answers to the escalation webhook
     latency_budget_s: float | None = Field(None, gt=0)  # a check that takes longer counts as failed
-    on_error: Literal["fail_open", "fail_closed"] = "fail_open"
+    # An answer the check cannot decide on (a judge that fails, a budget or cap exceeded, a stream a gateway cannot
+    # hold): fail_closed withholds it, fail_open passes it, marked unchecked. None: fail_closed where the action ends
+    # an answer (block, regenerate), fail_open elsewhere.
+    on_error: OnError | None = None
     safe_message: str | None = None  # None: policy.safe_message
     topics: dict[str, TopicPolicy] = {}
 
@@ -455,6 +523,12 @@ class AuditSettings(Section):
     # reduces it to what store_text says.
     keep_text: Literal["none", "flagged", "escalated"] = "flagged"
     keep_text_days: float = Field(30.0, gt=0)
+    # How long an answer waits for its row while the store cannot write (unreachable, disk full, read-only); past
+    # it the client gets 503 store_unavailable with Retry-After and the row is written once the store is back.
+    wait_s: float = Field(5.0, ge=0)
+    # SQLite: full flushes each commit to disk before the answer it records goes out, so a power cut loses no row a
+    # client was answered with; normal leaves the flush to the next checkpoint (a power cut can undo the rows since).
+    synchronous: Literal["full", "normal"] = "full"
 
 
 def _default_topics() -> dict[str, TopicRule]:
@@ -524,6 +598,19 @@ class PolicySettings(Section):
         return self
 
 
+class ShadowSettings(Section):
+    """A candidate config run beside the live check on a share of live traffic, after the answer has gone out: its
+    verdict is stored beside the live decision and counted in metrics, and never changes or delays a response."""
+
+    name: str = Field("candidate", pattern=r"^[A-Za-z0-9_.-]{1,40}$")  # its label in metrics and the store
+    sample: float = Field(0.0, ge=0.0, le=1.0)  # the share of checked requests it sees; 0: off
+    # The keys that differ from the live config, laid over it as `morphguard replay --candidate` lays a file over
+    # it: policy (thresholds, actions, topics), detector, judge, and detector sections.
+    candidate: dict[str, Any] = {}
+    max_in_flight: int = Field(8, ge=1)  # candidate checks at once per process; a request past it is not sampled
+    timeout_s: float = Field(60.0, gt=0)  # a candidate check that takes longer counts as failed
+
+
 class ReviewSettings(Section):
     """The review console (`morphguard review`)."""
 
@@ -565,6 +652,10 @@ class QueueSettings(Section):
     claim_idle_s: float = Field(300.0, gt=0)
     max_tries: int = Field(3, ge=1)  # deliveries before a check counts as poison (dead-letter stream, audited)
     cache_ttl_s: float = Field(0.0, ge=0)  # > 0 with Redis: detections shared across the fleet for this long
+    # The longest one Redis command may take, connecting included (a profile's smaller latency_budget_s bounds it
+    # further); past it Redis counts as unavailable (logged, /readyz 503). Reads that wait on purpose (a worker's
+    # read of new checks, a reply an inline check awaits) wait their own time, and this on top.
+    timeout_s: float = Field(2.0, gt=0)
     # `morphguard worker` answers /healthz, /readyz and /metrics on this port (`--port`); None: no HTTP at all
     worker_port: int | None = Field(None, ge=1, le=65535)
     worker_host: str = "127.0.0.1"  # where the worker's probes listen (`--host`); 0.0.0.0 for a scraper elsewhere
@@ -634,6 +725,7 @@ class Config(Section):
     store: StoreSettings = Field(default_factory=StoreSettings)
     queue: QueueSettings = Field(default_factory=QueueSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
 
     @model_validator(mode="after")
     def _someone_consumes(self) -> Config:
@@ -684,20 +776,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
-    import yaml  # here: only a config file needs it
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections")
-    data = _interpolate(data, root, source, ())
+    data, root = _mapping(text, source)
     errors: list[Any] = []
     for key, value in list(data.items()):
         if key in Config.model_fields:
@@ -716,6 +795,46 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     if errors:
         raise ConfigError("\n".join(_describe(err, root, source) for err in errors))
     return config
+
+
+def overlay_config(base: Config, text: str, source: str = "<overlay>") -> Config:
+    """`base` with the keys of the YAML `text` laid over it: mappings merge key by key, anything else (a number, a
+    list of routes) is replaced whole. A candidate config that names only what it changes reads this way."""
+    data, root = _mapping(text, source)
+    return overlaid(base, data, root, source)
+
+
+def overlaid(base: Config, data: dict[str, Any], root: yaml.Node | None = None, source: str = "<overlay>") -> Config:
+    """`base` with the mapping `data` laid over it (`overlay_config`)."""
+    try:
+        return Config.model_validate(_laid_over(base.model_dump(), data))
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_describe(err, root, source) for err in exc.errors())) from None
+
+
+def _laid_over(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _laid_over(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _mapping(text: str, source: str) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A config file's top-level mapping, its environment references resolved, and its YAML tree (for lines)."""
+    import yaml  # here: only a config file needs it
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections")
+    return _interpolate(data, root, source, ()), root
 
 
 def _interpolate(value: Any, root: yaml.Node | None, source: str, loc: tuple[Any, ...]) -> Any:

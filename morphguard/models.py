@@ -172,6 +172,7 @@ class Decision(BaseModel):
     escalate: bool = False
     safe_message: str = ""
     reason: str | None = None  # set when the answer was not checked: no_context, fail_open: ..., fail_closed: ...
+    unchecked: bool = False  # the answer was due a check that could not decide, and goes out (`fail_open`)
 
 
 def __getattr__(name: str) -> Any:

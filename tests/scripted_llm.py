@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from morphguard.detectors.sentences import SentencesSettings, shipped
 from tests.servers import bound_socket
 
 Reply = Callable[[dict[str, Any]], "str | tuple[int, dict[str, Any]] | dict[str, Any]"]
@@ -101,9 +102,10 @@ def asked_sentences(user: str) -> list[tuple[int, str]]:
 Label = Callable[[str, str], "tuple[str, list[str]]"]
 
 
-def sentences_reply(user: str, label: Label, whole: str | None = None) -> str:
+def sentences_reply(user: str, label: Label, whole: str | None = None, named: list[str] | None = None) -> str:
     """The `sentences` check's reply to its prompt: `label(sentence, passages)` gives each numbered sentence's
-    verdict and the phrases named; the whole answer is `whole`, else UNSUPPORTED where any sentence is."""
+    verdict and the phrases named; the whole answer is `whole`, else UNSUPPORTED where any sentence is, with the
+    phrases `named` for it."""
     passages = tag(user, "passages")
     entries = []
     for n, sentence in asked_sentences(user):
@@ -111,7 +113,14 @@ def sentences_reply(user: str, label: Label, whole: str | None = None) -> str:
         entries.append({"id": n, "verdict": verdict, "phrases": phrases})
     if whole is None:
         whole = "UNSUPPORTED" if any(e["verdict"] == "UNSUPPORTED" for e in entries) else "SUPPORTED"
-    return json.dumps({"sentences": entries, "answer": whole})
+    return json.dumps({"sentences": entries, "answer": whole, "unsupported": named or []})
+
+
+def sentences_score(whole: bool, sentence: bool) -> float:
+    """The `sentences` check's score (the shipped calibration of prose) where the judge's verdicts are words: the
+    answer UNSUPPORTED as a whole or not, a sentence UNSUPPORTED or not."""
+    parts = {"whole": float(whole), "worst": float(sentence)}
+    return shipped().probability(parts, False, SentencesSettings().whole_weight)[0]
 
 
 def lexical_label(sentence: str, passages: str) -> tuple[str, list[str]]:

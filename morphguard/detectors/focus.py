@@ -29,6 +29,8 @@ class _Sentence:
     order: int
     text: str
     words: frozenset[str]
+    start: int  # where it is in its passage
+    end: int
 
 
 class Focus:
@@ -41,7 +43,7 @@ class Focus:
     @cached_property
     def pool(self) -> list[_Sentence]:
         """The context's sentences, read only for a context beyond a selection's budget."""
-        return [_Sentence(n, i, passage[s:e], frozenset(content_words(passage[s:e])))
+        return [_Sentence(n, i, passage[s:e], frozenset(content_words(passage[s:e])), s, e)
                 for n, passage in enumerate(self.passages) for i, (s, e) in enumerate(sentences(passage))]
 
     @cached_property
@@ -77,6 +79,25 @@ class Focus:
         (`focus`)."""
         if budget <= 0 or self.size <= budget:
             return list(self.passages)
+        pool = self.pool
+        kept: list[list[_Sentence]] = [[] for _ in self.passages]
+        for i in self.chosen(claims, budget):
+            kept[pool[i].passage].append(pool[i])
+        out = []
+        for sentences_kept in kept:
+            parts: list[str] = []
+            previous = -1  # the order of the sentence kept before; a jump is a gap
+            for sentence in sentences_kept:
+                joint = " " if parts else ""
+                parts.append((joint + "… " if sentence.order != previous + 1 else joint) + sentence.text)
+                previous = sentence.order
+            out.append("".join(parts))
+        return out
+
+    def chosen(self, claims: list[str], budget: int) -> list[int]:
+        """The places in `pool` of the sentences `select` keeps, in context order (every one within the budget)."""
+        if budget <= 0 or self.size <= budget:
+            return list(range(len(self.pool)))
         pool, idf = self.pool, self.idf
         best_rank: dict[int, float] = {}
         best_score: dict[int, float] = {}
@@ -96,20 +117,7 @@ class Focus:
             if best_score[i] > 0 and len(pool[i].text) + 1 <= room:
                 chosen.add(i)
                 room -= len(pool[i].text) + 1
-
-        kept: list[list[_Sentence]] = [[] for _ in self.passages]
-        for i in sorted(chosen):
-            kept[pool[i].passage].append(pool[i])
-        out = []
-        for sentences_kept in kept:
-            parts: list[str] = []
-            previous = -1  # the order of the sentence kept before; a jump is a gap
-            for sentence in sentences_kept:
-                joint = " " if parts else ""
-                parts.append((joint + "… " if sentence.order != previous + 1 else joint) + sentence.text)
-                previous = sentence.order
-            out.append("".join(parts))
-        return out
+        return sorted(chosen)
 
 
 def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:

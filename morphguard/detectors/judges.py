@@ -1,4 +1,4 @@
-"""The judges a check calls: whether each can be called,
+"""The judges a check calls (and a served verifier): whether each can be called,
 asked once at start (`serve`, `worker`, `check`, `doctor`) rather than found out on every request, where a
 refused call would pass the answer unchecked."""
 
@@ -47,7 +47,10 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
     """As `judge.probe` says: refuse to start with a judge that cannot answer, or warn; and warn where the check's
     calibration was fitted with another judge."""
     _warn_of_calibration(config, name)
-    if config.judge.probe == "off" or llm is None:
+    if config.judge.probe == "off":
+        return
+    await _require_verifier(config, name)
+    if llm is None:
         return
     # The embedded judge answered its health check when it started; a probe would also leave its prompt in llama.cpp's
     # cache, which moves the next check's log-probabilities in the third decimal.
@@ -61,6 +64,27 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
         log.warning("%s; starting anyway (judge.probe: warn)", message)
 
 
+async def _require_verifier(config: Config, name: str | None) -> None:
+    """A served verifier asked once, as a judge is probed (one loaded in process was loaded when it was built)."""
+    from morphguard.config import VerifierSettings
+    from morphguard.llm.served import ServedVerifier
+
+    spec, settings = resolve(config, name)
+    if spec.name != "verifier" or not isinstance(settings, VerifierSettings) or settings.runtime == "onnx":
+        return
+    statement = "Water boils at 100 degrees Celsius at sea level."
+    try:
+        template = settings.template
+        text = (template.format(premise=statement, hypothesis=statement), None) if template else (statement, statement)
+        await ServedVerifier(settings).supported([text])
+    except Exception as exc:
+        message = f"the verifier {settings.model} at {settings.url} cannot be called: {exc}"
+        if config.judge.probe == "required":
+            raise MorphguardError(message + " (judge.probe: warn starts anyway, and checks then fail as the "
+                                            "profile's on_error says)") from None
+        log.warning("%s; starting anyway (judge.probe: warn)", message)
+
+
 def _warn_of_calibration(config: Config, name: str | None) -> None:
     from morphguard.detectors.sentences import Sentences, SentencesSettings, load_calibration
 
@@ -68,7 +92,7 @@ def _warn_of_calibration(config: Config, name: str | None) -> None:
     settings = config.section(Sentences.name, SentencesSettings)
     if spec.name != Sentences.name or not settings.calibration:
         return
-    fitted, judge = load_calibration(settings.calibration).get("judge"), judge_identity(config, settings.model)
+    fitted, judge = load_calibration(settings.calibration).judge, judge_identity(config, settings.model)
     if fitted != judge:
         log.warning("sentences.calibration %s was fitted with the judge %s, not %s: rerun `morphguard calibrate`",
                     settings.calibration, fitted, judge)

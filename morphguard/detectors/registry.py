@@ -17,7 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
-from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config
+from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config, VerifierSettings
 from morphguard.detectors.prompts import template
 from morphguard.llm import LLMClient, build_client
 from morphguard.llm.local import LOCAL_MODEL
@@ -92,15 +92,21 @@ def judge_identity(config: Config, model: str | None = None) -> dict[str, Any]:
     return {"model": name, "api_base": config.judge.api_base}
 
 
-# `detector.name: auto` runs FITTED_CHOICE where its weights were fitted with the configured judge, else OTHER_CHOICE.
+# `detector.name: auto` runs VERIFIER_CHOICE where one is configured, else FITTED_CHOICE where its weights were
+# fitted with the configured judge, else OTHER_CHOICE.
 FITTED_CHOICE = "combined"
 OTHER_CHOICE = "sentences"
+VERIFIER_CHOICE = "verifier"  # before both, where one is configured
 
 
 def resolve_auto(config: Config) -> tuple[str, str]:
-    """What `detector.name: auto` runs with this config, and why. `combined` where its weights were fitted with the
-    configured judge (the shipped ones: the embedded judge), else `sentences`, which leaves each sentence's call to
-    the judge instead of to weights fitted around another one."""
+    """What `detector.name: auto` runs with this config, and why. `verifier` where a trained verifier is configured
+    (`verifier.model`); else `combined` where its weights were fitted with the configured judge (the shipped ones:
+    the embedded judge), else `sentences`, which leaves each sentence's call to the judge instead of to weights
+    fitted around another one."""
+    verifier = config.section(VERIFIER_CHOICE, VerifierSettings).model
+    if verifier is not None:
+        return VERIFIER_CHOICE, f"a trained verifier is configured (verifier.model: {verifier})"
     spec = SPECS[FITTED_CHOICE]
     settings = spec.settings_of(config)
     judge = judge_identity(config, getattr(settings, "model", None))

@@ -9,57 +9,76 @@ hint, never as a verdict.
 One round of calls: the sentences go in batches of `batch`, all sent at once, each with the whole context
 (beyond `context_budget` characters, the context focused on that batch). The judge gives a verdict on each
 sentence and then on the answer as a whole; each verdict's score is its probability of UNSUPPORTED where the judge
-returns log-probabilities, else its word (1 or 0). The answer's score weighs the whole-answer verdict (the
-highest over batches) and the worst sentence's (`whole_weight`): two readings of one answer, so that one wrong
-verdict among many sentences does not decide alone (benchmarks/judge_quality.py measures the choice). The
-spans are the judge's phrases where they are found in the sentence, else the whole sentence. A sentence that
-addresses its checker (`injection`) is pointed out to the judge as data, not an instruction; unlike the combined
-check, this one sets no floor for it: what such an answer states is still the judge's to weigh (the contrast
-sets append one to faithful answers too).
+returns log-probabilities, else its word (1 or 0). Two readings of one answer, so that one wrong verdict among
+many sentences does not decide alone: the whole-answer verdict (the highest over batches) and the worst sentence's.
+
+The answer's score is a probability, so that the policy's thresholds mean for this check what they mean for
+`combined`: a calibration (`Calibration`, a logistic over the two verdicts and their weighted score, one for
+answers about a structured record and one for prose) reads the two readings. A team's own, written by `morphguard
+calibrate` for its judge, is named by `sentences.calibration`; without one the check reads the shipped
+`sentences.json`, fitted on the fit halves under the scripted judge of benchmarks/judge_quality.py that errs as real
+ones do (`--fit-calibration`). Every claim the check points at scores the answer's probability, so a claim is
+flagged exactly where its answer is. The claims are the phrases the judge names: those it names for the answer as a
+whole where its whole-answer verdict is UNSUPPORTED and they are found in the answer, else those it names in each
+sentence it judges UNSUPPORTED (the sentence itself where it names none found there). A sentence that addresses its
+checker (`injection`) is pointed out to the judge as data, not an instruction; unlike the combined check, this one
+sets no floor for it: what such an answer states is still the judge's to weigh (the contrast sets append one to
+faithful answers too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from morphguard.config import SentencesSettings
 from morphguard.detectors.focus import Focus
 from morphguard.detectors.grounding import SentenceReport, sentence_report, ungrounded
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.judgments import label_probabilities
-from morphguard.detectors.logistic import log_odds
+from morphguard.detectors.logistic import log_odds, sigmoid
 from morphguard.detectors.memo import current
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
-from morphguard.detectors.replies import json_list
+from morphguard.detectors.replies import json_list, strings
+from morphguard.detectors.rules import fingerprint as rules_fingerprint
+from morphguard.detectors.rules import read_all
 from morphguard.detectors.text import sentences, vocabulary
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve_up_to, together
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-VERSION = 4
+VERSION = 5
 LABELS = ("SUPPORTED", "UNSUPPORTED")
 # How near 0 or 1 a score's log-odds are read (`logistic.log_odds`): a verdict given as a word is a certain 0 or 1,
 # read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
 SCORE_CLIP = 1e-4
+SHIPPED = "sentences.json"  # the calibration read where `sentences.calibration` names none
+WHOLE_PHRASES = 8  # phrases the judge may name for the answer as a whole, as `direct` asks
 Batch = list[tuple[int, int, list[str], bool]]  # sentences: start, end, words the context never uses, addresses
+# One batch's reply: per sentence P(UNSUPPORTED) (None: unreadable) and the phrases named; P(UNSUPPORTED) of the whole
+# answer (None: no verdict) and the phrases named for it
 Verdict = tuple[float | None, list[str]]  # a sentence's P(UNSUPPORTED) (None: the reply had none) and phrases named
+Judged = tuple[list[Verdict], float | None, list[str]]
 
 
 @dataclass
-class Judged:
+class Asked:
     """What the judge said of one answer's sentences, over all of its checks: each sentence's verdict, by the line
     the judge read it as (text and hints), and its verdict on the sentences of each call as a whole."""
 
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    wholes: list[tuple[frozenset[str], float]] = field(default_factory=list)
+    wholes: list[tuple[frozenset[str], float, list[str]]] = field(default_factory=list)  # and the phrases it named
     pending: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # lines a check is asking about now
     _vocabulary: tuple[int, set[str]] | None = None  # the context's words, read once for all the checks
     _reports: dict[tuple[int, str], SentenceReport] = field(default_factory=dict)  # by a sentence's start and text
@@ -81,15 +100,54 @@ class Judged:
             out.append(self._reports[at])
         return out
 
-    def add(self, lines: list[str], verdicts: list[Verdict], whole: float | None) -> None:
+    def add(self, lines: list[str], judged: Judged) -> None:
+        verdicts, whole, phrases = judged
         self.verdicts.update(zip(lines, verdicts, strict=True))
         if whole is not None:
-            self.wholes.append((frozenset(lines), whole))
+            self.wholes.append((frozenset(lines), whole, phrases))
 
-    def read(self, lines: list[str]) -> tuple[list[Verdict], list[float]]:
-        """The verdicts on `lines` (every one judged), and on each call as a whole that asked only about them."""
+    def read(self, lines: list[str]) -> list[Judged]:
+        """What the judge said of `lines` (every one judged), as the replies of a check that asked about them alone:
+        their verdicts in order, then each call's verdict on the whole of what it asked, where it asked only about
+        them."""
         present = set(lines)
-        return [self.verdicts[line] for line in lines], [w for asked, w in self.wholes if asked <= present]
+        return [([self.verdicts[line] for line in lines], None, []),
+                *(([], whole, phrases) for asked, whole, phrases in self.wholes if asked <= present)]
+
+
+class Logistic(BaseModel):
+    """P(unsupported answer) = sigmoid(Σ coef[input] · input + intercept), over `inputs`' values."""
+
+    model_config = ConfigDict(frozen=True)
+
+    coef: dict[str, float]
+    intercept: float
+
+    def probability(self, values: Mapping[str, float]) -> float:
+        return sigmoid(sum(c * values[name] for name, c in self.coef.items()) + self.intercept)
+
+
+class Calibration(BaseModel):
+    """What turns the check's two readings into a probability: a logistic over `inputs` for prose, and one for answers
+    about a structured record (None: prose's reads them too), with the whole-answer verdict's weight in the fused
+    score they read (None: `sentences.whole_weight`). Written by `morphguard calibrate` with the judge it was fitted
+    with, or shipped (`SHIPPED`)."""
+
+    model_config = ConfigDict(extra="allow")  # what the fit says of itself: its labels, AUROC, proposed thresholds
+
+    judge: Any = None
+    whole_weight: float | None = None
+    prose: Logistic
+    records: Logistic | None = None
+
+    def probability(self, parts: Mapping[str, float], record: bool, weight: float) -> tuple[float, str]:
+        """The answer's probability from its readings (`Detection.features`; `weight` where the calibration sets no
+        whole-answer weight of its own), and which logistic read it."""
+        logistic, kind = (self.records, "records") if record and self.records is not None else (self.prose, "prose")
+        return logistic.probability(inputs(parts, self.weight(weight))), kind
+
+    def weight(self, configured: float) -> float:
+        return configured if self.whole_weight is None else self.whole_weight
 
 
 class Sentences:
@@ -99,12 +157,10 @@ class Sentences:
         self.llm = llm
         self.settings = settings
         self.threshold = threshold
-        self.weight, self.logistic = settings.whole_weight, None
-        if settings.calibration:
-            found = load_calibration(settings.calibration)
-            self.weight, self.logistic = found["whole_weight"], tuple(found["calibration"])
+        self.calibration = load_calibration(settings.calibration) if settings.calibration else shipped()
+        self.source = settings.calibration or f"shipped {SHIPPED}"
 
-    def plan(self, rag: RagInput, answer: str, known: Judged | None = None) -> Batch:
+    def plan(self, rag: RagInput, answer: str, known: Asked | None = None) -> Batch:
         """Every sentence, with the words of it the context never uses and whether it addresses its checker.
         Even "Yes." is one: a short sentence can carry the whole claim, and the judge is told that one stating
         nothing is supported. `known`: the answer's earlier checks, whose reading of the context is reused."""
@@ -141,21 +197,22 @@ class Sentences:
         return messages[-1]["content"].index("<answer>") + len("<answer>\n")
 
     async def _judge(self, messages: list[dict[str, str]], batch: Batch,
-                     stage: StageCost) -> tuple[list[Verdict], float | None]:
+                     stage: StageCost) -> Judged:
         """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
-        P(UNSUPPORTED) of the whole answer."""
+        P(UNSUPPORTED) of the whole answer, with the phrases named for it."""
         schema = {"type": "object", "required": ["sentences", "answer"], "properties": {"sentences": {
             "type": "array", "items": {"type": "object", "required": ["id", "verdict", "phrases"], "properties": {
                 "id": {"type": "integer"}, "verdict": {"type": "string", "enum": list(LABELS)},
                 "phrases": {"type": "array", "items": {"type": "string"}}}}},
-            "answer": {"type": "string", "enum": list(LABELS)}}}
+            "answer": {"type": "string", "enum": list(LABELS)},
+            "unsupported": {"type": "array", "items": {"type": "string"}, "maxItems": WHOLE_PHRASES}}}
         reply = await self.llm.complete(messages, model=self.settings.model,
                                         max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5,
                                         shared=self.shared(messages))
         stage.count(reply)
         stage.seconds = max(stage.seconds, reply.seconds)  # the batches are asked at once
         entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]
-        out: list[Verdict] = []
+        out: list[tuple[float | None, list[str]]] = []
         for i in range(len(batch)):
             at = _entry_at(entries, i, len(batch))  # log-probabilities are read by the verdict's place in the reply
             entry: dict[str, Any] = entries[at] if at is not None else {}
@@ -169,15 +226,16 @@ class Sentences:
                 out.append((1.0 if verdict == "UNSUPPORTED" else 0.0, phrases))
             else:
                 out.append((None, phrases))
-        return out, _whole(reply.text, reply.logprobs)
+        return out, _whole(reply.text, reply.logprobs), strings(json_list(reply.text, "unsupported"))[:WHOLE_PHRASES]
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
         # Everything that reads the text grows with the answer and the context (a 4 MB check is seconds of pure
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
         memo = current()
-        known = memo.of(self.name, Judged) if memo is not None else Judged()  # a stream's earlier checks' verdicts
+        known = memo.of(self.name, Asked) if memo is not None else Asked()  # a stream's earlier checks' verdicts
         planned = await in_thread(self.plan, rag, answer, known, size=rag.size(answer))
+        record = await in_thread(about_record, rag, answer, size=rag.size(answer))
         lines = [self._line(answer, sentence) for sentence in planned]
         stage, calls = StageCost(), 0
         while True:
@@ -202,11 +260,10 @@ class Sentences:
             if theirs:  # waited for, never cancelled from here: the check that asked them may still need them
                 await asyncio.wait(theirs)
         read = next((k for k, line in enumerate(lines) if line not in known.verdicts), len(lines))
-        verdicts, wholes = known.read(lines[:read])
-        return await in_thread(self._detection, answer, planned[:read], verdicts, wholes, stage, calls,
-                               started, planned[read][0] if read < len(planned) else None, size=len(answer))
+        return await in_thread(self._detection, answer, planned[:read], known.read(lines[:read]), record, stage,
+                               calls, started, planned[read][0] if read < len(planned) else None, size=len(answer))
 
-    async def _ask(self, rag: RagInput, answer: str, batches: list[Batch], lines: list[list[str]], known: Judged,
+    async def _ask(self, rag: RagInput, answer: str, batches: list[Batch], lines: list[list[str]], known: Asked,
                    stage: StageCost) -> None:
         """Ask the judge about `batches` at once, their verdicts kept in `known` by their `lines`; until they come,
         the lines are pending there, so that a check beside this one waits for them rather than asking again."""
@@ -217,44 +274,42 @@ class Sentences:
             asks = await in_thread(self.prompts, rag, answer, batches, size=rag.size(answer))
             judged = await together(self._judge(messages, batch, stage)
                                     for messages, batch in zip(asks, batches, strict=True))
-            for batch, (verdicts, whole) in zip(lines, judged, strict=True):
-                known.add(batch, verdicts, whole)
+            for batch, reply in zip(lines, judged, strict=True):
+                known.add(batch, reply)
         finally:
             for future, batch in zip(asked, lines, strict=True):
                 for line in batch:
                     known.pending.pop(line, None)
                 future.set_result(None)
 
-    def _detection(self, answer: str, chosen: Batch, verdicts: list[Verdict], wholes: list[float],
-                   stage: StageCost, calls: int, started: float, unchecked: int | None) -> Detection:
-        """The answer's detection from the judge's verdicts on its sentences (`chosen`, those read) and on the
-        sentences of each call as a whole; `unchecked`: where the sentences left unread begin."""
-        scored: list[tuple[int, int, float, list[str]]] = []
-        unreadable = 0
-        for (start, end, _, _), (found, phrases) in zip(chosen, verdicts, strict=True):
-            if found is None:
-                unreadable += 1
-            scored.append((start, end, 0.5 if found is None else found, phrases))  # no verdict: 0.5
-        worst = max((s for _, _, s, _ in scored), default=0.0)
-        whole = max(wholes) if wholes else None
-        parts = {"worst": worst, **({"whole": whole} if whole is not None else {})}
-        score = fused(parts, self.weight)
-        if self.logistic is not None:
-            score = calibrated(score, self.logistic)
-        # No sentence scores above its answer, so a flagged sentence is always in a flagged answer.
-        factoids = [f for s, e, found, phrases in scored
-                    for f in _factoids(answer, s, e, min(found, score), phrases, self.threshold)]
+    def _detection(self, answer: str, chosen: Batch, judged: list[Judged], record: bool, stage: StageCost,
+                   calls: int, started: float, unchecked: int | None = None) -> Detection:
+        """The answer's detection from the judge's verdicts on its sentences (`chosen`: those read) and on the whole
+        of it; `unchecked`: where the sentences left unread begin."""
+        verdicts = [v for sentences, _, _ in judged for v in sentences]
+        unreadable = sum(found is None for found, _ in verdicts)
+        worst = max((0.5 if found is None else found for found, _ in verdicts), default=0.0)  # no verdict: a half
+        wholes = [w for _, w, _ in judged if w is not None]
+        parts = {"worst": worst, **({"whole": max(wholes)} if wholes else {})}
+        score, kind = self.calibration.probability(parts, record, self.settings.whole_weight)
+        named = [p for _, w, phrases in judged if w is not None and w >= 0.5 for p in phrases]
+        claims = _claims(answer, named, [(s, e, found, phrases) for (s, e, _, _), (found, phrases)
+                                         in zip(chosen, verdicts, strict=True)], score)
+        before = fused(parts, self.calibration.weight(self.settings.whole_weight))
+        why = f"{kind} calibration ({self.source}) of the whole-answer and worst-sentence verdicts"
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
-            factoids=factoids, cost=Cost.of({"verify": stage} if calls else {}, time.perf_counter() - started),
+            factoids=claims, cost=Cost.of({"verify": stage} if calls else {}, time.perf_counter() - started),
             stats=DetectionStats(factoids=len(chosen), unparseable_verdicts=unreadable),
-            settings={"judged": len(chosen), "calls": calls},
-            features={**parts, "instructions": float(sum(addresses for *_, addresses in chosen))},
+            settings={"judged": len(chosen), "calls": calls, "calibration": kind,
+                      "explanation": [{"step": "calibration", "before": round(before, 4), "after": round(score, 4),
+                                       "text": f"{why}: {before:.3f} -> {score:.3f}"}]},
+            features={**parts, "record": float(record), "instructions": float(sum(a for *_, a in chosen))},
             unchecked_from=unchecked,
         )
 
 
-def fused(parts: dict[str, float], weight: float) -> float:
+def fused(parts: Mapping[str, float], weight: float) -> float:
     """The answer's score from its parts: the whole-answer verdict weighed against the worst sentence."""
     if "whole" not in parts:
         return parts.get("worst", 0.0)
@@ -267,20 +322,46 @@ def score_log_odds(score: float) -> float:
 
 
 def calibrated(score: float, logistic: tuple[float, float]) -> float:
-    """The probability a calibration's logistic (slope, intercept) makes of a score. Unbounded, unlike
-    `logistic.sigmoid`: below 1e-26 the two differ, and calibrations are fitted and read with this one."""
+    """The probability a one-input calibration's logistic (slope, intercept) makes of a score read by
+    `score_log_odds`: a verifier's (`detectors.verifier`), fitted by `morphguard calibrate`."""
     slope, intercept = logistic
-    return 1 / (1 + math.exp(-(slope * score_log_odds(score) + intercept)))
+    return sigmoid(slope * score_log_odds(score) + intercept)
 
 
-def load_calibration(path: str) -> dict[str, Any]:
-    """A `morphguard calibrate` file: its judge, whole-answer weight and logistic."""
+def inputs(parts: Mapping[str, float], weight: float) -> dict[str, float]:
+    """What a calibration's logistic reads: whether the judge calls the answer UNSUPPORTED as a whole (where it gave
+    no whole-answer verdict, the worst sentence's verdict stands in) and whether it calls a sentence so, each 1 or 0
+    (an unreadable verdict, a half, counts as one), and the log-odds of the fused score (`fused`), which carries how
+    sure the judge was. The same function at fit time (`eval.calibrate`) and at check time."""
+    worst = parts.get("worst", 0.0)
+    return {"whole_unsupported": float(parts.get("whole", worst) >= 0.5), "sentence_unsupported": float(worst >= 0.5),
+            "score": score_log_odds(fused(parts, weight))}
+
+
+def about_record(rag: RagInput, answer: str) -> bool:
+    """Whether the answer is read against a structured record (`rules.Findings.about_facts`): such answers have a
+    calibration of their own, as in `combined`."""
+    return read_all(answer, rag.passages).about_facts
+
+
+@functools.cache
+def shipped() -> Calibration:
+    """The calibration that ships beside the check (`SHIPPED`)."""
+    return Calibration.model_validate_json(resources.files("morphguard.detectors").joinpath(SHIPPED).read_text(
+        encoding="utf-8"))
+
+
+def load_calibration(path: str) -> Calibration:
+    """A `morphguard calibrate` file. One written before the calibration read the verdicts (a whole-answer weight and
+    a logistic over the fused score's log-odds, `"calibration": [slope, intercept]`) is read as that logistic."""
     try:
         found = json.loads(Path(path).read_text(encoding="utf-8"))
-        float(found["whole_weight"]), [float(v) for v in found["calibration"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(found, dict) and "prose" not in found and "calibration" in found:
+            slope, intercept = (float(v) for v in found.pop("calibration"))
+            found["prose"] = {"coef": {"score": slope}, "intercept": intercept}
+        return Calibration.model_validate(found)
+    except (OSError, ValueError, TypeError, ValidationError) as exc:
         raise MorphguardError(f"sentences.calibration {path}: not a calibration file ({exc})") from None
-    return dict(found)
 
 
 def _entry_at(entries: list[dict[str, Any]], i: int, size: int) -> int | None:
@@ -314,26 +395,44 @@ def _whole(text: str, logprobs: Any) -> float | None:
     return (1.0 if verdict == "UNSUPPORTED" else 0.0) if verdict in LABELS else None
 
 
-def _factoids(answer: str, start: int, end: int, score: float, phrases: list[str],
-              threshold: float) -> list[Factoid]:
-    """A flagged sentence as the phrases the judge named, where they are found in it; else the whole sentence."""
-    sentence = answer[start:end]
-    if score >= threshold:
-        found = []
-        for phrase in phrases:
-            at = sentence.lower().find(phrase.strip().lower())
-            if at >= 0:
-                found.append((start + at, start + at + len(phrase.strip())))
-        if found:
-            return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported",
-                            reason="the judge names this phrase of the sentence as unsupported")
-                    for s, e in sorted(set(found))]
-    return [Factoid(text=sentence, start=start, end=end, score=score,
-                    label="unsupported" if score >= threshold else "supported")]
+def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float | None, list[str]]],
+            score: float) -> list[Factoid]:
+    """What the judge points at, each scoring the answer's probability: the phrases `named` for the whole answer
+    where any is found in it; else, in each sentence judged UNSUPPORTED, the phrases named for it that are found in
+    it, or the whole sentence where none is. A sentence passed, or with no readable verdict, is no claim."""
+    placed = [(at, "the judge names this phrase of the answer as unsupported") for at in _within(answer, 0, len(answer),
+                                                                                                 named)]
+    if not placed:
+        for start, end, found, phrases in sentences:
+            if found is not None and found >= 0.5:
+                inside = _within(answer, start, end, phrases)
+                placed += ([(at, "the judge names this phrase of the sentence as unsupported") for at in inside]
+                           or [((start, end), "the judge finds this sentence unsupported and names no phrase in it")])
+    return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported", reason=reason)
+            for (s, e), reason in placed]
+
+
+def _within(answer: str, start: int, end: int, phrases: list[str]) -> list[tuple[int, int]]:
+    """Where the phrases occur in [start, end) of the answer, ignoring case; phrases not in it are left out."""
+    sentence = answer[start:end].lower()
+    found = set()
+    for phrase in phrases:
+        at = sentence.find(phrase.strip().lower())
+        if at >= 0:
+            found.add((start + at, start + at + len(phrase.strip())))
+    return sorted(found)
+
+
+def _fingerprint(settings: SentencesSettings) -> dict[str, Any]:
+    """What decides the check's score besides the judge: its options, its version, the calibration it reads (not the
+    path alone: a refitted file makes earlier eval results stale) and the rules that say an answer is about a record."""
+    calibration = load_calibration(settings.calibration) if settings.calibration else shipped()
+    return {**changed_options(settings), "version": VERSION,
+            "calibration": calibration.model_dump(include={"whole_weight", "prose", "records"}), **rules_fingerprint()}
 
 
 register(DetectorSpec(
     name="sentences", settings=SentencesSettings, models=lambda settings: [settings.model],
     prompts=lambda settings: ["sentences_system", "sentences_user"],
-    fingerprint=lambda settings: {**changed_options(settings), "version": VERSION},
+    fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Sentences(llm, settings, threshold)))

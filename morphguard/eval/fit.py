@@ -189,8 +189,26 @@ def _calibrate(joint: Weights, values: list[dict[str, float]], labels: list[bool
             [name for name, value in found.items() if value is not None])
 
 
+def logistic(values: list[dict[str, float]], names: Sequence[str], labels: list[bool],
+             sources: list[str]) -> tuple[dict[str, float], float]:
+    """A logistic over the `names` of `values`, weights not negative (`_logistic`) and not shrunk, every source
+    weighing the same (`_representative`): its weights in the values' own units, and its intercept (the `sentences`
+    check's calibrations, `morphguard calibrate`)."""
+    import numpy as np
+
+    matrix = np.array([[row[n] for n in names] for row in values], dtype=float)
+    mean, scale = matrix.mean(axis=0), matrix.std(axis=0)
+    scale[scale == 0] = 1.0
+    rates = {source: _rate(labels, sources, source) for source in set(sources)}
+    w, b = _logistic((matrix - mean) / scale, np.array(labels, dtype=float), 1e6,
+                     _representative(sources, labels, rates))
+    coef = w / scale
+    return {n: float(c) for n, c in zip(names, coef, strict=True)}, float(b - coef @ mean)
+
+
 def calibration(log_odds_: list[float], labels: list[bool]) -> tuple[float, float]:
-    """Slope and intercept of one logistic over `log_odds_`, every row weighing the same (`morphguard calibrate`)."""
+    """Slope and intercept of one logistic over `log_odds_`, every row weighing the same (a verifier's calibration,
+    `morphguard calibrate`)."""
     import numpy as np
 
     return _calibration(log_odds_, labels, np.ones(len(labels)))

@@ -7,8 +7,9 @@ escalation. The question and context come in the validation metadata:
     guard = Guard().use(GroundedInContext(url="http://morphguard:8080", api_key=KEY, on_fail="fix"))
     guard.validate(answer, metadata={"question": question, "context": passages})
 
-An answer fails when the check flags it, or when policy blocks it unchecked (a judge that failed under
-`on_error: block`). Its fix is the answer as the policy's action leaves it (the safe message of a block, the
+An answer fails when the check flags it, or when policy blocks it unchecked: a check that could not run (its judge
+down, a budget exceeded) under a profile that fails closed, as one that blocks does unless it says
+`on_error: fail_open`. Its fix is the answer as the policy's action leaves it (the safe message of a block, the
 marked claims of `highlight`), and its error spans are the flagged claims.
 """
 

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -162,6 +162,14 @@ async def together(calls: Iterable[Awaitable[T]]) -> list[T]:
         raise
 
 
+def reserve(calls: int) -> None:
+    """Take `calls` judge calls of the current check's budget at once, or none (JudgeCallCapError) where they would
+    pass it (none open: nothing to take)."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.reserve(calls)
+
+
 def reserve_up_to(calls: int) -> int:
     """Take as many of `calls` judge calls as the current check's budget leaves, at once; how many (all of them where
     no budget is open)."""
@@ -171,6 +179,35 @@ def reserve_up_to(calls: int) -> int:
 
 class TransientLLMError(LLMError):
     """A failure worth retrying (timeout, 429, 5xx, dropped connection)."""
+
+
+async def retried(call: Callable[[], Awaitable[T]], attempts: int, name: str) -> T:
+    """`call()` tried up to `attempts` times while it fails with a `TransientLLMError`, waiting a random exponential
+    backoff between tries: the one retry rule of every judge call (the LLM judge's and a served verifier's).
+    LLMTimeoutError or LLMError, naming `name`, once the tries are spent."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception(lambda e: isinstance(e, TransientLLMError)),
+        wait=wait_random_exponential(multiplier=0.5, max=20),
+        stop=stop_after_attempt(attempts),
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                return await call()
+    except TransientLLMError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
+            raise LLMTimeoutError(f"{name}: timed out after {attempts} attempts") from exc
+        raise LLMError(f"{name}: {exc} (after {attempts} attempts)") from exc
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def spend() -> None:
+    """One judge call about to be sent, drawn on the current check's budget (none open: nothing to draw)."""
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.spend()
 
 
 @dataclass
@@ -269,9 +306,7 @@ class LLMClient:
             self.usage.add(result)
             return result
 
-        budget = _BUDGET.get()
-        if budget is not None:
-            budget.spend()
+        spend()
         result = await self._call_with_retries(request, endpoint)
         self.usage.add(result)
         if key is not None:
@@ -281,22 +316,7 @@ class LLMClient:
         return result
 
     async def _call_with_retries(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, TransientLLMError)),
-            wait=wait_random_exponential(multiplier=0.5, max=20),
-            stop=stop_after_attempt(self.max_attempts),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await self._call_once(request, endpoint)
-        except TransientLLMError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__:
-                raise LLMTimeoutError(f"{endpoint.model}: timed out after {self.max_attempts} attempts") from exc
-            raise LLMError(f"{endpoint.model}: {exc} (after {self.max_attempts} attempts)") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await retried(lambda: self._call_once(request, endpoint), self.max_attempts, endpoint.model)
 
     async def _call_once(self, request: dict[str, Any], endpoint: Endpoint) -> Completion:
         """One call inside its GenAI client span (a child of the current stage's span)."""

@@ -1,12 +1,13 @@
 """Fair shares of what checks wait for: the judge's places (`judge.concurrency`) and the threads that read text.
 
-A check runs on behalf of a client (`on_behalf_of`: the checker opens it around the check, with a digest of the key
-the request presented, `client_id`), and every judge call and text-reading thread of the check waits for its place
-in a `FairLimit` under that client's name. While places are taken, a freed one goes to the waiting client served
-longest ago (round robin), each client's own waiters first come first served: a client sending many large checks at
-once waits behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also
-shared in turn, in two lanes: work on long texts in one thread, work on short ones in a few beside it, one per
-client, so that one client's large checks neither take every thread nor slow the event loop by their number.
+A check runs on behalf of a client (`on_behalf_of`: the checker opens it around the check, with a digest of who is
+asking, `client_id`: the request path names the client by the identity the proxy authenticated, else by where the
+request came from, never by a key it merely presents), and every judge call and text-reading thread of the check waits
+for its place in a `FairLimit` under that client's name. While places are taken, a freed one goes to the waiting client
+served longest ago (round robin), each client's own waiters first come first served: a client sending many large checks
+at once waits behind its own work, not in front of everyone else's. The threads that read text (`in_thread`) are also
+shared in turn, in two lanes: work on long texts in one thread, work on short ones in a few beside it, one per client,
+so that one client's large checks neither take every thread nor slow the event loop by their number.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ _CLIENT: ContextVar[str] = ContextVar("morphguard_client", default="")
 T = TypeVar("T")
 
 
-def client_id(key: str | None) -> str:
-    """A client's name in the fair shares: a digest of the key it presented (never the key), "" without one."""
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:16] if key else ""
+def client_id(who: str | None) -> str:
+    """A client's name in the fair shares: a digest of what names it (never a key itself), "" without one."""
+    return hashlib.sha256(who.encode("utf-8", "surrogateescape")).hexdigest()[:16] if who else ""
 
 
 @contextmanager
@@ -162,6 +163,29 @@ async def in_thread(func: Callable[..., T], *args: object, size: int) -> T:
     thread is done, also when the caller stops waiting: a thread cannot be stopped, so a client that gives up on its
     checks does not get more threads by it."""
     executor, limit = _lane(size)
+    return await _run(executor, limit, func, *args)
+
+
+class Lane:
+    """Threads of their own for one kind of blocking work (a verifier model's runs), taken in turn by client as the
+    text-reading threads are: at most `threads` at once, one per client. Work that holds a native library's own
+    threads (ONNX Runtime's) runs here rather than in the text lanes, so that it neither waits behind text reading
+    nor takes its threads."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._limits: dict[int, FairLimit] = {}
+
+    async def run(self, func: Callable[..., T], *args: object) -> T:
+        """`func(*args)` in one of the lane's threads, once the current client's turn comes."""
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._limits:
+            self._limits = {loop: FairLimit(self.threads, per_client=1)}
+        return await _run(self._executor, self._limits[loop], func, *args)
+
+
+async def _run(executor: ThreadPoolExecutor, limit: FairLimit, func: Callable[..., T], *args: object) -> T:
     name = current_client()
     await limit.acquire(name)
     loop = asyncio.get_running_loop()

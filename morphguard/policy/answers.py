@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 UNREADABLE = "unreadable"  # key of a translated message: the output types the check cannot read
+_READ_PARTS = ("text", "refusal")  # the content parts whose words the check reads
 
 
 def message_of(completion: Any) -> dict[str, Any]:
@@ -34,6 +35,14 @@ def content_text(content: Any) -> str:
         return "".join(p["text"] for p in content
                        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
     return ""
+
+
+def unread_parts(content: Any) -> list[str]:
+    """The types of a content's parts the check does not read: any but text and refusal (an image, a part of a kind
+    not known here)."""
+    if not isinstance(content, list):
+        return []
+    return [str(p.get("type"))[:40] for p in content if isinstance(p, dict) and p.get("type") not in _READ_PARTS]
 
 
 def content_refusal(content: Any) -> str:
@@ -99,6 +108,7 @@ def unreadable(completion: Any) -> list[str]:
     message = message_of(completion)
     named = message.get(UNREADABLE)
     out = [str(n) for n in named] if isinstance(named, list) else []
+    out += unread_parts(message.get("content"))
     audio = message.get("audio")
     if isinstance(audio, dict) and not (isinstance(audio.get("transcript"), str) and audio["transcript"].strip()):
         out.append("audio")

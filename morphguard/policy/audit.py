@@ -33,6 +33,8 @@ from morphguard.policy.record import DecisionRecord, now
 from morphguard.store import database
 
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
+# What SQLite says when it cannot write for now (a lock, a full, read-only or failing disk): an outage, waited out.
+SQLITE_OUTAGES = ("locked", "busy", "unable to open", "disk is full", "readonly database", "disk I/O error")
 RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
@@ -106,6 +108,16 @@ revoked_sessions = sa.Table(
     sa.Column("session_id", sa.Text, primary_key=True),
     sa.Column("expires_at", sa.Float, nullable=False),  # the session's own end (epoch seconds): the row may go then
 )
+shadow_verdicts = sa.Table(
+    "shadow_verdicts", metadata,  # what a shadow candidate made of a request (proxy.shadow), beside its decision
+    sa.Column("request_id", sa.Text, primary_key=True),
+    sa.Column("time", sa.Text, nullable=False),
+    sa.Column("candidate", sa.Text, nullable=False),
+    sa.Column("changed", sa.Boolean, nullable=False),  # its action or flag differs from the live decision's
+    sa.Column("action", sa.Text),
+    sa.Column("outcome", sa.JSON, nullable=False),  # policy.comparison.Outcome
+    sa.Index("shadow_verdicts_changed", "changed"),
+)
 COLUMNS = tuple(decisions.columns.keys())
 _JSON_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.JSON))
 _TEXT_FIELDS = tuple(c.name for c in decisions.columns if isinstance(c.type, sa.Text))
@@ -130,7 +142,7 @@ class AuditStore:
         self.settings = settings
         self.url = database.url_for(store.url, settings.path)
         self.shared = not self.url.startswith("sqlite")  # other processes write here too
-        self.engine = database.connect(self.url, store.pool_size)
+        self.engine = database.connect(self.url, store.pool_size, settings.synchronous)
         database.migrate(self.engine, MIGRATIONS)
         # One row per request is the hot path: the statements are compiled once and run as the driver's SQL.
         # ON CONFLICT DO NOTHING: a request id already recorded returns no row, and its write changes nothing.
@@ -147,11 +159,13 @@ class AuditStore:
         self._outbox = (escalations.insert().values({c: sa.bindparam(c) for c in outbox})
                         .returning(escalations.c.id).compile(dialect=dialect))
         self._outbox_sql = str(self._outbox)
-        # SQLite: one connection of its own for `record_at_once`, which never waits for the write lock
-        # (busy_timeout 0) and never checkpoints on commit.
+        # SQLite without a flush per commit (synchronous=normal): one connection of its own for `record_at_once`,
+        # which never waits for the write lock (busy_timeout 0) and never checkpoints on commit. A commit that is
+        # flushed to disk (full) waits for the disk: it never runs on the event loop.
         self._at_once: Any = None
         self._at_once_lock = threading.Lock()
-        if not self.shared and sa.make_url(self.url).database not in (None, "", ":memory:"):
+        if not self.shared and settings.synchronous == "normal" \
+                and sa.make_url(self.url).database not in (None, "", ":memory:"):
             pooled = self.engine.raw_connection()
             pooled.detach()  # out of the pool: held for the life of the store
             connection: Any = pooled.dbapi_connection
@@ -187,7 +201,7 @@ class AuditStore:
 
     @property
     def writes_at_once(self) -> bool:
-        """Whether `record_at_once` can write here (SQLite on a file)."""
+        """Whether `record_at_once` can write here (SQLite on a file, commits not flushed to disk one by one)."""
         return self._at_once is not None
 
     def record_at_once(self, records: Sequence[DecisionRecord], owner: str | None = None) -> list[Written] | None:
@@ -266,14 +280,15 @@ class AuditStore:
         return found
 
     def unavailable(self, exc: BaseException) -> bool:
-        """Whether `exc` says the database cannot be reached or is busy (worth waiting for), not that it refused."""
+        """Whether `exc` says the database cannot be reached, is busy or cannot write now (worth waiting for), not
+        that it refused the row."""
         dbapi = self.engine.dialect.dbapi
         kinds: tuple[type[BaseException], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError,
                                                   sa.exc.TimeoutError, sa.exc.DisconnectionError)
         if dbapi is not None:
             kinds += (dbapi.OperationalError, dbapi.InterfaceError)
         if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
-            return isinstance(exc, kinds) and any(w in str(exc) for w in ("locked", "busy", "unable to open"))
+            return isinstance(exc, kinds) and any(w in str(exc) for w in SQLITE_OUTAGES)
         return isinstance(exc, kinds)
 
     def _args(self, record: DecisionRecord) -> Any:
@@ -310,6 +325,43 @@ class AuditStore:
                     question=self._text(question), answer=self._text(answer), context=self._text(context),
                     text_kept_until=None))
         return len(rows)
+
+    # A shadow candidate's verdicts (proxy.shadow), beside the decisions they shadow.
+
+    def record_shadow(self, request_id: str, candidate: str, changed: bool, action: str | None,
+                      outcome: dict[str, Any], texts: dict[str, str | None] | None = None) -> None:
+        """Store what the candidate made of a request (a second verdict for it changes nothing). `texts`: question,
+        answer and context to keep for review, as a flagged answer's are (`keep_text`), where the candidate and the
+        live decision disagree and the row keeps none yet: reviewers label exactly those."""
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        c = decisions.c
+        with self.engine.begin() as db:
+            db.execute(insert(shadow_verdicts).values(
+                request_id=request_id, time=now(), candidate=candidate, changed=changed, action=action,
+                outcome=json.loads(_json_text(outcome))).on_conflict_do_nothing(index_elements=["request_id"]))
+            if texts and self.settings.keep_text != "none" and self.settings.store_text != "full":
+                until = datetime.now(UTC) + timedelta(days=self.settings.keep_text_days)
+                db.execute(decisions.update().where(c.request_id == request_id, c.text_kept_until.is_(None))
+                           .values(**{k: _sql(v) for k, v in texts.items()},
+                                   text_kept_until=until.isoformat(timespec="milliseconds")))
+
+    def shadow_outcomes(self, since: str | None = None, until: str | None = None,
+                        candidate: str | None = None) -> list[dict[str, Any]]:
+        """The stored shadow verdicts (`policy.comparison.Outcome` as dicts), oldest first, each with the current
+        review label of its decision."""
+        v = shadow_verdicts.c
+        label = (sa.select(reviews.c.label).join(decisions, decisions.c.id == reviews.c.decision_id)
+                 .where(decisions.c.request_id == v.request_id).order_by(reviews.c.id.desc()).limit(1)
+                 .scalar_subquery())
+        sql = sa.select(v.outcome, label.label("review")).order_by(v.time, v.request_id)
+        if since:
+            sql = sql.where(v.time >= since)
+        if until:
+            sql = sql.where(v.time < until)
+        if candidate:
+            sql = sql.where(v.candidate == candidate)
+        with self.engine.connect() as db:
+            return [{**outcome, "label": review} for outcome, review in db.execute(sql)]
 
     # The escalation outbox. The replica that writes an escalation holds its claim and delivers it; a claim
     # not renewed (`renew_claim`) for `stale_s` is taken by whoever sweeps next (`claim_escalations`).

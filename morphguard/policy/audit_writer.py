@@ -3,17 +3,19 @@
 A row is committed before the answer it records goes out (an accepted request is never left unaudited by a
 crash), so its cost lies on every request's path. Two ways to commit, both in group commits:
 
-- On SQLite, while traffic is light, the rows handed over during one turn of the event loop are committed
-  together on the loop, at the start of its next turn (`AuditStore.record_at_once`), when SQLite's write lock
-  is free at that moment. That costs the insert alone: no lock is waited for, nothing is flushed to disk (WAL,
-  synchronous=NORMAL), no checkpoint runs. Handing a row to a thread and back cost more than the insert.
+- On SQLite under `policy.audit.synchronous: normal` (a commit not flushed to disk), while traffic is light, the
+  rows handed over during one turn of the event loop are committed together on the loop, at the start of its next
+  turn (`AuditStore.record_at_once`), when SQLite's write lock is free at that moment. That costs the insert
+  alone: no lock is waited for, nothing is flushed to disk, no checkpoint runs. Handing a row to a thread and back
+  cost more than the insert.
 - Otherwise one long-lived thread commits every row waiting at the moment in one transaction, and it is the
-  thread that waits on the database, never the loop: PostgreSQL (a round trip over the network), a SQLite
-  lock another connection holds, a row whose texts are large (hashing them would hold the loop up), a batch
-  SQLite refused, and a busy loop (more than `AT_ONCE_MAX_ROWS` rows in a turn, or rows still in the thread:
-  there the thread's commits run beside the loop's work, in larger groups). A batch that fails there is
-  written again row by row: one row the database refuses fails alone. The thread also checkpoints SQLite's
-  write-ahead log every `CHECKPOINT_ROWS` rows written on a loop.
+  thread that waits on the database, never the loop: SQLite flushing each commit to disk (`full`, the default:
+  one flush for the group), PostgreSQL (a round trip over the network), a SQLite lock another connection holds,
+  a row whose texts are large (hashing them would hold the loop up), a batch SQLite refused, and a busy loop (more
+  than `AT_ONCE_MAX_ROWS` rows in a turn, or rows still in the thread: there the thread's commits run beside the
+  loop's work, in larger groups). A batch that fails there is written again row by row: one row the database
+  refuses fails alone. The thread also checkpoints SQLite's write-ahead log every `CHECKPOINT_ROWS` rows written
+  on a loop.
 
 An escalated decision's outbox row is written in the same transaction as the decision.
 """

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from fnmatch import fnmatchcase
 
-from morphguard.config import Action, PolicySettings, RouteRule
+from morphguard.config import Action, OnError, PolicySettings, RouteRule
 from morphguard.folding import model_name, model_names, warm
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy.topics import TopicTagger
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 ACTIONS: tuple[Action, ...] = ("pass", "annotate", "highlight", "cite", "regenerate", "block")  # weakest first
 GENERAL = "general"
 NO_CONTEXT = "no_context"  # nothing to check the answer against: what it holds is not noted either
+# Actions that end an answer: where they apply, an answer the check cannot decide on is withheld unless the rule says
+# `on_error: fail_open`.
+ENDS_ANSWER = frozenset({"block", "regenerate"})
 # Actions that change what the client receives: an answer already sent can only be annotated.
 _CHANGES_CONTENT = frozenset({"highlight", "cite", "regenerate", "block"})
 _NAME = re.compile(r"[^\w.-]+")
@@ -48,6 +51,7 @@ class Rule:
     action: Action
     escalate: bool
     safe_message: str
+    on_error: OnError
 
 
 @dataclass
@@ -61,6 +65,7 @@ class RequestFacts:
     path_prefix: str = ""
     requested_profile: str | None = None
     requested_topic: str | None = None
+    address: str | None = None  # where the request came from (no route reads it: who is asking, for fair turns)
 
 
 @dataclass(frozen=True)
@@ -142,11 +147,13 @@ class PolicyEngine:
     def rule(self, profile: str, topic: str) -> Rule:
         p = self.settings.profiles[profile]
         t = p.topics.get(topic)
+        action = t.action if t and t.action else p.action
         return Rule(
             threshold=t.threshold if t and t.threshold is not None else p.threshold,
-            action=t.action if t and t.action else p.action,
+            action=action,
             escalate=t.escalate if t and t.escalate is not None else p.escalate,
             safe_message=(t and t.safe_message) or p.safe_message or self.settings.safe_message,
+            on_error=(t and t.on_error) or p.on_error or ("fail_closed" if action in ENDS_ANSWER else "fail_open"),
         )
 
     def topic_for(self, profile: str, rag: RagInput | None, requested: str | None = None) -> str:
@@ -167,8 +174,8 @@ class PolicyEngine:
     def decide(self, profile: str, topic: str, finding: Finding, holds: Holds = Holds(),
                 reach: Reach = Reach.REWRITE) -> Decision:
         """The one decision on an answer: the rule of its profile and topic applied to what the check found (a
-        failed check as `on_error` says), what the check could not read noted (and blocked where
-        `unreadable_output` says so), then the action the answer's way out can carry."""
+        failed check as `on_error` says), what the check could not read noted (and blocked where `unreadable_output`
+        says so), then the action the answer's way out can carry; an answer a failed check lets out is `unchecked`."""
         rule = self.rule(profile, topic)
         decision = Decision(profile=profile, topic=topic, threshold=rule.threshold, flagged=False, action="pass",
                             safe_message=rule.safe_message, reason=finding.skipped)
@@ -177,15 +184,17 @@ class PolicyEngine:
             decision = decision.model_copy(update={"flagged": flagged, "action": rule.action if flagged else "pass",
                                                    "escalate": flagged and rule.escalate})
         if finding.failed is not None and not decision.flagged:  # nothing checked, or an unchecked rest
-            mode = self.settings.profiles[profile].on_error
-            decision = decision.model_copy(update={"action": "pass" if mode == "fail_open" else "block",
-                                                   "escalate": rule.escalate,
-                                                   "reason": f"{mode}: {finding.failed}"})
+            closed = rule.on_error == "fail_closed"
+            decision = decision.model_copy(update={"action": "block" if closed else "pass", "escalate": rule.escalate,
+                                                   "reason": f"{rule.on_error}: {finding.failed}"})
         elif finding.failed is not None:  # flagged in what it read: the rule decides, the unread rest is noted
             decision = decision.model_copy(update={"reason": f"read in part: {finding.failed}"})
         if finding.skipped != NO_CONTEXT:
             decision = self._noted(decision, holds)
-        return _within(decision, reach)
+        decision = _within(decision, reach)
+        if finding.failed is not None and decision.action != "block":
+            decision = decision.model_copy(update={"unchecked": True})
+        return decision
 
     def _noted(self, decision: Decision, holds: Holds) -> Decision:
         """What the check did not read, noted for the audit row, and withheld where policy says so."""
@@ -204,6 +213,10 @@ class PolicyEngine:
         unreadable output is withheld."""
         action = self.rule(profile, topic).action
         return "block" if self.settings.unreadable_output == "block" else action
+
+    def fails_closed(self, profile: str, topic: str) -> bool:
+        """Whether an answer this request's check cannot decide on is withheld (`on_error: fail_closed`)."""
+        return self.rule(profile, topic).on_error == "fail_closed"
 
     def budget_s(self, profile: str) -> float | None:
         return self.settings.profiles[profile].latency_budget_s

@@ -101,6 +101,8 @@ class DecisionRecord(BaseModel):
     # each step that moved the check's score (a calibration, a cascade branch, a floor): its name, the score before
     # and after, and a line a reviewer reads (`Detection.settings["explanation"]`); None: the detector records none
     explanation: list[dict[str, Any]] | None = None
+    # the answer was due a check that could not decide (`reason` says why) and went out all the same (`fail_open`)
+    unchecked: bool = False
 
     # kept in the audit trail, never sent to the client
     AUDIT_ONLY: ClassVar[frozenset[str]] = frozenset({"time", "route", "model", "cost", "question", "answer",
@@ -120,7 +122,7 @@ class DecisionRecord(BaseModel):
                        "explanation": _explanation(detection)}
         return cls(request_id=request_id, profile=decision.profile, topic=decision.topic, flagged=decision.flagged,
                    action=decision.action, threshold=decision.threshold, escalated=decision.escalate,
-                   reason=decision.reason, **checked, **facts)
+                   reason=decision.reason, unchecked=decision.unchecked, **checked, **facts)
 
     def payload(self) -> dict[str, Any]:
         """The `morphguard` object in the completion (or the stream's verdict chunk)."""
@@ -135,6 +137,8 @@ class DecisionRecord(BaseModel):
                     del factoid["text"]
         if not self.regenerations:
             del out["regenerations"]
+        if not self.unchecked:
+            del out["unchecked"]
         return out
 
     def headers(self) -> dict[str, str]:
@@ -143,6 +147,8 @@ class DecisionRecord(BaseModel):
         if self.checked and self.score is not None:
             out["x-morphguard-score"] = f"{self.score:.4f}"
             out["x-morphguard-flagged"] = str(self.flagged).lower()
+        if self.unchecked:
+            out["x-morphguard-unchecked"] = "true"
         return out
 
     def escalation(self) -> dict[str, Any]:

@@ -15,7 +15,15 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from morphguard.policy.audit import AuditStore, assignments, decisions, escalations, reviews, revoked_sessions
+from morphguard.policy.audit import (
+    AuditStore,
+    assignments,
+    decisions,
+    escalations,
+    reviews,
+    revoked_sessions,
+    shadow_verdicts,
+)
 from morphguard.policy.record import now
 
 Label = Literal["hallucinated", "faithful", "unsure"]
@@ -33,6 +41,7 @@ class QueueFilter:
     order: Literal["newest", "score"] = "newest"
     text: str | None = None  # words the question or the answer contains (case folded)
     assignee: str | None = None  # taken by this reviewer; "" for taken by nobody
+    disagreed: bool = False  # instead of flagged and escalated answers: those a shadow candidate decided otherwise
 
 
 def _latest_review() -> sa.ScalarSelect[Any]:
@@ -51,9 +60,14 @@ class ReviewStore:
         label = _latest_review().label("review")
         taken = (sa.select(assignments.c.reviewer).where(assignments.c.decision_id == c.id)
                  .scalar_subquery().label("assignee"))
+        shadow = shadow_verdicts.c
+        candidate = (sa.select(shadow.action).where(shadow.request_id == c.request_id)
+                     .scalar_subquery().label("shadow_action"))
+        shown = (sa.exists().where(shadow.request_id == c.request_id, shadow.changed.is_(True)) if where.disagreed
+                 else sa.or_(c.flagged.is_(True), c.escalated.is_(True)))
         sql = (sa.select(c.id, c.time, c.request_id, c.profile, c.topic, c.score, c.threshold, c.action,
-                         c.flagged, c.escalated, c.detector, c.question, c.factoids, label, taken)
-               .where(sa.or_(c.flagged.is_(True), c.escalated.is_(True))))
+                         c.flagged, c.escalated, c.detector, c.question, c.factoids, label, taken, candidate)
+               .where(shown))
         if where.text:  # a scan of the flagged rows' texts: the queue is the flagged share, and texts expire
             folded = where.text.lower()
             sql = sql.where(sa.or_(sa.func.lower(c.question).contains(folded, autoescape=True),

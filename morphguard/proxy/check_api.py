@@ -34,7 +34,7 @@ from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key
 from morphguard.proxy.errors import JSON, bad_request, unauthorized
-from morphguard.proxy.flow import Flow, accept, request_facts
+from morphguard.proxy.flow import Flow, accept, address_of, request_facts
 
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
@@ -75,7 +75,7 @@ class CheckApi:
         rag = RagInput(question=question, passages=passages, turns=[question])
         chat = {"model": model, "messages": [{"role": "user", "content": question}]}
         facts = replace(request_facts(request.headers, model=model, policy=_text(body, "policy"),
-                                      topic=_text(body, "topic")), model_named=True)
+                                      topic=_text(body, "topic"), address=address_of(request)), model_named=True)
         gateway = _gateway(body)
         intake = accept(flow.engine, flow.config, Extraction(chat, rag, "explicit"), facts)
         verdict = await choices.settle(flow.guard, intake, [completion_of(answer, model)], gateway=gateway,

@@ -42,6 +42,9 @@ class Consumer:
             waiting = 0
         if waiting and self.settings.workers:
             log.info("%d async checks waiting in the queue", waiting)
+        interrupted = await self.guard.recover_streams()
+        if interrupted:
+            log.warning("%d streams cut by a crash recorded as stream_interrupted", interrupted)
         resumed = await self.guard.escalator.resume()
         if resumed:
             log.info("resuming %d escalations left undelivered", resumed)

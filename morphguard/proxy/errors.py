@@ -15,8 +15,10 @@ and the span's exception event) has every secret of the config and the current r
     ├── 403 unchecked_route      a generation route the guard cannot check
     ├── 404 not_found            a path the proxy does not serve or pass through
     ├── 413 request_too_large
-    ├── 499 client_disconnected  the client left before its request body was complete
+    ├── 499 client_disconnected  the client left before its request body was complete, or its answer was ready
     ├── 502 upstream_unavailable / upstream_malformed / upstream_stream_broken
+    ├── 503 store_unavailable     the audit trail cannot be written: no answer goes out without its row
+    │       upstream_busy         every connection to the upstream busy for `upstream.pool_wait_s`
     └── 504 upstream_timeout
 """
 
@@ -115,6 +117,12 @@ def client_disconnected() -> ProxyError:
                       "invalid_request_error", None, "client_disconnected")
 
 
+def client_left() -> ProxyError:
+    """The client closed the connection while its answer was being made: the work on it stops."""
+    return ProxyError(499, "The client closed the connection before its answer was ready.", "invalid_request_error",
+                      None, "client_disconnected")
+
+
 def upstream_unavailable(detail: str, headers: dict[str, str] | None = None) -> ProxyError:
     return ProxyError(502, f"The upstream provider could not be reached or failed: {detail}", "upstream_error",
                       None, "upstream_unavailable", headers)
@@ -128,6 +136,17 @@ def upstream_malformed(detail: str) -> ProxyError:
 def upstream_stream_broken(detail: str) -> ProxyError:
     return ProxyError(502, f"The upstream stream ended abnormally: {detail}", "upstream_error", None,
                       "upstream_stream_broken")
+
+
+def store_unavailable(retry_after_s: float) -> ProxyError:
+    return ProxyError(503, "The audit trail cannot be written now, so the answer is withheld; try again later.",
+                      "server_error", None, "store_unavailable", {"retry-after": str(max(1, round(retry_after_s)))})
+
+
+def upstream_busy(waited_s: float) -> ProxyError:
+    return ProxyError(503, f"Every connection to the upstream provider stayed busy for {waited_s:g} s "
+                      "(proxy.upstream.max_connections); try again later.", "server_error", None, "upstream_busy",
+                      {"retry-after": str(max(1, round(waited_s)))})
 
 
 def upstream_timeout() -> ProxyError:

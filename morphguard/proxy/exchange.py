@@ -15,6 +15,7 @@ from morphguard.proxy.backend import Call, Relay
 from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.dialects.base import Dialect
 from morphguard.proxy.incremental import Checks
+from morphguard.proxy.stream_journal import OpenStream
 
 
 @dataclass
@@ -51,8 +52,13 @@ class Steps(Protocol):
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         """The audit row of a stream that ends without a verdict (`reason`), with the text read so far."""
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
-        """`account` from where awaiting is no longer possible (a client that left)."""
+    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None,
+                     stream: OpenStream | None = None) -> None:
+        """`account` from where awaiting is no longer possible (a client that left); `sent`: how many characters
+        of the answer's text the client was sent; `stream`: its journal entry, ended once the row is written."""
+
+    def open_stream(self, exchange: Exchange) -> OpenStream | None:
+        """Journal the stream before its first text goes out: a crash then leaves its row all the same."""
 
 
 class StreamMode(Protocol):

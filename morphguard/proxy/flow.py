@@ -6,15 +6,17 @@ context extraction, profile and topic chosen, the provider called through the on
 settled by the guard (checked, decided by policy once, carried out, audited) and written back with its verdict.
 A stream goes to the mode `proxy.stream_mode` chooses for the request (`proxy.stream_modes`), which runs the steps
 this path offers it (`proxy.exchange.Steps`). From the moment a request is accepted, every way out leaves one
-audit row.
+audit row. A client that leaves before its plain answer is ready cancels the work on it, the provider's call with it
+(a stream is cancelled by the server when its client leaves).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext, suppress
 from typing import Any
 
 from opentelemetry import trace
@@ -25,16 +27,26 @@ from morphguard.config import Config
 from morphguard.llm.fair import client_id
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
+from morphguard.policy.record import Released
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
 from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
-from morphguard.proxy.errors import JSON, ProxyError, bad_request, client_disconnected, too_large, upstream_unavailable
+from morphguard.proxy.errors import (
+    JSON,
+    ProxyError,
+    bad_request,
+    client_disconnected,
+    client_left,
+    too_large,
+    upstream_unavailable,
+)
 from morphguard.proxy.exchange import Exchange, StreamMode
 from morphguard.proxy.guard import Guard, Reask
 from morphguard.proxy.incremental import Checks, GuardChecks
+from morphguard.proxy.stream_journal import OpenStream
 from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
 from morphguard.telemetry import names
 
@@ -66,7 +78,7 @@ class Flow:
         async with self.accepted(exchange.intake, "upstream_error"):
             if exchange.body.get("stream"):
                 return await self._stream(exchange)
-            return await self._complete(exchange)
+            return await _unless_client_leaves(request, self._complete(exchange))
 
     @asynccontextmanager
     async def accepted(self, intake: CheckRequest, reason: str) -> AsyncIterator[None]:
@@ -106,7 +118,8 @@ class Flow:
         view = dialect.chat_view(body)
         extraction = self.extractor.extract(view)
         facts = request_facts(request.headers, prefix=_prefix(request), model=str_or_none(view.get("model")),
-                              policy=extraction.options.get("policy"), topic=extraction.options.get("topic"))
+                              policy=extraction.options.get("policy"), topic=extraction.options.get("topic"),
+                              address=address_of(request))
         intake = accept(self.engine, self.config, extraction, facts)
         forwarded = {k: v for k, v in body.items() if k != OUR_FIELD}
         return Exchange(dialect, forwarded, view, intake, headers)
@@ -186,8 +199,12 @@ class Flow:
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         await self.guard.account(exchange.intake, reason, text)
 
-    def account_soon(self, exchange: Exchange, reason: str, text: str) -> None:
-        self.guard.account_soon(exchange.intake, reason, text)
+    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None,
+                     stream: OpenStream | None = None) -> None:
+        self.guard.account_soon(exchange.intake, reason, text, Released(sent) if sent is not None else None, stream)
+
+    def open_stream(self, exchange: Exchange) -> OpenStream | None:
+        return self.guard.open_stream(exchange.intake)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
@@ -212,17 +229,61 @@ def accept(engine: PolicyEngine, config: Config, extraction: Extraction, facts: 
     topic = engine.topic_for(profile, extraction.rag, facts.requested_topic)
     return CheckRequest(body=extraction.body, rag=extraction.rag, source=extraction.source, profile=profile,
                         topic=topic, model=facts.model, route=facts.path_prefix, detector=detector,
-                        client=client_id(facts.api_key))
+                        client=client_id(asking(config, facts)))
+
+
+def asking(config: Config, facts: RequestFacts) -> str:
+    """Who is asking, for fair turns at the judge: the proxy key the request authenticated with (`proxy.keys`), else
+    the address it came from and the route it took. A key the proxy does not know names no one (an upstream that
+    takes any key lets a client present a new one with every request, or everyone the same placeholder). A request
+    handed over in process (the LiteLLM guardrail: no address) is named by its key, which its host authenticated."""
+    key = facts.api_key
+    if key and any(hmac.compare_digest(key.encode(), k.get_secret_value().encode()) for k in config.proxy.keys):
+        return f"key {key}"
+    if facts.address is None:
+        return f"key {key}" if key else ""
+    return f"from {facts.address} {facts.path_prefix}"
 
 
 def request_facts(headers: Mapping[str, str], *, prefix: str = "", model: str | None = None, policy: Any = None,
-                  topic: Any = None) -> RequestFacts:
+                  topic: Any = None, address: str | None = None) -> RequestFacts:
     """What policy routes on: the key, model, headers and path prefix, and the profile or topic asked for (in our
-    body field, else in a header)."""
+    body field, else in a header); `address`: where the request came from."""
     lower = {k.lower(): val for k, val in headers.items()}
     return RequestFacts(api_key=presented_key(lower), model=model, headers=lower, path_prefix=prefix,
                         requested_profile=str_or_none(policy) or lower.get("x-morphguard-policy"),
-                        requested_topic=str_or_none(topic) or lower.get("x-morphguard-topic"))
+                        requested_topic=str_or_none(topic) or lower.get("x-morphguard-topic"), address=address)
+
+
+def address_of(request: Request) -> str:
+    """The address a request came from, as uvicorn gives it (behind a reverse proxy it trusts, the one that proxy
+    forwards); "" where none is known."""
+    return request.client.host if request.client else ""
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, Response]) -> Response:
+    """`work`'s response; cancelled if the client leaves first (a 499 nobody reads, whose row `accepted` writes).
+    The body is read whole by now: the next message the server has for us is the client's leaving."""
+    answer = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_left(request))
+    try:
+        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        answer.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if answer.done():
+        return answer.result()
+    answer.cancel()
+    with suppress(asyncio.CancelledError, Exception):  # what it was doing ends with it: the client is gone
+        await answer
+    raise client_left()
+
+
+async def _left(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _prefix(request: Request) -> str:

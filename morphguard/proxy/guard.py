@@ -10,9 +10,12 @@ exactly one audit row: checked, or not checked with a short reason code (`no_con
 nothing) and carries its escalation's outbox row in the same transaction; the escalation is sent only once
 both are committed.
 
-While the store is unreachable, a row a client would wait for is written from the background, so the answer
-goes out (a queued check waits for it instead: `wait_for_store`). A row the database refuses is written without
-its texts and counted (`audit_failures`, in /readyz and a metric), never skipped silently.
+No answer goes out before its row is committed. While the store cannot write (PostgreSQL unreachable, SQLite's disk
+full, read-only or failing), the answer waits for its row up to `policy.audit.wait_s`; past that the client gets a
+503 `store_unavailable` with `Retry-After` instead, and the row (its reason saying `store_unavailable`) is owed:
+written from the background once the store is back (a queued check waits for the store instead: `wait_for_store`).
+A row the database refuses is written without its texts and counted (`audit_failures`, in /readyz and a metric),
+never skipped silently.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import Span
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, stop_never, wait_exponential_jitter
 
 from morphguard import telemetry
 from morphguard.config import Config
@@ -37,9 +41,12 @@ from morphguard.policy.engine import Finding, PolicyEngine, Reach, flags
 from morphguard.policy.record import DecisionRecord, Released
 from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest, Found, Settled
 from morphguard.proxy.checker import Checker
+from morphguard.proxy.errors import store_unavailable
 from morphguard.proxy.escalation import Escalator
 from morphguard.proxy.journal import Journal
 from morphguard.proxy.outage import Outage
+from morphguard.proxy.shadow import Shadow
+from morphguard.proxy.stream_journal import OpenStream, StreamJournal
 from morphguard.store import open_queue
 from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import CheckQueue, QueueUnavailable
@@ -50,6 +57,7 @@ log = logging.getLogger(__name__)
 Reask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 # Reasons for not checking that are policy working as configured; every other reason is also an error metric.
 _ROUTINE = frozenset({"no_context", "unchecked_route"})
+RETRY_WAIT_MAX_S = 5.0  # the longest pause between two tries of a store that cannot write; also the Retry-After
 
 
 class Guard:
@@ -65,6 +73,7 @@ class Guard:
         self.queue = queue
         self.shared = shared  # the fleet's Redis queue, when there is one
         self.background: set[asyncio.Task[Any]] = set()  # rows written later: a cancelled stream, a store away
+        self._owed: set[str] = set()  # request ids refused for want of the store, their rows written later
         self.audit_failures = 0
         telemetry.labels.configure(config)  # the metrics this guard emits carry labels from this config only
         telemetry.prime()
@@ -73,6 +82,10 @@ class Guard:
         self._queue_full = Outage("room in the async check queue", log)
         # What this process queued on Redis, until recorded: queued again if Redis comes back without it.
         self.journal = Journal() if shared is not None and audit is not None else None
+        self.shadow = Shadow(config, audit) if config.shadow.sample > 0 else None
+        # Streams under way, so that a crash mid-stream still leaves their rows (written by the next start).
+        self.streams = StreamJournal(Path(config.policy.audit.path).with_suffix(".streams")) \
+            if audit is not None else None
 
     async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
         """The check of the answer's text (no decision, no side effects); `memo`: shared by the checks of one
@@ -102,6 +115,7 @@ class Guard:
             outcome = self.decide(request, answer, await self.find(request, answer), reach)
             settled = await self._carry_out(span, request, answer, outcome, reask)
         await self._record(settled.record)
+        self._shadowed(request, settled.record)
         return settled
 
     async def settle_queued(self, request: CheckRequest, answer: Answer) -> Settled:
@@ -112,6 +126,7 @@ class Guard:
             outcome = self.decide(request, answer, await self.find(request, answer), Reach.NONE)
             settled = await self._carry_out(span, request, answer, outcome, None)
         await self._record(settled.record, wait_for_store=True)
+        self._shadowed(request, settled.record)
         return settled
 
     async def carry_out(self, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
@@ -123,6 +138,7 @@ class Guard:
             settled = await self._carry_out(span, request, answer, outcome, None)
         record = settled.record if released is None else settled.record.model_copy(update=released.fields())
         await self._record(record)
+        self._shadowed(request, record)
         return Settled(settled.answer, record)
 
     async def _carry_out(self, span: Span, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
@@ -184,28 +200,41 @@ class Guard:
     async def _record(self, record: DecisionRecord, wait_for_store: bool = False) -> None:
         """The audit row (with its escalation's outbox row), then the escalation.
 
-        If the store cannot be reached: `wait_for_store` waits, retrying, until it can; otherwise the row is
-        written from the background, so that a client is not held up by an outage.
+        If the store cannot write: `wait_for_store` waits, retrying, until it can; otherwise the caller waits up to
+        `policy.audit.wait_s`, then the row is owed (written from the background) and a 503 is raised. A request
+        whose row is owed already is not written again (its first row stands).
         """
         if self._rows is None:
             if record.escalated:
                 self.escalator.submit(record.escalation())
             return
-        if wait_for_store:
-            await self._write(record, retry=True)
+        if record.request_id in self._owed:
             return
+        if wait_for_store:
+            await self._write(record, None)
+            return
+        deadline = asyncio.get_running_loop().time() + self.config.policy.audit.wait_s
         try:
-            await self._write(record, retry=False)
-        except Exception:  # unreachable (a refused row is handled in _write): keep trying, off the request
-            self.in_background(self._write(record, retry=True))
+            await self._write(record, deadline)
+        except Exception:  # the store could not write within the bound (a refused row is handled in _write)
+            owed = record.model_copy(update={"reason": f"{record.reason or ''} store_unavailable".strip()})
+            self._owed.add(record.request_id)
+            self.in_background(self._write_owed(owed))
+            raise store_unavailable(RETRY_WAIT_MAX_S) from None
 
-    async def _write(self, record: DecisionRecord, retry: bool) -> None:
-        """Commit the row, and send its escalation once committed; a row the database refuses is written
-        again without its texts. Raises only when the store is unreachable and not `retry`."""
+    async def _write_owed(self, record: DecisionRecord) -> None:
         try:
-            written = await self._commit(record, retry)
+            await self._write(record, None)
+        finally:
+            self._owed.discard(record.request_id)
+
+    async def _write(self, record: DecisionRecord, deadline: float | None) -> None:
+        """Commit the row, and send its escalation once committed; a row the database refuses is written
+        again without its texts. Raises only when the store cannot write by `deadline` (None: it waits)."""
+        assert self.audit is not None
+        try:
+            written = await self._commit(record, deadline)
         except Exception as exc:
-            assert self.audit is not None
             if self.audit.unavailable(exc):
                 raise
             log.error("request %s: audit record failed (%s); recording it without its texts", record.request_id,
@@ -215,31 +244,36 @@ class Guard:
             record = record.model_copy(update={"question": None, "answer": None, "context": None, "factoids": [],
                                                "reason": f"{record.reason or ''} audit_failed".strip()})
             try:
-                written = await self._commit(record, retry)
-            except Exception:
+                written = await self._commit(record, deadline)
+            except Exception as again:
+                if self.audit.unavailable(again):
+                    raise
                 log.exception("request %s: audit trail unavailable", record.request_id)
                 return
         if written.outbox_id is not None:
             self.escalator.submit(record.escalation(), written.outbox_id)
 
-    async def _commit(self, record: DecisionRecord, retry: bool) -> Written:
-        """One commit through the writer; while the store is unreachable, again with backoff if `retry`."""
+    async def _commit(self, record: DecisionRecord, deadline: float | None) -> Written:
+        """One commit through the writer; while the store cannot write, again with backoff until `deadline`
+        (None: until it can)."""
         assert self._rows is not None and self.audit is not None
         rows, audit = self._rows, self.audit
+        loop = asyncio.get_running_loop()
         try:  # the first attempt without the retrying machinery: it is on every request's path
             written = await rows.write(record)
         except Exception as exc:
             if not audit.unavailable(exc):
                 raise
             self._store.failed(exc)
-            if not retry:
+            if deadline is not None and loop.time() >= deadline:
                 raise
         else:
             self._store.ok()
             return written
-        async for attempt in AsyncRetrying(retry=retry_if_exception(audit.unavailable),
-                                           stop=stop_never if retry else stop_after_attempt(1),
-                                           wait=wait_exponential_jitter(initial=0.2, max=5.0), reraise=True):
+        stop = stop_never if deadline is None else stop_before_delay(max(0.0, deadline - loop.time()))
+        async for attempt in AsyncRetrying(retry=retry_if_exception(audit.unavailable), stop=stop,
+                                           wait=wait_exponential_jitter(initial=0.2, max=RETRY_WAIT_MAX_S),
+                                           reraise=True):
             with attempt:
                 try:
                     written = await rows.write(record)
@@ -250,6 +284,16 @@ class Guard:
         self._store.ok()
         return written
 
+    def _shadowed(self, request: CheckRequest, record: DecisionRecord) -> None:
+        """A recorded request offered to the shadow candidate, which checks it after the answer has gone."""
+        if self.shadow is not None:
+            self.shadow.offer(request, record)
+
+    @property
+    def store_writes(self) -> bool:
+        """False while the audit store cannot write (from the last write tried: a read does not tell)."""
+        return not self._store.down
+
     def in_background(self, work: Awaitable[Any]) -> None:
         """Work that must end in a record though nobody awaits it; stop() gives it the grace period."""
         task = asyncio.ensure_future(work)
@@ -257,22 +301,52 @@ class Guard:
         task.add_done_callback(self.background.discard)
 
     async def account(self, request: CheckRequest, reason: str, answer: str | None = None, *,
-                      wait_for_store: bool = False, failed: bool = False) -> DecisionRecord:
+                      wait_for_store: bool = False, failed: bool = False,
+                      released: Released | None = None) -> DecisionRecord:
         """Record a request that ends without a check (an upstream failure, no context, a full queue).
-        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block)."""
+        `failed`: an answer the check could not read, decided as the profile's `on_error` says (pass or block);
+        `released`: what of a stream's answer text the client was sent before it ended."""
         finding = Finding(failed=reason) if failed else Finding(skipped=reason)
         result = CheckOutcome(self.engine.decide(request.profile, request.topic, finding), None, 0.0)
         with telemetry.guardrail_span(request.request_id, "inline") as span:
             telemetry.record_check(span, span, decision=result.decision, detection=None)
             record = result.record(request, answer=answer or "", trace_id=telemetry.trace_id(span))
+        if released is not None:
+            record = record.model_copy(update=released.fields())
         if reason not in _ROUTINE:
             telemetry.count_error(reason)
         await self._record(record, wait_for_store)
         return record
 
-    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None) -> None:
-        """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown."""
-        self.in_background(self.account(request, reason, answer))
+    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None,
+                     released: Released | None = None, stream: OpenStream | None = None) -> None:
+        """`account` from where awaiting is no longer possible (a cancelled stream); done before shutdown. The
+        stream's journal entry ends once the row is written."""
+        async def account() -> None:
+            await self.account(request, reason, answer, wait_for_store=True, released=released)
+            if stream is not None:
+                stream.ended()
+
+        self.in_background(account())
+
+    def open_stream(self, request: CheckRequest) -> OpenStream | None:
+        """Journal a stream whose first text is about to go out (None: no audit trail to write it to)."""
+        return self.streams.open(request.to_dict()) if self.streams is not None else None
+
+    async def recover_streams(self) -> int:
+        """Record the streams a process that died mid-stream left open: not checked (`stream_interrupted`, decided
+        as the profile's `on_error` says), with what their clients had received. How many."""
+        if self.streams is None:
+            return 0
+        count = 0
+        for path, streams in await asyncio.to_thread(StreamJournal.left_behind, self.streams.folder):
+            for data, chars in streams:
+                # a check that could not be made: the profile's on_error decides, and escalates where it escalates
+                await self.account(CheckRequest.from_dict(data), "stream_interrupted", wait_for_store=True,
+                                   failed=True, released=Released(chars))
+            StreamJournal.forget(path)
+            count += len(streams)
+        return count
 
     async def check_later(self, request: CheckRequest, answer: Answer) -> DecisionRecord | None:
         """Queue a check durably; the record to send now, or None when the caller must check inline.
@@ -314,6 +388,10 @@ class Guard:
                 "retrying": self.audit.escalation_backlog() - states.get("pending", 0)}
 
     async def close(self) -> None:
+        if self.shadow is not None:
+            await self.shadow.drain()
+        if self.streams is not None:
+            self.streams.close()
         await self.queue.close()
         if self.checker.cache is not None:
             await self.checker.cache.close()
@@ -329,9 +407,10 @@ def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Gua
     policy = config.policy
     audit = AuditStore(policy.audit, config.store) if policy.audit.enabled else None
     budgets = [p.latency_budget_s or 0.0 for p in policy.profiles.values()]
+    call_timeout_s = min([config.queue.timeout_s, *(b for b in budgets if b > 0)])
     queue = open_queue(config.queue, policy.audit.path, config.proxy.queue_size,
-                       max([config.judge.timeout_s, *budgets]))
-    cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s) \
+                       max([config.judge.timeout_s, *budgets]), call_timeout_s, policy.audit.synchronous)
+    cache = DetectionCache(config.queue.url, config.queue.cache_ttl_s, call_timeout_s) \
         if config.queue.url and config.queue.cache_ttl_s else None
     shared = queue if isinstance(queue, RedisCheckQueue) else None
     checker = Checker(detector, engine, config, cache, shared if config.proxy.inline_via == "workers" else None)

@@ -185,7 +185,13 @@ class Incremental(Generic[E]):
     _passing: PrefixCheck | None = None  # the check it passed
     _verdicts: list[dict[str, Any]] = field(default_factory=list)  # each passed sentence's, from the check it passed
     _released: int = 0  # the answer text the client has: up to here
+    sent: int = 0  # the answer text handed on to the client (each event counted once the consumer took it)
     _announced: int = 0  # how many of `_verdicts` went out on an event
+
+    @property
+    def released(self) -> int:
+        """Characters of the answer text the client has been sent so far."""
+        return self._released
 
     async def run(self, events: AsyncIterator[E]) -> AsyncGenerator[E, None]:
         reader = aiter(events)
@@ -208,8 +214,9 @@ class Incremental(Generic[E]):
                     if not check.blocks:
                         self._pass(upto, check)
                     if not check.blocks or self._passed_in_part(check):
-                        for out in self._release():
+                        for out, end in self._release():
                             yield out
+                            self.sent = max(self.sent, end)
                     if decided is not None:  # the whole answer blocked: what this check passed went out
                         for out in await self._closed(decided):
                             yield out
@@ -229,8 +236,9 @@ class Incremental(Generic[E]):
                         return
                     if prefix is None:
                         if self._passed_in_part(check):
-                            for out in self._release():
+                            for out, end in self._release():
                                 yield out
+                                self.sent = max(self.sent, end)
                         for out in await self._closed(check):
                             yield out
                         return
@@ -243,8 +251,9 @@ class Incremental(Generic[E]):
                     else:
                         self._take(event)
                         read = asyncio.ensure_future(_next(reader))
-                        for out in self._release():  # events with no unchecked text before them
+                        for out, end in self._release():  # events with no unchecked text before them
                             yield out
+                            self.sent = max(self.sent, end)
                 if prefix is None and whole is None and decided is None and len(self._ends) >= self.window:
                     taken, due = self._taken()
                     if taken:
@@ -293,16 +302,16 @@ class Incremental(Generic[E]):
         self._verdicts += sentence_verdicts(self.text[:upto], check, self._passed)
         self._passed, self._passing = upto, check
 
-    def _release(self) -> list[E]:
-        """The held events whose text lies in the prefix that passed (with the white space after it); the last of
-        them carries that prefix's verdict and those of the sentences it let out."""
-        out = []
+    def _release(self) -> list[tuple[E, int]]:
+        """The held events whose text lies in the prefix that passed (with the white space after it), each with
+        where its text ends; the last of them carries that prefix's verdict and those of the sentences it let out."""
+        out: list[tuple[E, int]] = []
         upto = self._passed
         while upto < len(self.text) and self.text[upto].isspace():
             upto += 1
         while self._held and self._held[0][1] <= upto:
             event, end = self._held.popleft()
-            out.append(event)
+            out.append((event, end))
             self._released = max(self._released, end)
         let_out = len(self._verdicts)
         while let_out > self._announced and self._verdicts[let_out - 1]["end"] > self._released:
@@ -310,9 +319,9 @@ class Incremental(Generic[E]):
         if out and let_out > self._announced and self._passing is not None:
             verdict = {"sentences": self._verdicts[self._announced:let_out],
                        "passed": _summary(self._passed, self._passing)}
-            out[-1] = self.stream.marked(out[-1], verdict)
+            out[-1] = (self.stream.marked(out[-1][0], verdict), out[-1][1])
             self._announced = let_out
-        self._sent += out
+        self._sent += [event for event, _ in out]
         return out
 
     async def _closed(self, deciding: PrefixCheck) -> list[E]:

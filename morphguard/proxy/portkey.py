@@ -32,7 +32,7 @@ from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes
-from morphguard.proxy.flow import Flow, accept, request_facts
+from morphguard.proxy.flow import Flow, accept, address_of, request_facts
 
 EVENTS = ("beforeRequestHook", "afterRequestHook")
 GATEWAY = "portkey"  # as the audit rows name it (`DecisionRecord.gateway`)
@@ -101,7 +101,7 @@ def _intake(flow: Flow, request: Request, chat: dict[str, Any], metadata: dict[s
                                   policy=str_or_none(options.get("policy"))
                                   or str_or_none(metadata.get("morphguard_policy")),
                                   topic=str_or_none(options.get("topic"))
-                                  or str_or_none(metadata.get("morphguard_topic"))),
+                                  or str_or_none(metadata.get("morphguard_topic")), address=address_of(request)),
                     model_named=True)
     return accept(flow.engine, flow.config, extraction, facts)
 

@@ -2,7 +2,8 @@
 process is alive), /readyz (it can do its work) and /metrics (the Prometheus text format, `telemetry.prometheus`).
 
 Readiness is decided here, once: the judge (when embedded), the check queue and the audit store must be
-reachable, and an audit trail with gaps (rows not written) is not ready. The escalation backlog is reported,
+reachable, the store writing (not ready while it cannot, ready again once a write succeeds), and an audit trail
+with gaps (rows the database refused) is not ready. The escalation backlog is reported,
 never a reason to be unready: a webhook that is down is not this process's fault. The proxy adds its upstream.
 """
 
@@ -55,7 +56,8 @@ async def readiness(guard: Guard, **checked: bool) -> tuple[bool, dict[str, Any]
         checks["judge"] = await _reachable(local.api_base.removesuffix("/v1") + "/health")
     checks["queue"] = await guard.queue.reachable()
     if guard.audit is not None:
-        checks["store"] = await asyncio.to_thread(guard.audit.reachable)
+        # reachable, and writing: a full or read-only disk still answers a read
+        checks["store"] = guard.store_writes and await asyncio.to_thread(guard.audit.reachable)
     ready = all(checks.values())
     if guard.audit_failures:
         checks["audit_failures"] = guard.audit_failures

@@ -55,13 +55,21 @@ class Relayed:
         last: Event | None = None
         recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
         broken: ProxyError | None = None
+        sent = 0  # characters of answer text the client was sent
+        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:
             try:
                 async for event in relay.events:
                     if assembly.add(event):
                         last = event
                         break
+                    chars = len(assembly.added)
+                    if journaled is None:
+                        journaled = steps.open_stream(exchange)
+                    elif journaled.due():
+                        journaled.released(sent)
                     yield event.encode()
+                    sent += chars
                 assembly.finish()
             except ProxyError as exc:
                 relay.failed(exc.code or "stream_error")
@@ -77,16 +85,22 @@ class Relayed:
             response, completion = assembly.response(), assembly.completion()
             answer = Answer(completion, response)
             steps.answered(exchange, relay, answer)
-            if self.later:
-                settled = await steps.check_later(exchange, answer, Reach.NONE)
-            else:
-                settled = await steps.check(exchange, answer, Reach.NONE)
+            try:
+                if self.later:
+                    settled = await steps.check_later(exchange, answer, Reach.NONE)
+                else:
+                    settled = await steps.check(exchange, answer, Reach.NONE)
+            except ProxyError as exc:  # the verdict cannot be given (its row cannot be written): say so, the SDK raises
+                yield dialect.stream_error(exc).encode()
+                return
             recorded = True
             for event in dialect.with_verdict(last, settled.record.payload(), response):
                 yield event.encode()
         finally:
             if not recorded:
-                steps.account_soon(exchange, "client_disconnected", assembly.text)
+                steps.account_soon(exchange, "client_disconnected", assembly.text, sent, journaled)
+            elif journaled is not None:
+                journaled.ended()
 
 
 class Buffered:
@@ -151,10 +165,15 @@ class AsItFlows:
         checks = steps.checks(exchange, whole)
         engine = Incremental(stream, checks, steps.window, checks.fill, steps.hold_s)
         unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
+        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:
             try:
                 async with aclosing(engine.run(upstream(relay.events))) as events:
                     async for event in events:
+                        if journaled is None:
+                            journaled = steps.open_stream(exchange)
+                        elif journaled.due():
+                            journaled.released(engine.released)
                         yield event.encode()
             except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
                 relay.failed(exc.code or "stream_error")
@@ -169,7 +188,9 @@ class AsItFlows:
         finally:
             await opened.aclose()
             if unrecorded and not checks.closed:
-                steps.account_soon(exchange, unrecorded, stream.assembly.text)
+                steps.account_soon(exchange, unrecorded, stream.assembly.text, engine.sent, journaled)
+            elif journaled is not None:
+                journaled.ended()
 
 
 class _DialectStream:

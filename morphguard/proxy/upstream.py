@@ -16,6 +16,11 @@ Retries never resend a request the provider may have processed (a billed generat
 only connection failures and the explicit "come back later" answers 429 and 503 are retried, with
 backoff (honouring a short Retry-After); read timeouts and resets only when `upstream.retry_reads`.
 
+Every wait is bounded (`proxy.upstream`): a request finding every connection busy waits `pool_wait_s`, then gets a
+503 `upstream_busy`; a response must begin within `first_byte_s`, never fall silent for `timeout_s` and end within
+`response_s` (aiohttp's own total timeout, which also covers reading the body), else 504. Whoever holds a response
+open holds its connection: a caller cancelled (a client that left) closes it, and the provider sees the request end.
+
 A streamed body is read as lines of at most `upstream.max_line_bytes`: a longer line is a 502 as soon as
 the limit is passed, never held whole. A provider's error body is read with every secret masked (a
 provider may echo the key it was sent), in every way it is read, compressed ones included.
@@ -45,6 +50,7 @@ from morphguard.proxy.credentials import credentials_in, present_keys, presented
 from morphguard.proxy.errors import (
     ProxyError,
     unauthorized,
+    upstream_busy,
     upstream_malformed,
     upstream_stream_broken,
     upstream_timeout,
@@ -221,15 +227,19 @@ class Upstream:
         self.base = URL(self.settings.base_url.rstrip("/") + "/", encoded=True)
         self._base_path = self.base.raw_path
         self._session: aiohttp.ClientSession | None = None
+        # The connections requests may hold, waited for here (bounded) rather than in aiohttp's pool (unbounded)
+        self._slots = asyncio.Semaphore(self.settings.max_connections)
 
     def _client(self) -> aiohttp.ClientSession:
         """The pooled session, made on first use (it belongs to the running event loop)."""
         if self._session is None:
+            settings = self.settings
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.max_connections, limit_per_host=0),
-                # connect: waiting for a pooled connection included; sock_read: the longest silence in a body
-                timeout=aiohttp.ClientTimeout(connect=self.settings.timeout_s, sock_connect=10.0,
-                                              sock_read=self.settings.timeout_s),
+                # one connection more than requests may hold: the readiness probe's, never waiting behind them
+                connector=aiohttp.TCPConnector(limit=settings.max_connections + 1, limit_per_host=0),
+                # sock_read: until the response begins; then `timeout_s` of silence (`_silence`)
+                timeout=aiohttp.ClientTimeout(total=settings.response_s, sock_connect=10.0,
+                                              sock_read=settings.first_byte_s or settings.timeout_s),
                 cookie_jar=aiohttp.DummyCookieJar(), trust_env=False)
         return self._session
 
@@ -274,14 +284,40 @@ class Upstream:
         sent.setdefault("accept-encoding", _ACCEPT_ENCODING)
         if telemetry.tracing():  # a provider that traces continues our trace (else the client's traceparent went)
             sent.update(telemetry.carrier())
-        response = await self._send(method, self.url_for(path), sent, content, params, decoded)
+        await self._take_slot()
         try:
-            if response.status >= 500:
-                raise upstream_unavailable(f"HTTP {response.status}", response_headers(response.headers, body="ours"))
-            yield UpstreamResponse(response, self.settings.max_line_bytes, credentials_in(sent),
-                                   our_key=self.settings.api_key is not None)
+            response = await self._send(method, self.url_for(path), sent, content, params, decoded)
+            try:
+                if response.status >= 500:
+                    raise upstream_unavailable(f"HTTP {response.status}",
+                                               response_headers(response.headers, body="ours"))
+                self._silence(response)
+                yield UpstreamResponse(response, self.settings.max_line_bytes, credentials_in(sent),
+                                       our_key=self.settings.api_key is not None)
+            finally:
+                response.release()  # back to the pool when the body was read in full, else the connection is closed
         finally:
-            response.release()  # back to the pool when the body was read in full, else the connection is closed
+            self._slots.release()
+
+    async def _take_slot(self) -> None:
+        """A connection of the `max_connections`, waited for at most `pool_wait_s` (then 503)."""
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: taken without a timer
+            return
+        try:
+            async with asyncio.timeout(self.settings.pool_wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            log.warning("all %d upstream connections busy for %g s: request refused", self.settings.max_connections,
+                        self.settings.pool_wait_s)
+            raise upstream_busy(self.settings.pool_wait_s) from None
+
+    def _silence(self, response: aiohttp.ClientResponse) -> None:
+        """From the response's first byte on, the socket may fall silent `timeout_s` at most (until then:
+        `first_byte_s`)."""
+        connection = response.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = self.settings.timeout_s
 
     async def reachable(self) -> bool:
         """Whether the provider answers at all (its model list, within 3 s)."""

@@ -233,7 +233,8 @@ class ReviewConsole:
         return QueueFilter(topic=q.get("topic") or None, profile=q.get("profile") or None,
                            action=q.get("action") or None, since=since, until=until, reviewed=reviewed,
                            order="score" if q.get("order") == "score" else "newest",
-                           text=q.get("q", "").strip()[:200] or None, assignee=assignee)
+                           text=q.get("q", "").strip()[:200] or None, assignee=assignee,
+                           disagreed=q.get("shown") == "disagreed")
 
     async def queue(self, request: Request) -> Response:
         where = self._filter(request)

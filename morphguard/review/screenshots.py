@@ -24,6 +24,7 @@ import uvicorn
 
 from morphguard.config import Action, AuditSettings, ReviewSettings
 from morphguard.policy.audit import AuditStore
+from morphguard.policy.comparison import Outcome
 from morphguard.policy.record import DecisionRecord, EvidenceRecord, FactoidRecord
 from morphguard.policy.reviews import ReviewStore
 from morphguard.review.app import ReviewConsole
@@ -31,7 +32,7 @@ from morphguard.review.app import ReviewConsole
 # Chromium as root in a container: no sandbox, and no calls home.
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-NAMES = ("review-queue.png", "review-detail.png", "review-insights.png")
+NAMES = ("review-queue.png", "review-detail.png", "review-insights.png", "review-disagreements.png")
 REVIEWER, KEY = "alice", "screenshot-key"
 
 _LEAFLET = ["Ibuprofen is contraindicated in the third trimester of pregnancy. It can harm the baby's heart and "
@@ -109,6 +110,14 @@ def example(store: AuditStore, day: datetime | None = None) -> int:
                        claim(answer, "Ask a pharmacist before taking painkillers while breastfeeding.", 0.04,
                              "supported", "")],
                    action="block", escalated=True)
+    # A stricter candidate in the shadow (sensitive topics blocked at a lower threshold): where it decides otherwise
+    for n, (topic, _, _, _, score, *_rest) in enumerate(others):
+        candidate = "block" if topic == "healthcare" and score >= 0.3 else "annotate" if score >= 0.3 else "pass"
+        live = "annotate" if score >= 0.5 else "pass"
+        outcome = Outcome(row_id=ids[n], request_id=f"example-{n}", time=day.isoformat(), profile="general",
+                          topic=topic, live_action=live, live_flagged=score >= 0.5, action=candidate,
+                          flagged=score >= 0.3, score=score, threshold=0.3)
+        store.record_shadow(outcome.request_id, "stricter", outcome.changed, candidate, outcome.model_dump())
     reviews = ReviewStore(store)
     reviews.judge(ids[0], "bob", "hallucinated")
     reviews.judge(ids[1], "alice", "hallucinated")
@@ -140,7 +149,8 @@ def serving(console: ReviewConsole) -> Iterator[str]:
 
 
 def capture(base: str, decision_id: int, out: Path, chromium: str | None = None) -> list[Path]:
-    """Log in to the console at `base` and write the queue, the decision's page and the insights as PNGs."""
+    """Log in to the console at `base` and write the queue, the decision's page, the insights and the answers a
+    shadow candidate decided otherwise as PNGs."""
     from playwright.sync_api import sync_playwright
 
     chromium = chromium or os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -162,6 +172,8 @@ def capture(base: str, decision_id: int, out: Path, chromium: str | None = None)
             page.screenshot(path=str(paths[1]), full_page=True)
             page.goto(base + "/insights")
             page.screenshot(path=str(paths[2]), full_page=True)
+            page.goto(base + "/queue?shown=disagreed")
+            page.screenshot(path=str(paths[3]), full_page=True)
         finally:
             browser.close()
     return paths

@@ -23,7 +23,8 @@ def url_for(url: str | None, sqlite_path: str | Path) -> str:
     return url
 
 
-def connect(url: str, pool_size: int = 5) -> sa.Engine:
+def connect(url: str, pool_size: int = 5, synchronous: str = "full") -> sa.Engine:
+    """`synchronous`: SQLite's flush of each commit, `full` or `normal` (see `_sqlite_pragmas`)."""
     if url.startswith("sqlite"):
         path = sa.make_url(url).database
         if path and path != ":memory:":
@@ -31,21 +32,21 @@ def connect(url: str, pool_size: int = 5) -> sa.Engine:
         # LIFO: the audit writer gets back the connection it just used. Handed the least recent one instead, it
         # found its page cache stale (another connection had written) and read ~15 pages again for each row.
         engine = sa.create_engine(url, connect_args={"timeout": 10, "check_same_thread": False}, pool_use_lifo=True)
-        sa.event.listen(engine, "connect", _sqlite_pragmas)
+        sa.event.listen(engine, "connect", lambda connection, _: _sqlite_pragmas(connection, synchronous))
         return engine
     # pre_ping: a connection the server dropped (a restart, an idle timeout) is replaced, not handed out.
     return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+def _sqlite_pragmas(connection: Any, synchronous: str) -> None:
     cursor = connection.cursor()
-    # WAL: readers (`morphguard audit`) never block the proxy's writes. synchronous=NORMAL: a commit appends to
-    # the log without flushing it to disk; the log is flushed at checkpoints. A committed row survives the process
-    # being killed (kill -9, OOM: the OS holds what was written); a power cut or a kernel crash of the host can
-    # undo the rows committed since the last checkpoint, never corrupt the file. FULL would flush at every commit
-    # (3-4 ms on the test host's disk, per commit) for the power-cut guarantee, which PostgreSQL gives a fleet.
+    # WAL: readers (`morphguard audit`) never block the proxy's writes. synchronous=FULL: each commit is flushed to
+    # disk (fsync of the log) before it returns, so a committed row survives a power cut or a kernel crash of the
+    # host. NORMAL appends to the log without flushing it (the log is flushed at checkpoints): a committed row
+    # survives the process being killed (the OS holds what was written), and a power cut can undo the rows committed
+    # since the last checkpoint, never corrupt the file.
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
     cursor.close()
 
 

@@ -25,8 +25,10 @@ def key_of(fingerprint: str, question: str, passages: list[str], answer: str) ->
 
 
 class DetectionCache:
-    def __init__(self, url: str, ttl_s: float) -> None:
-        self._redis = redis.Redis.from_url(url, decode_responses=True)
+    def __init__(self, url: str, ttl_s: float, timeout_s: float = 2.0) -> None:
+        # bounded: a Redis that does not answer is a miss within `timeout_s`, not a check held up
+        self._redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
+                                           socket_connect_timeout=timeout_s)
         self.ttl_ms = int(ttl_s * 1000)
 
     async def get(self, key: str) -> dict[str, Any] | None:

@@ -13,11 +13,13 @@ Redis must keep what it acknowledged: run it with `appendonly yes` (the tests do
 back without its data is noticed: the consumer group is made again by whoever finds it missing, and the
 stream's `epoch` (a random value kept beside the stream, set by the first put) changes, which tells the
 replicas that what they queued before is gone and must be queued again (`guard.Guard`). A Redis that
-cannot be reached raises `QueueUnavailable`.
+cannot be reached raises `QueueUnavailable`, and so does one that does not answer: every command is bounded by
+`queue.timeout_s` (or the smallest latency budget), the reads that wait on purpose by their wait and that bound.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -59,6 +61,16 @@ return epoch
 """
 
 
+def connect(url: str, timeout_s: float, read_timeout_s: float | None = None) -> redis.Redis:
+    """A client whose every command is bounded: connecting by `timeout_s`, reading by `read_timeout_s` (None:
+    `timeout_s`). A pooled connection Redis dropped (a restart) is replaced and the command sent again, once; a
+    command that timed out is not sent again (a Redis that does not answer is unavailable, not slow)."""
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, socket_keepalive=True,
+                                socket_connect_timeout=timeout_s, socket_timeout=read_timeout_s or timeout_s,
+                                retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1,
+                                            supported_errors=(RedisConnectionError, ConnectionError)))
+
+
 @contextmanager
 def _reaching() -> Iterator[None]:
     """Redis away (stopped, restarting, still loading its data) as the queue's own error."""
@@ -71,17 +83,17 @@ def _reaching() -> Iterator[None]:
 class RedisCheckQueue:
     shared = True
 
-    def __init__(self, settings: QueueSettings, max_size: int, longest_wait_s: float = 120.0) -> None:
+    def __init__(self, settings: QueueSettings, max_size: int, longest_wait_s: float = 120.0,
+                 call_timeout_s: float | None = None) -> None:
         assert settings.url is not None
         self.settings, self.max_size = settings, max_size
         self.stream, self.group, self.dead_letters = settings.stream, settings.group, settings.stream + ":dead"
         self.consumer = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        # Reads may block server-side for up to `longest_wait_s` (an inline check awaited from the pool): the
-        # socket must wait longer than that, or a busy machine turns a slow answer into a lost read.
-        # A pooled connection Redis dropped (a restart) is replaced and the command sent again, once.
-        self._redis = redis.Redis.from_url(settings.url, decode_responses=True, health_check_interval=30,
-                                           socket_timeout=longest_wait_s + 30, socket_keepalive=True,
-                                           retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1))
+        self._bound = call_timeout_s or settings.timeout_s
+        self._redis = connect(settings.url, self._bound)
+        # Reads that block server-side (a worker waiting for checks, an inline check awaited from the pool, up to
+        # `longest_wait_s`) on connections of their own; each such read is bounded by its wait and `_bound`.
+        self._waiting = connect(settings.url, self._bound, longest_wait_s + self._bound)
         self._in_flight: set[str] = set()  # entries handed out by this process and not yet settled
         self._check_own = False  # a read failed: entries may have been delivered to us and never seen
         self._put = self._redis.register_script(_PUT)
@@ -137,9 +149,13 @@ class RedisCheckQueue:
             if claimed is not None:
                 return claimed  # look again at once: a dead worker may have left many
             self._next_claim = time.monotonic() + min(5.0, self.settings.claim_idle_s / 4)
+        async def read_new() -> Any:
+            async with asyncio.timeout(wait_s + self._bound):
+                return await self._waiting.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=1,
+                                                      block=max(1, int(wait_s * 1000)))
+
         try:
-            read: Any = await self._grouped(lambda: self._redis.xreadgroup(
-                self.group, self.consumer, {self.stream: ">"}, count=1, block=max(1, int(wait_s * 1000))))
+            read: Any = await self._grouped(read_new)
         except QueueUnavailable:
             self._check_own = True  # the server may have delivered an entry whose reply we never read
             raise
@@ -246,7 +262,8 @@ class RedisCheckQueue:
             return {"error": "queue_full"}
         with _reaching():
             try:
-                reply: Any = await self._redis.blpop([reply_to], timeout=timeout_s)
+                async with asyncio.timeout(timeout_s + self._bound):
+                    reply: Any = await self._waiting.blpop([reply_to], timeout=timeout_s)
             finally:
                 await self._redis.delete(reply_to)
         return json.loads(reply[1]) if reply else None
@@ -297,3 +314,4 @@ class RedisCheckQueue:
 
     async def close(self) -> None:
         await self._redis.aclose()
+        await self._waiting.aclose()

@@ -1,4 +1,8 @@
-"""The embedded check queue: one SQLite table beside the audit store, one process consuming it."""
+"""The embedded check queue: one SQLite table beside the audit store, one process consuming it.
+
+A disk that cannot be written (full, read-only, failing) is the queue being unavailable (`QueueUnavailable`), as
+Redis stopped is for a fleet: the caller falls back as `proxy.on_queue_full` says.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from morphguard.store.queue import Entry
+from morphguard.store.queue import Entry, QueueUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS check_queue (
@@ -29,16 +35,17 @@ class SqliteCheckQueue:
 
     shared = False
 
-    def __init__(self, path: str | Path, max_size: int, max_tries: int = 3) -> None:
+    def __init__(self, path: str | Path, max_size: int, max_tries: int = 3, synchronous: str = "full") -> None:
         self.max_size, self.max_tries = max_size, max_tries
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL: a committed entry survives the process being killed (kill -9, OOM), not a power cut
-        # of the host. FULL fsyncs every accepted request: in benchmarks/proxy_overhead.py at concurrency 16
-        # it measured 176 req/s (p50 84.5 ms) against 211 req/s (p50 71.0 ms) with NORMAL, in two runs here.
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # The audit trail's flush (`policy.audit.synchronous`): the answer of a queued check goes out once its entry is
+        # committed, so under FULL a power cut loses no check whose answer went out. NORMAL keeps what a killed
+        # process wrote, not what a power cut catches in the page cache; it measured 211 req/s against 176 with
+        # FULL in benchmarks/proxy_overhead.py at concurrency 16 (two runs).
+        self._db.execute(f"PRAGMA synchronous={'FULL' if synchronous == 'full' else 'NORMAL'}")
         self._db.executescript(_SCHEMA)
         self._added = asyncio.Event()  # the only producer is this process: no polling while idle
 
@@ -49,17 +56,28 @@ class SqliteCheckQueue:
         return stored
 
     def _put(self, entry_id: str, text: str) -> bool:
-        with self._lock:
+        with self._locked():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 (size,) = self._db.execute("SELECT count(*) FROM check_queue").fetchone()
-                if size >= self.max_size:
-                    return False
-                self._db.execute("INSERT INTO check_queue (id, enqueued, payload) VALUES (?, ?, ?)",
-                                 (entry_id, time.time(), text))
-            finally:
+                if size < self.max_size:
+                    self._db.execute("INSERT INTO check_queue (id, enqueued, payload) VALUES (?, ?, ?)",
+                                     (entry_id, time.time(), text))
                 self._db.execute("COMMIT")
-        return True
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        return size < self.max_size
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The connection, to this thread alone; the database's errors as the queue's being unavailable."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                raise QueueUnavailable(f"the queue's SQLite file cannot be used: {exc}") from exc
 
     async def take(self, wait_s: float) -> Entry | None:
         entry = await asyncio.to_thread(self._take)
@@ -73,7 +91,7 @@ class SqliteCheckQueue:
         return entry
 
     def _take(self) -> Entry | None:
-        with self._lock:
+        with self._locked():
             row = self._db.execute(
                 "UPDATE check_queue SET claimed = ? WHERE id = (SELECT id FROM check_queue WHERE claimed IS NULL "
                 "ORDER BY enqueued LIMIT 1) RETURNING id, payload, tries", (time.time(),)).fetchone()
@@ -111,11 +129,11 @@ class SqliteCheckQueue:
         return True  # a file beside the process
 
     def _count(self) -> int:
-        with self._lock:
+        with self._locked():
             return int(self._db.execute("SELECT count(*) FROM check_queue").fetchone()[0])
 
     def _run(self, sql: str, *args: Any) -> None:
-        with self._lock:
+        with self._locked():
             self._db.execute(sql, args)
 
     async def close(self) -> None:

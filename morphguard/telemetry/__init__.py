@@ -76,12 +76,20 @@ def _instruments() -> dict[str, Any]:
                       (names.METRIC_ESCALATION_BACKLOG, "escalation_backlog",
                        "Escalations the webhook has not taken yet that will still be tried"))],
         "fail_open": meter.create_counter(names.METRIC_FAIL_OPEN, unit="{check}",
-                                          description="Answers passed unchecked because the check failed"),
+                                          description="Answers passed unchecked: their check could not decide"),
         "errors": meter.create_counter(
             names.METRIC_ERRORS, unit="{error}",
             description="Requests that ended in an error, checks the judge failed, audit rows not written"),
         "judge_restarts": meter.create_counter(names.METRIC_JUDGE_RESTARTS, unit="{restart}",
                                                description="Restarts of the embedded judge after it died"),
+        "shadow_checks": meter.create_counter(
+            names.METRIC_SHADOW_CHECKS, unit="{check}",
+            description="A shadow candidate's checks: whether it agreed with the live decision, would flag or block"),
+        "shadow_duration": meter.create_histogram(names.METRIC_SHADOW_DURATION, unit="s",
+                                                  description="Wall time of a shadow candidate's check",
+                                                  explicit_bucket_boundaries_advisory=_SECONDS),
+        "shadow_tokens": meter.create_counter(names.METRIC_SHADOW_TOKENS, unit="{token}",
+                                              description="Tokens a shadow candidate's judge used, by type"),
     }
 
 
@@ -246,7 +254,7 @@ def record_check(span: Span, evaluated: Span, *, decision: Decision, detection: 
         counted[names.REASON] = labels.unchecked(decision.reason)
     instruments["decisions"].add(1, counted)
     if detection is None:
-        if decision.reason and decision.reason.startswith("fail_open"):
+        if decision.unchecked:
             instruments["fail_open"].add(1, {names.PROFILE: profile, names.TOPIC: topic})
         return
     span.set_attribute(names.DETECTOR, detection.detector)
@@ -320,3 +328,16 @@ def count_error(reason: str) -> None:
 
 def judge_restarted() -> None:
     _instruments()["judge_restarts"].add(1)
+
+
+def shadow_checked(candidate: str, outcome: str, *, would_flag: bool = False, would_block: bool = False,
+                   seconds: float = 0.0, input_tokens: int = 0, output_tokens: int = 0) -> None:
+    """One shadow check: `outcome` is agree, disagree or failed; `candidate` a configured name."""
+    instruments = _instruments()
+    instruments["shadow_checks"].add(1, {names.CANDIDATE: candidate, names.SHADOW_OUTCOME: outcome,
+                                         names.WOULD_FLAG: would_flag, names.WOULD_BLOCK: would_block})
+    if outcome != "failed":
+        instruments["shadow_duration"].record(seconds, {names.CANDIDATE: candidate})
+    for kind, tokens in (("input", input_tokens), ("output", output_tokens)):
+        if tokens:
+            instruments["shadow_tokens"].add(tokens, {names.CANDIDATE: candidate, names.TOKEN_TYPE: kind})

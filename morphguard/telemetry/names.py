@@ -55,6 +55,10 @@ ACTION = "morphguard.action"
 TOPIC = "morphguard.topic"
 PROFILE = "morphguard.profile"
 REQUEST_ID = "morphguard.request_id"
+CANDIDATE = "morphguard.shadow.candidate"  # a shadow candidate's configured name
+SHADOW_OUTCOME = "morphguard.shadow.outcome"  # agree | disagree | failed
+WOULD_FLAG = "morphguard.shadow.would_flag"
+WOULD_BLOCK = "morphguard.shadow.would_block"
 CHECK_MODE = "morphguard.check.mode"  # inline | async
 REASON = "morphguard.reason"
 CHECKED = "morphguard.checked"  # whether a check ran (a decision taken on no check is not a pass)
@@ -104,6 +108,9 @@ METRIC_ESCALATION_BACKLOG = "morphguard.escalations.backlog"  # pending, or unde
 METRIC_FAIL_OPEN = "morphguard.fail_open"
 METRIC_ERRORS = "morphguard.errors"  # by REASON: upstream_timeout, audit_failed, judge_error, judge_timeout, ...
 METRIC_JUDGE_RESTARTS = "morphguard.judge.restarts"
+METRIC_SHADOW_CHECKS = "morphguard.shadow.checks"  # by CANDIDATE, SHADOW_OUTCOME, WOULD_FLAG, WOULD_BLOCK
+METRIC_SHADOW_DURATION = "morphguard.shadow.duration"
+METRIC_SHADOW_TOKENS = "morphguard.shadow.tokens"  # the candidate judge's, by CANDIDATE and TOKEN_TYPE
 
 # Services
 SERVICE_NAME = "service.name"

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from morphguard.detectors.logistic import log_odds, sigmoid
-from morphguard.detectors.sentences import SCORE_CLIP, calibrated, score_log_odds
+from morphguard.detectors.sentences import SCORE_CLIP, score_log_odds
 
 
 @pytest.mark.parametrize("p", [0.001, 0.2, 0.5, 0.9, 0.999])
@@ -22,9 +22,3 @@ def test_certain_probabilities_have_finite_log_odds_by_the_clip():
 def test_the_logistic_is_bounded_so_that_no_log_odds_overflow():
     assert sigmoid(-1e6) == sigmoid(-60.0) > 0.0 and sigmoid(1e6) == 1.0
 
-
-def test_a_sentences_calibration_turns_a_score_into_a_probability_by_its_logistic():
-    assert calibrated(0.5, (2.0, 0.0)) == 0.5
-    assert calibrated(1.0, (1.0, 0.0)) == pytest.approx(1 - SCORE_CLIP)
-    low, high = calibrated(0.1, (3.0, -1.0)), calibrated(0.3, (3.0, -1.0))
-    assert 0.0 < low < high < 1.0

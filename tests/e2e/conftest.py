@@ -79,7 +79,7 @@ def proxy_factory(provider, tmp_path_factory):
 
     def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
              processes: int = 1, detector: str = "auto", detector_settings: dict | None = None,
-             sections: dict | None = None, **proxy: object) -> str:
+             sections: dict | None = None, shadow: dict | None = None, **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})
@@ -92,6 +92,7 @@ def proxy_factory(provider, tmp_path_factory):
             "policy": policy,
             "telemetry": telemetry or {},
             **(sections or {}),  # a detector's own section (`sentences`, ...)
+            **({"shadow": shadow} if shadow else {}),
         }
         base, process = serve(config, folder, processes=processes)
         started.append(process)

@@ -8,8 +8,9 @@ It stands in for a paid API in two roles, told apart by the request:
 - the judge: the `sentences` check's prompts and MetaRAG's are answered by a lexical rule (a sentence or
   statement is supported when the passages contain it word for word; `sentences` is told the runs of words the
   passages never use as its phrases), so verdicts are exact and known in advance. A sentence with
-  "automatically" is unsupported while the answer as a whole is supported: `sentences` scores it
-  1 - `sentences.whole_weight` (0.4). MetaRAG's statements with "automatically" get NOT SURE except the second
+  "automatically" is unsupported while the answer as a whole is supported: `sentences` scores it between the
+  sensitive topics' threshold and the general one (`tests.scripted_llm.sentences_score`). MetaRAG's statements
+  with "automatically" get NOT SURE except the second
   antonym (NO): a score of exactly 0.375. The judge
   models "slow-judge" (3 s per call) and "broken-judge" (HTTP 400) make checks fail.
 Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit headers), "unavailable"
@@ -17,12 +18,15 @@ Faults, by model name: "rate-limited" (429 with Retry-After and x-ratelimit head
 connection drops), "nan" (a NaN in the JSON), "content-int" (content 12345), "surrogate" (a lone
 surrogate in the answer); streamed: "truncated" (no finish, no [DONE]), "malformed-chunk"
 (`data: [1,2,3]`), "stall-stream" and "reset-stream" (silence or a dropped connection mid-stream),
-"slow-stream" (a chunk every 0.5 s), "giant-line-<N>" (one SSE line of N KiB, sent in 64 KiB pieces, then
-the answer as usual; streamed Responses too). "leak-key" answers 401 with OpenAI's partial echo of the key it was sent
+"slow-stream" (a chunk every 0.5 s), "endless-stream" (a chunk every 0.2 s, never ending, plain or streamed),
+"giant-line-<N>" (one SSE line of N KiB, sent in 64 KiB pieces, then the answer as usual; streamed Responses too).
+"leak-key" answers 401 with OpenAI's partial echo of the key it was sent
 ("Incorrect API key provided: sk-upst*****cret") and "leak-key-full" with the whole key, on chat, the Responses
 and Messages APIs and embeddings ("leak-key-gzip": the same 401 body gzip-encoded).
-Every chat request body is kept and served back at GET /_requests; a request to any other path is
-recorded (method, path, authorization, cookie) at GET /_others, so tests can tell what reached the provider.
+"never-answers" sends no byte until the caller leaves; GET /_inflight counts the "endless-stream" and
+"never-answers" requests whose caller has not left yet.
+Every chat request body is kept and served back at GET /_requests; a request to any other path is recorded
+(method, path, authorization, cookie) at GET /_others, so tests can tell what reached the provider.
 It also receives escalation
 webhooks: POST /_webhook/ok, /_webhook/flaky (503 twice, then 200), /_webhook/down (always 503),
 /_webhook/gate-NAME (503 until POST /_gate/NAME, then 200); GET /_webhooks lists what it took (200s).
@@ -72,6 +76,7 @@ webhooks: list[dict] = []
 received: list[dict] = []
 others: list[dict] = []
 attempts: dict[str, int] = {}
+inflight: dict[str, int] = {"endless-stream": 0, "never-answers": 0}  # requests whose caller is still there
 opened: set[str] = set()  # webhooks /_webhook/gate-NAME answer 503 until POST /_gate/NAME
 
 
@@ -205,6 +210,8 @@ async def _chat(request: Request) -> Response:
             return JSONResponse({"error": {"message": "try again", "type": "server_error"}}, status_code=503)
     if model == "slow":
         await asyncio.sleep(5)
+    if model == "never-answers":
+        return await _never_answers(request)
     fault = _fault(model, bool(body.get("stream")))
     if fault is not None:
         return fault
@@ -302,7 +309,30 @@ async def _giant_line(model: str, kib: int):
         yield line
 
 
+async def _never_answers(request: Request) -> Response:
+    inflight["never-answers"] += 1
+    try:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.05)
+    finally:
+        inflight["never-answers"] -= 1
+    return Response(status_code=499)
+
+
+async def _endless(model: str):
+    inflight["endless-stream"] += 1
+    try:
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        while True:
+            yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {"content": "more "}}]}) + "\n\n"
+            await asyncio.sleep(0.2)
+    finally:
+        inflight["endless-stream"] -= 1
+
+
 def _fault(model: str, stream: bool) -> Response | None:
+    if model == "endless-stream":
+        return StreamingResponse(_endless(model), media_type="text/event-stream")
     giant = re.fullmatch(r"giant-line-(\d+)", model)
     if stream and giant:
         return StreamingResponse(_giant_line(model, int(giant.group(1))), media_type="text/event-stream")
@@ -596,6 +626,7 @@ app = Starlette(routes=[
     Route("/_webhooks", webhooks_seen),
     Route("/_gate/{name}", open_gate, methods=["POST"]),
     Route("/_others", lambda request: JSONResponse(others)),
+    Route("/_inflight", lambda request: JSONResponse(inflight)),
     Route("/{path:path}", anything, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
 ])
 

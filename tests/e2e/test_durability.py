@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,3 +108,41 @@ def test_a_full_queue_records_what_it_cannot_take(provider, tmp_path, on_full):
         assert len(full) == reasons.count("queue_full")
     finally:
         stop(process)
+
+
+@pytest.mark.parametrize("stream_mode", ["passthrough", "incremental"])
+def test_streams_cut_by_a_kill_9_are_recorded_as_interrupted_by_the_next_start(provider, tmp_path, stream_mode):
+    cfg = config(provider, tmp_path, "judge", "ok")
+    cfg["proxy"] |= {"mode": "inline", "stream_mode": stream_mode}
+    base, process = serve(cfg, tmp_path)
+    received: list[int] = []
+
+    def read_stream() -> None:
+        body = {"model": "slow-stream", "stream": True, "messages": [{"role": "user", "content": QUESTION}],
+                "morphguard": {"context": PASSAGE}}
+        got = 0
+        try:
+            with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as response:
+                for line in response.iter_lines():
+                    got += len(line)
+        except httpx.HTTPError:
+            pass  # cut by the kill
+        received.append(got)
+
+    streams = [threading.Thread(target=read_stream) for _ in range(3)]
+    for thread in streams:
+        thread.start()
+    time.sleep(1.8)  # a few words of each answer out (a word every 0.5 s)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    for thread in streams:
+        thread.join(timeout=30)
+    assert all(received) and rows(tmp_path) == []  # the clients had text, and no stream had its row
+    base, process = serve(cfg, tmp_path)  # the next start on the same trail
+    stop(process)
+    with sqlite3.connect(tmp_path / "audit.db") as db:
+        found = db.execute("SELECT checked, reason, released_chars, escalated FROM decisions").fetchall()
+    assert len(found) == 3 and all(r[:2] == (0, "fail_open: stream_interrupted") for r in found)
+    assert all(r[3] for r in found) and outbox(tmp_path)  # the profile escalates: so does each interrupted stream
+    if stream_mode == "passthrough":  # text went out unchecked as it came: the row says how much
+        assert all(r[2] > 0 for r in found)

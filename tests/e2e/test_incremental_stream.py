@@ -7,8 +7,11 @@ refusal, which the SDK helpers read without raising."""
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import TYPE_CHECKING
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -16,6 +19,7 @@ import pytest
 from morphguard.detectors.grounding import Grounding, GroundingSettings
 from morphguard.models import RagInput
 from tests.e2e.conftest import audit_row
+from tests.scripted_llm import sentences_score
 
 if TYPE_CHECKING:  # imported where it is used (tests/clients/conftest.py says why)
     import anthropic
@@ -174,8 +178,9 @@ def test_chat_under_highlight_flagged_sentences_go_out_with_their_verdicts(highl
     chunks = chat_stream(highlight_proxy, f"{INVENTED} {PASSAGE}")
     assert text_of(chunks) == f"{INVENTED} {PASSAGE}"  # sent as it flowed: the verdict travels beside it
     per_sentence = [c.model_extra["morphguard"] for c in chunks[:-1] if "morphguard" in (c.model_extra or {})]
+    flagged = round(sentences_score(whole=True, sentence=True), 4)
     assert per_sentence and per_sentence[0]["sentences"][0] == {"start": 0, "end": len(INVENTED), "flagged": True,
-                                                               "score": 1.0}
+                                                               "score": flagged}
     verdict = chunks[-1].model_extra["morphguard"]
     assert verdict["flagged"] is True and verdict["action"] == "annotate"
     assert "already sent" in verdict["reason"]
@@ -385,3 +390,27 @@ def test_past_the_streams_cap_the_unchecked_rest_is_withheld_or_passed_marked_as
     released_lines = [line for line in released.splitlines() if line.strip()]
     assert set(released_lines) <= set(judged)  # nothing the judge was not asked about went out
     assert len(released_lines) == len(judged) == 6  # what the checks read went out, up to the unread rest
+
+
+@pytest.mark.parametrize("proxy", ["block_proxy", "annotate_proxy"])
+def test_a_client_that_leaves_a_stream_is_audited_as_gone_with_what_it_was_sent(proxy, proxy_factory, request):
+    """Checked as it flows (`block`) or passed through (`annotate`): the row says the client left, and how much of
+    the answer's text it had been sent."""
+    base = request.getfixturevalue(proxy)
+    answer = " ".join([PASSAGE, SECOND] * 10)  # supported, sentence after sentence
+    body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": answer}], **CONTEXT}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(40):  # a few sentences, then the client hangs up
+            next(lines)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with sqlite3.connect(proxy_factory.folders[base] / "audit.db") as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM decisions ORDER BY id DESC LIMIT 1").fetchone()
+        if row is not None and row["question"] == answer:
+            break
+        time.sleep(0.1)
+    assert (row["reason"], row["checked"]) == ("client_disconnected", 0)
+    assert 0 < row["released_chars"] < len(answer)

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from morphguard.detectors.sentences import SentencesSettings
 from tests.e2e.conftest import ROOT
 from tests.forked import run_command
+from tests.scripted_llm import sentences_score
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 IBUPROFEN_Q = "Can pregnant women take ibuprofen for back pain?"
@@ -34,13 +34,13 @@ def policy_proxy(proxy_factory, provider) -> str:
     return proxy_factory(policy={
         "profiles": {
             "general": {"threshold": 0.5, "action": "annotate",
-                        "topics": {"pregnancy": {"threshold": 0.3}, "migration": {"threshold": 0.3}}},
+                        "topics": {"pregnancy": {"threshold": 0.3}, "migration": {"threshold": 0.175}}},
             **{a: profile(a) for a in ("pass", "highlight", "cite", "regenerate", "block")},
             # their own threshold as well, so that the topic named here is the strictest the request matches
             "maternity": profile("annotate", threshold=0.3,
                                  topics={"pregnancy": {"threshold": 0.3, "action": "block", "safe_message": MIDWIFE}}),
-            "asylum": profile("annotate", threshold=0.3,
-                              topics={"migration": {"threshold": 0.3, "action": "block", "escalate": True}}),
+            "asylum": profile("annotate", threshold=0.175,
+                              topics={"migration": {"threshold": 0.175, "action": "block", "escalate": True}}),
         },
         "routes": [
             *({"profile": a, "path_prefix": f"/{a}"} for a in ("pass", "highlight", "cite", "regenerate", "block")),
@@ -119,7 +119,7 @@ def test_regenerate_reasks_with_the_unsupported_claims_and_keeps_the_better_answ
     verdict = verdict_of(completion)
     assert completion.choices[0].message.content == PASSAGE
     assert verdict["action"] == "regenerate" and verdict["regenerations"] == 1
-    assert not verdict["flagged"] and verdict["score"] == 0.0
+    assert not verdict["flagged"] and verdict["score"] == round(sentences_score(whole=False, sentence=False), 4)
     reask = [r["body"] for r in httpx.get(provider.removesuffix("/v1") + "/_requests").json()
              if "Answer again" in str(r["body"]["messages"][-1].get("content"))][-1]
     assert '"safe throughout"' in reask["messages"][-1]["content"]  # the phrase the judge names
@@ -160,10 +160,10 @@ def test_refugees_answer_scoring_between_thresholds_is_flagged_under_asylum_and_
     asylum = ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE)
     verdict = verdict_of(asylum)
     assert verdict["profile"] == "asylum"  # chosen by the model glob "refug*"
-    # its one sentence unsupported, the answer as a whole supported (the scripted judge): the worst sentence's share
-    between = round(1 - SentencesSettings().whole_weight, 4)
-    assert 0.3 < between < 0.5  # flagged under the asylum profile's threshold, not under the general one
-    assert verdict["topic"] == "migration" and verdict["score"] == between and verdict["threshold"] == 0.3
+    # its one sentence unsupported, the answer as a whole supported (the scripted judge)
+    between = round(sentences_score(whole=False, sentence=True), 4)
+    assert 0.175 < between < 0.5  # flagged under the asylum profile's threshold, not under the general one
+    assert verdict["topic"] == "migration" and verdict["score"] == between and verdict["threshold"] == 0.175
     assert verdict["flagged"] and verdict["action"] == "block" and verdict["escalated"]
     # the escalation reached the webhook on its third attempt (two 503s first)
     deadline = time.monotonic() + 30
@@ -179,7 +179,7 @@ def test_refugees_answer_scoring_between_thresholds_is_flagged_under_asylum_and_
     # a topic named by the request is one more candidate, never a way out of the stricter tagged one
     for named in ("general", "none", "finance"):
         g = verdict_of(ask(c, model="refugee", question=ASYLUM_Q, context=ASYLUM_PASSAGE, topic=named))
-        assert (g["topic"], g["threshold"], g["flagged"], g["action"]) == ("migration", 0.3, True, "block")
+        assert (g["topic"], g["threshold"], g["flagged"], g["action"]) == ("migration", 0.175, True, "block")
 
 
 def test_topic_header_can_make_policy_stricter_but_not_looser(policy_proxy):
@@ -198,7 +198,8 @@ def test_audit_lists_filters_and_exports(policy_proxy, proxy_factory):
     rows = [json.loads(line) for line in jsonl.stdout.splitlines()]
     assert rows and all(r["flagged"] for r in rows)
     blocked = [r for r in rows if r["profile"] == "block"][-1]
-    assert blocked["action"] == "block" and blocked["score"] == 1.0 and blocked["topic"] == "pregnancy"
+    assert blocked["action"] == "block" and blocked["score"] == round(sentences_score(whole=True, sentence=True), 4)
+    assert blocked["topic"] == "pregnancy"
     # store_text: full; the audit keeps the model's answer, not the safe message the client got
     assert blocked["answer"] == "Ibuprofen is safe throughout pregnancy." and blocked["question"] == IBUPROFEN_Q
     assert [f["text"] for f in blocked["factoids"]] == ["safe throughout"]  # the phrase the judge names
@@ -236,6 +237,7 @@ def test_fail_open_passes_the_answer_unchecked_and_says_why(broken_judge_proxy, 
     exported = audit(proxy_factory, broken_judge_proxy, "--format", "jsonl").stdout
     rows = [json.loads(line) for line in exported.splitlines()]
     assert rows[-1]["reason"].startswith("fail_open") and rows[-1]["checked"] is False
+    assert verdict["unchecked"] is True and rows[-1]["unchecked"] is True
     log = (proxy_factory.folders[broken_judge_proxy] / "proxy.log").read_text()
     assert "passed unchecked (fail_open: judge_error)" in log and "sk-judge" not in log
 
@@ -257,11 +259,22 @@ def test_fail_closed_blocks_and_an_undeliverable_escalation_is_kept(broken_judge
 
 
 @pytest.mark.slow  # ten seconds or more of its own
-def test_a_check_over_the_latency_budget_fails_open(proxy_factory):
-    base = proxy_factory(judge_model="openai/slow-judge",
-                         policy={"profiles": {"general": profile("block", latency_budget_s=0.5)}})
-    verdict = verdict_of(ask(client(base)))
+def test_a_check_over_the_latency_budget_fails_closed_under_a_blocking_profile_unless_it_says_fail_open(
+        proxy_factory):
+    base = proxy_factory(judge_model="openai/slow-judge", policy={
+        "profiles": {"general": profile("block", latency_budget_s=0.5),
+                     "lenient": profile("block", latency_budget_s=0.5, on_error="fail_open")},
+        "routes": [{"profile": "lenient", "headers": {"x-tenant": "lenient"}}]})
+    blocked = ask(client(base))
+    verdict = verdict_of(blocked)
+    assert verdict["action"] == "block" and verdict["reason"] == "fail_closed: latency_budget_exceeded"
+    assert "safe throughout" not in (blocked.choices[0].message.content or "") and "unchecked" not in verdict
+    raw = client(base, **{"x-tenant": "lenient"}).chat.completions.with_raw_response.create(
+        model="hallucinated", messages=[{"role": "user", "content": IBUPROFEN_Q}],
+        extra_body={"morphguard": {"context": PASSAGE}})
+    verdict = verdict_of(raw.parse())
     assert verdict["action"] == "pass" and verdict["reason"] == "fail_open: latency_budget_exceeded"
+    assert verdict["unchecked"] is True and raw.headers["x-morphguard-unchecked"] == "true"
 
 
 @pytest.mark.slow  # ten seconds or more of its own

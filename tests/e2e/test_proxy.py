@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from tests.scripted_llm import sentences_score
+
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
 
@@ -51,7 +53,8 @@ def test_explicit_context_is_checked_and_stripped_before_forwarding(annotate_pro
         **ask("faithful"), extra_body={"morphguard": {"context": [PASSAGE], "topic": "pregnancy"}})
     verdict = verdict_of(completion)
     assert verdict["checked"] and verdict["context_source"] == "explicit"
-    assert verdict["score"] == 0.0 and not verdict["flagged"] and verdict["action"] == "pass"
+    assert verdict["score"] == round(sentences_score(whole=False, sentence=False), 4)  # the judge passes it all
+    assert not verdict["flagged"] and verdict["action"] == "pass"
     assert (verdict["profile"], verdict["topic"], verdict["threshold"]) == ("general", "pregnancy", 0.175)
     assert completion.choices[0].message.content == PASSAGE
     assert completion.system_fingerprint == "fp_fake_unknown_field_kept"  # unknown fields survive
@@ -69,12 +72,12 @@ def test_tool_messages_are_context_and_a_hallucination_is_flagged(annotate_proxy
                   {"role": "tool", "tool_call_id": "c1", "content": PASSAGE}])
     verdict = verdict_of(raw.parse())
     assert verdict["context_source"] == "tool"
-    assert verdict["flagged"] and verdict["score"] == 1.0
+    assert verdict["flagged"] and verdict["score"] == round(sentences_score(whole=True, sentence=True), 4)
     assert verdict["detector"] == "sentences"  # `auto` with an API judge
     assert [f["text"] for f in verdict["factoids"]] == ["safe throughout"]  # the phrase the judge names
     assert raw.headers["x-morphguard-flagged"] == "true"
     assert raw.headers["x-morphguard-action"] == "annotate"
-    assert float(raw.headers["x-morphguard-score"]) == 1.0
+    assert float(raw.headers["x-morphguard-score"]) == round(sentences_score(whole=True, sentence=True), 4)
 
 
 def test_tagged_context_blocks_are_found(annotate_proxy):

@@ -49,19 +49,53 @@ def test_calibrate_writes_the_judges_numbers_and_check_uses_them(tmp_path):
         assert "16 labelled answers (8 hallucinated" in done.stdout and "calibration: calibration.json" in done.stdout
         found = json.loads((tmp_path / "calibration.json").read_text())
         assert found["judge"] == {"model": "openai/scripted", "api_base": server.base_url}
-        assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0 and found["calibration"][0] > 0
+        assert found["labels"]["answers"] == 16 and found["auroc"] == 1.0
+        # the judge's verdicts told the labels apart: the logistic leans on them; no answer was about a record
+        assert found["prose"]["coef"]["whole_unsupported"] + found["prose"]["coef"]["sentence_unsupported"] > 0
+        assert found["records"] is None and found["labels"]["about_records"] == 0
 
         config["sentences"] = {"calibration": "calibration.json"}
-        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-        checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
-                              CONTEXT, "-a", answer, cwd=tmp_path)
-                   for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
-    flagged, passed = (json.loads(c.stdout) for c in checked)
+        flagged, passed = checked_with(config, tmp_path)
     assert flagged["detector"] == "sentences" and 0 < passed["score"] < flagged["score"] < 1
-    assert [c.returncode for c in checked] == [1, 0]
+
+
+def checked_with(config: dict, folder: Path) -> tuple[dict, dict]:
+    """`check` of an unsupported answer and of a supported one under `config`: flagged (exit 1), then passed (0)."""
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    checked = [morphguard("check", "--config", "config.yaml", "--json", "-q", "Can I take ibuprofen?", "-c",
+                          CONTEXT, "-a", answer, cwd=folder)
+               for answer in ("Ibuprofen is safe in pregnancy.", "Paracetamol is the usual choice.")]
+    assert [c.returncode for c in checked] == [1, 0], [c.stderr for c in checked]
+    flagged, passed = (json.loads(c.stdout) for c in checked)
+    return flagged, passed
 
 
 def test_calibrate_refuses_the_embedded_judges_check(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"detector": {"name": "combined"}}))
     done = morphguard("calibrate", "-d", "jsonl:none.jsonl", "--config", "config.yaml", cwd=tmp_path)
     assert done.returncode == 2 and "morphguard eval --fit" in done.stderr
+
+
+def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(tmp_path):
+    from tests.verifier_models import save
+
+    faithful = ["Paracetamol is the usual choice.", "Ibuprofen is contraindicated in the third trimester."]
+    wrong = ["Ibuprofen is safe in pregnancy.", "Ibuprofen is safe throughout pregnancy."]
+    rows = [{"id": f"{kind}{i}", "question": "Can I take ibuprofen?", "context": CONTEXT, "hallucinated": kind == "h",
+             "answer": (wrong if kind == "h" else faithful)[i % 2]} for i in range(8) for kind in "fh"]
+    (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    model = save(tmp_path / "model", "claims", [CONTEXT, *faithful, *wrong])
+    config = {"verifier": {"model": str(model)}, "detector": {"name": "auto"}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = morphguard("calibrate", "-d", f"jsonl:{tmp_path / 'labels.jsonl'}", "--config", "config.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "calibrated the verifier check for the model" in done.stdout and "16 labelled answers" in done.stdout
+    assert "verifier:\n  calibration: verifier-calibration.json" in done.stdout
+    found = json.loads((tmp_path / "verifier-calibration.json").read_text())
+    assert found["detector"] == "verifier" and found["judge"]["model"] == str(model) and "whole_weight" not in found
+    assert found["auroc"] == 1.0 and found["calibration"][0] > 0 and found["thresholds"]["(all)"]["threshold"]
+
+    config["verifier"]["calibration"] = "verifier-calibration.json"
+    flagged, passed = checked_with(config, tmp_path)
+    assert flagged["detector"] == "verifier" and 0 < passed["score"] < flagged["score"] < 1
+    assert flagged["settings"]["explanation"][-1]["step"] == "calibration"

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.integrations.conftest import CLINIC_KEY, FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.scripted_llm import sentences_score
 
 DATA = Path(__file__).parent / "data"
 
@@ -37,7 +38,7 @@ def test_a_grounded_answer_passes_with_its_verdict_and_audit_row(checker):
     assert response.status_code == 200, response.text
     verdict = response.json()
     assert verdict["checked"] is True and verdict["flagged"] is False and verdict["action"] == "pass"
-    assert verdict["score"] == 0.0 and verdict["answer"] == FAITHFUL
+    assert verdict["score"] == round(sentences_score(whole=False, sentence=False), 4) and verdict["answer"] == FAITHFUL
     assert response.headers["x-morphguard-action"] == "pass"
     row = rows(folder)[verdict["request_id"]]
     assert row["checked"] == 1 and row["answer"] == FAITHFUL and row["question"] == QUESTION
@@ -57,7 +58,8 @@ def test_a_caller_naming_its_gateway_gets_what_it_was_told_recorded(checker):
 def test_a_hallucinated_answer_is_flagged_with_its_spans(checker):
     base, folder = checker
     verdict = post(base, "/v1/check", check_body(HALLUCINATED, context=PASSAGE)).json()  # context as one string
-    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    assert verdict["flagged"] is True and verdict["action"] == "annotate"
+    assert verdict["score"] == round(sentences_score(whole=True, sentence=True), 4)
     [claim] = verdict["factoids"]
     # the words the judge names as unsupported (the scripted judge: those the passage never uses)
     assert claim["flagged"] and HALLUCINATED[claim["start"]:claim["end"]] == "safe throughout"
@@ -235,5 +237,32 @@ def test_portkey_request_types_it_cannot_read_are_decided_by_on_error_and_audite
     base, folder = checker
     body = post(base, "/v1/check/portkey", {**rag_hook(FAITHFUL), "requestType": "imageGenerate"}).json()
     assert body["verdict"] is True and body["data"]["checked"] is False  # the profile fails open (the default)
-    assert body["data"]["reason"] == "fail_open: unsupported_request_type"
+    assert body["data"]["reason"] == "fail_open: unsupported_request_type" and body["data"]["unchecked"] is True
     assert rows(folder)[body["data"]["request_id"]]["reason"] == "fail_open: unsupported_request_type"
+
+
+@pytest.mark.parametrize("change", [lambda hook: hook.update(requestType="embed"),  # a type it cannot read
+                                    lambda hook: hook["response"].update(json=None)],  # a stream: no answer relayed
+                         ids=["embed", "stream"])
+def test_under_a_blocking_profile_what_portkey_relays_unreadable_fails_closed(checker, change):
+    base, folder = checker
+    hook = rag_hook(HALLUCINATED)
+    change(hook)
+    response = post(base, "/v1/check/portkey", hook, **{"x-tenant": "clinic"})
+    body = response.json()
+    assert body["verdict"] is False and body["data"]["action"] == "block" and "unchecked" not in body["data"]
+    assert body["data"]["reason"].startswith("fail_closed: ")
+    row = rows(folder)[body["data"]["request_id"]]
+    assert (row["action"], row["gateway"], row["unchecked"]) == ("block", "portkey:deny", 0)
+
+
+def test_under_a_blocking_profile_a_choice_past_the_cap_fails_portkeys_verdict(checker):
+    base, folder = checker
+    hook = rag_hook(FAITHFUL)
+    first = hook["response"]["json"]["choices"][0]
+    hook["response"]["json"]["choices"] = [{**first, "index": i} for i in range(8)] + [
+        {**first, "index": 8, "message": {"role": "assistant", "content": HALLUCINATED}}]
+    body = post(base, "/v1/check/portkey", hook, **{"x-tenant": "clinic"}).json()
+    assert body["verdict"] is False
+    decided = [c for c in body["data"]["choices"] if not c["checked"]]
+    assert [(c["action"], c["reason"]) for c in decided] == [("block", "fail_closed: too_many_choices")]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.e2e.conftest import serve
+from tests.integrations.conftest import FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, gateway_config, rows
+from tests.servers import stop
 
 METADATA = {"question": QUESTION, "context": [PASSAGE]}
 
@@ -55,3 +57,26 @@ def test_a_check_that_cannot_run_is_an_error_not_a_pass(checker):
     base, _ = checker
     with pytest.raises(Exception, match="HTTP 401"):
         guard(base, "noop", key="sk-wrong-key-0000").validate(FAITHFUL, metadata=METADATA)
+
+
+@pytest.fixture(scope="module")
+def judge_down(provider, tmp_path_factory):
+    """`morphguard serve` whose judge answers every call with an error (it starts all the same: `probe: warn`)."""
+    folder = tmp_path_factory.mktemp("judge-down")
+    config = gateway_config(provider, folder, judge="openai/broken-judge")
+    config["judge"]["probe"] = "warn"
+    base, process = serve(config, folder)
+    yield base, folder
+    stop(process)
+
+
+def test_with_its_judge_down_a_blocking_profile_fails_the_validation(judge_down):
+    base, folder = judge_down
+    outcome = guard(base, "noop", **{"x-tenant": "strict"}).validate(FAITHFUL, metadata=METADATA)
+    assert outcome.validation_passed is False  # `strict` blocks, and says nothing of on_error: it fails closed
+    [summary] = outcome.validation_summaries
+    assert "could not be checked (fail_closed: judge_error)" in summary.failure_reason
+    [row] = rows(folder).values()
+    assert (row["profile"], row["action"], row["reason"]) == ("strict", "block", "fail_closed: judge_error")
+    lenient = guard(base, "noop").validate(FAITHFUL, metadata=METADATA)  # `general` annotates: it fails open
+    assert lenient.validation_passed is True

@@ -18,6 +18,7 @@ import yaml
 
 from tests.e2e.conftest import start
 from tests.integrations.conftest import FAITHFUL, HALLUCINATED, PASSAGE, QUESTION, SAFE, rows
+from tests.scripted_llm import sentences_score
 from tests.servers import free_port, stop
 
 MASTER = "sk-litellm-master-0123"
@@ -37,9 +38,12 @@ def start_litellm(provider: str, folder: Path, mode: list[str], judge: str = "op
                          "strict": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE},
                          "closed": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
                                     "on_error": "fail_closed", "latency_budget_s": 1},
+                         "lenient": {"threshold": 0.5, "action": "block", "topics": {}, "safe_message": SAFE,
+                                     "on_error": "fail_open"},
                          "marked": {"threshold": 0.5, "action": "highlight", "topics": {}}},
             "routes": [{"profile": "strict", "headers": {"x-tenant": "clinic"}},
                        {"profile": "closed", "headers": {"x-tenant": "closed"}},
+                       {"profile": "lenient", "headers": {"x-tenant": "lenient"}},
                        {"profile": "marked", "headers": {"x-tenant": "marked"}}],
             "highlight": {"open": "[!", "close": "!]"},
             "audit": {"path": str(folder / "audit.db"), "store_text": "full"},
@@ -137,7 +141,8 @@ def test_a_hallucinated_answer_is_annotated_under_the_default_profile(gateway):
     completion = ask(client(base), "hallucinated").parse()
     assert completion.choices[0].message.content == HALLUCINATED
     verdict = completion.model_extra["morphguard"]
-    assert verdict["flagged"] is True and verdict["action"] == "annotate" and verdict["score"] == 1.0
+    assert verdict["flagged"] is True and verdict["action"] == "annotate"
+    assert verdict["score"] == round(sentences_score(whole=True, sentence=True), 4)
     assert rows(folder)[verdict["request_id"]]["flagged"] == 1
 
 
@@ -307,13 +312,14 @@ def test_a_responses_stream_is_decided_by_on_error_and_audited(gateway):
                                                 extra_body={"morphguard": {"context": [PASSAGE]}}))
     assert events
     [row] = new_rows(folder, before)
-    assert (row["checked"], row["action"], row["reason"]) == (0, "pass", "fail_open: stream")
-    before = set(rows(folder))
-    with pytest.raises(openai.APIError):
-        list(client(base, **{"x-tenant": "closed"}).responses.create(
-            model="hallucinated", input=QUESTION, stream=True, extra_body={"morphguard": {"context": [PASSAGE]}}))
-    [row] = new_rows(folder, before)
-    assert (row["action"], row["reason"]) == ("block", "fail_closed: stream")
+    assert (row["checked"], row["action"], row["reason"], row["unchecked"]) == (0, "pass", "fail_open: stream", 1)
+    for tenant in ("closed", "clinic"):  # `clinic` blocks and says nothing of on_error: it fails closed
+        before = set(rows(folder))
+        with pytest.raises(openai.APIError):
+            list(client(base, **{"x-tenant": tenant}).responses.create(
+                model="hallucinated", input=QUESTION, stream=True, extra_body={"morphguard": {"context": [PASSAGE]}}))
+        [row] = new_rows(folder, before)
+        assert (row["action"], row["reason"], row["unchecked"]) == ("block", "fail_closed: stream", 0)
 
 
 @pytest.mark.slow  # a LiteLLM of its own, and a judge slower than its timeout
@@ -387,32 +393,35 @@ def test_a_stream_the_guardrail_cannot_read_is_audited_in_post_call_mode_alone(p
     assert (row["checked"], row["action"], row["reason"], row["gateway"]) == (
         0, "pass", "fail_open: stream", "litellm:pass")
     assert row["context"] == PASSAGE
-    before = set(rows(folder))
-    refused = stream("closed")
-    assert "throughout" not in refused.text and SAFE in refused.text
-    [row] = new_rows(folder, before)
-    assert (row["action"], row["reason"], row["gateway"]) == ("block", "fail_closed: stream", "litellm:deny")
+    for tenant in ("closed", "clinic"):  # `clinic` blocks and says nothing of on_error: it fails closed
+        before = set(rows(folder))
+        refused = stream(tenant)
+        assert "throughout" not in refused.text and SAFE in refused.text
+        [row] = new_rows(folder, before)
+        assert (row["action"], row["reason"], row["gateway"]) == ("block", "fail_closed: stream", "litellm:deny")
 
 
 @pytest.mark.slow  # a LiteLLM host of its own (the guardrail in another mode)
 def test_choices_past_the_cap_are_decided_by_on_error_and_audited(post_gateway):
     base, folder = post_gateway
     before = set(rows(folder))
-    # `strict` fails open: the first choice is checked and passes, the second is past the cap of one, and passes
-    completion = ask(client(base, **{"x-tenant": "clinic"}), "two-choices", n=2).parse()
+    # `lenient` fails open: the first choice is checked and passes, the second is past the cap of one, and passes
+    completion = ask(client(base, **{"x-tenant": "lenient"}), "two-choices", n=2).parse()
     assert [c.message.content for c in completion.choices] == [FAITHFUL, HALLUCINATED]
     verdict = completion.model_extra["morphguard"]
     assert [(c["checked"], c.get("reason")) for c in verdict["choices"]] == [
         (True, None), (False, "fail_open: too_many_choices")]
     assert sorted((r["checked"], r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
         (0, "pass", "fail_open: too_many_choices", "litellm:pass"), (1, "pass", None, "litellm:pass")]
-    # `closed` fails closed: the unchecked choice refuses the whole answer
-    before = set(rows(folder))
-    with pytest.raises(openai.BadRequestError) as raised:
-        ask(client(base, **{"x-tenant": "closed"}), "two-choices", n=2)
-    assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
-    assert sorted((r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
-        ("block", "fail_closed: too_many_choices", "litellm:deny"), ("pass", None, "litellm:deny")]
+    # `closed` fails closed, and so does `strict`, which blocks and says nothing of on_error: the unchecked choice
+    # refuses the whole answer
+    for tenant in ("closed", "clinic"):
+        before = set(rows(folder))
+        with pytest.raises(openai.BadRequestError) as raised:
+            ask(client(base, **{"x-tenant": tenant}), "two-choices", n=2)
+        assert SAFE in str(raised.value) and HALLUCINATED not in str(raised.value)
+        assert sorted((r["action"], r["reason"], r["gateway"]) for r in new_rows(folder, before)) == [
+            ("block", "fail_closed: too_many_choices", "litellm:deny"), ("pass", None, "litellm:deny")]
 
 
 def test_each_row_says_what_the_gateway_was_told(gateway):

@@ -193,10 +193,11 @@ def test_a_messages_call_is_checked(portkey, provider, webhook):
     assert (row["answer"], row["action"]) == (HALLUCINATED, "block")
 
 
-def test_a_stream_is_not_checked_and_fails_closed_by_policy(portkey, provider, webhook):
+@pytest.mark.parametrize("tenant", ["closed", "strict"])  # `strict` blocks and says nothing of on_error
+def test_a_stream_is_not_checked_and_fails_closed_by_policy(portkey, provider, webhook, tenant):
     base, folder = webhook
     before = set(rows(folder))
-    response = ask(portkey, provider, guardrail(base, "closed"), "hallucinated", stream=True)
+    response = ask(portkey, provider, guardrail(base, tenant), "hallucinated", stream=True)
     # Portkey cannot withhold a stream: a failed check marks it 246, its text goes out all the same
     assert response.status_code == 246 and "throughout" in response.text
     [row] = new_rows(folder, before)
@@ -210,7 +211,7 @@ def test_a_stream_under_a_fail_open_profile_is_audited_unchecked(portkey, provid
     # the passing verdict leads the stock gateway into its own 500 (`TypeError: immutable`) on streams
     assert response.status_code == 500
     [row] = new_rows(folder, before)
-    assert (row["checked"], row["action"], row["reason"]) == (0, "pass", "fail_open: stream")
+    assert (row["checked"], row["action"], row["reason"], row["unchecked"]) == (0, "pass", "fail_open: stream", 1)
 
 
 def test_each_row_says_what_portkey_was_told(portkey, provider, webhook):
@@ -242,7 +243,8 @@ def capped_webhook(provider, tmp_path_factory):
 
 
 @pytest.mark.parametrize("tenant, status, action, told", [("open", 200, "pass", "portkey:pass"),
-                                                          ("closed", 446, "block", "portkey:deny")])
+                                                          ("closed", 446, "block", "portkey:deny"),
+                                                          ("strict", 446, "block", "portkey:deny")])
 def test_choices_past_the_cap_are_decided_by_on_error_and_audited(portkey, provider, capped_webhook, tenant, status,
                                                                   action, told):
     base, folder = capped_webhook

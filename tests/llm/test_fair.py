@@ -172,3 +172,32 @@ def test_long_text_work_runs_one_at_a_time_and_short_work_goes_past_it():
         return order
 
     assert asyncio.run(run()) == ["short b", "long a", "long b"]
+
+
+def test_a_lane_runs_work_in_its_own_thread_a_second_client_before_the_rest_of_the_first_ones():
+    lane = fair.Lane(1, "test-lane")
+    ran: list[tuple[str, str]] = []
+    gate = threading.Event()
+
+    def work(name: str) -> None:
+        if name == "a1":
+            gate.wait(5)  # the others queue meanwhile
+        ran.append((name, threading.current_thread().name))
+
+    async def main() -> None:
+        async def as_client(client: str, name: str) -> None:
+            with on_behalf_of(client):
+                await lane.run(work, name)
+
+        first = asyncio.ensure_future(as_client("a", "a1"))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(as_client("a", "a2")), asyncio.ensure_future(as_client("a", "a3"))]
+        await asyncio.sleep(0.01)
+        rest.append(asyncio.ensure_future(as_client("b", "b1")))
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(main())
+    assert [name for name, _ in ran] == ["a1", "b1", "a2", "a3"]
+    assert all(thread.startswith("test-lane") for _, thread in ran)

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 
 from morphguard.config import AuditSettings
 from morphguard.policy.audit import AuditStore
@@ -18,9 +19,18 @@ def row(n: int, model: str = "m") -> DecisionRecord:
     return DecisionRecord(request_id=f"r{n}", profile="general", topic="general", reason="no_context", model=model)
 
 
+@pytest.fixture(params=["full", "normal"])
+def store(tmp_path, request) -> AuditStore:
+    """Each commit flushed to disk (full: every row through the writer's thread), or not (normal: rows of a quiet
+    loop committed on it)."""
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db"), synchronous=request.param))
+    yield store
+    store.close()
+
+
 @pytest.fixture
-def store(tmp_path) -> AuditStore:
-    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+def normal_store(tmp_path) -> AuditStore:
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db"), synchronous="normal"))
     yield store
     store.close()
 
@@ -81,7 +91,8 @@ def hold_write_lock(store: AuditStore) -> sqlite3.Connection:
     return other
 
 
-def test_writing_at_once_gives_way_to_a_lock_held_elsewhere(store):
+def test_writing_at_once_gives_way_to_a_lock_held_elsewhere(normal_store):
+    store = normal_store
     other = hold_write_lock(store)
     assert store.record_at_once([row(1)]) is None  # returned at once, nothing written
     other.execute("COMMIT")
@@ -127,3 +138,48 @@ def test_rows_written_on_the_loop_are_checkpointed_out_of_the_log(store):
     # loop's commits, so on busy cores the log grows further past each interval before it is reused (8.5 MB seen).
     assert log.stat().st_size < 16 * 2**20
     assert len(rows(store)) == 1500
+
+
+@pytest.mark.parametrize("message", ["database or disk is full", "attempt to write a readonly database",
+                                     "disk I/O error"])
+def test_a_disk_that_cannot_write_is_an_outage_not_a_refused_row(store, message):
+    assert store.unavailable(sqlite3.OperationalError(message))
+    assert not store.unavailable(sqlite3.OperationalError("no such table: decisions"))
+
+
+def test_a_read_only_store_fails_as_an_outage_and_writes_again_once_writable(store):
+    read_only = {"on": True}
+
+    def pragma(connection, *_):  # SQLite's own SQLITE_READONLY on every connection the store uses
+        connection.execute(f"PRAGMA query_only={int(read_only['on'])}")
+
+    sqlalchemy.event.listen(store.engine, "checkout", pragma)
+    if store.writes_at_once:
+        pragma(store._at_once)
+    writer = AuditWriter(store)
+
+    async def write(n: int) -> object:
+        try:
+            return await writer.write(row(n))
+        except Exception as exc:
+            return exc
+
+    failed = asyncio.run(write(1))
+    assert isinstance(failed, sqlite3.OperationalError) and "readonly" in str(failed)
+    assert store.unavailable(failed)  # waited out, not written without its texts and dropped
+    read_only["on"] = False
+    if store.writes_at_once:
+        pragma(store._at_once)
+    assert asyncio.run(write(1)).row_id is not None
+    writer.close()
+    assert rows(store) == [("r1", "m")]
+
+
+def test_by_default_a_row_is_flushed_to_disk_before_it_counts_as_written(tmp_path):
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+    try:
+        assert not store.writes_at_once  # never committed on the event loop, where a flush would stall it
+        with store.engine.connect() as db:  # the connections the writer's thread commits on
+            assert db.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL: the log flushed at each commit
+    finally:
+        store.close()

@@ -77,6 +77,33 @@ def test_a_failed_check_is_decided_as_on_error_says(on_error, action):
         {"profiles": {"general": {"action": "annotate", "on_error": on_error, "topics": {}}}}))
     decision = e.decide("general", "general", Finding(failed="judge_timeout"))
     assert (decision.action, decision.flagged, decision.reason) == (action, False, f"{on_error}: judge_timeout")
+    assert decision.unchecked is (on_error == "fail_open")
+
+
+@pytest.mark.parametrize(("action", "decided"), [("block", "block"), ("regenerate", "block"), ("annotate", "pass"),
+                                                 ("highlight", "pass"), ("cite", "pass")])
+def test_by_default_a_failed_check_fails_closed_only_where_the_action_ends_the_answer(action, decided):
+    decision = decide(engine(action), Finding(failed="judge_error"))
+    mode = "fail_closed" if decided == "block" else "fail_open"
+    assert (decision.action, decision.reason, decision.unchecked) == (decided, f"{mode}: judge_error",
+                                                                      mode == "fail_open")
+
+
+def test_a_topic_that_blocks_fails_closed_under_a_profile_that_annotates_unless_it_says_fail_open():
+    e = PolicyEngine(PolicySettings.model_validate({"profiles": {"general": {"action": "annotate", "topics": {
+        "healthcare": {"action": "block"}, "legal": {"action": "block", "on_error": "fail_open"}}}}}))
+    failed = Finding(failed="latency_budget_exceeded")
+    assert e.decide("general", "general", failed).action == "pass"
+    assert e.decide("general", "healthcare", failed).action == "block"
+    legal = e.decide("general", "legal", failed)
+    assert (legal.action, legal.unchecked, legal.reason) == ("pass", True, "fail_open: latency_budget_exceeded")
+
+
+def test_a_blocking_profile_that_says_fail_open_passes_a_failed_check_marked_unchecked():
+    decision = decide(engine("block", profiles={"general": {"action": "block", "on_error": "fail_open"}}),
+                      Finding(failed="judge_call_cap"))
+    assert (decision.action, decision.unchecked, decision.reason) == ("pass", True, "fail_open: judge_call_cap")
+    assert not decide(engine("block"), PASSED).unchecked and not decide(engine("block"), FLAGGED).unchecked
 
 
 def test_the_strongest_action_counts_what_unreadable_output_may_do():

@@ -36,6 +36,22 @@ def test_a_queued_record_says_so_without_a_score():
                                  "x-morphguard-request-id": "r2"}
 
 
+def test_an_unchecked_pass_is_marked_on_the_verdict_the_headers_the_row_and_the_webhook_body(tmp_path):
+    decision = Decision(profile="general", topic="general", threshold=0.3, flagged=False, action="pass",
+                        escalate=True, reason="fail_open: judge_error", unchecked=True)
+    record = DecisionRecord.of_check(request_id="r3", decision=decision, detection=None, latency_ms=0)
+    assert record.payload()["unchecked"] is True and record.payload()["checked"] is False
+    assert record.headers()["x-morphguard-unchecked"] == "true"
+    assert record.escalation()["unchecked"] is True
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+    try:
+        store.record(record)
+        assert store.query()[0]["unchecked"] in (True, 1)
+    finally:
+        store.close()
+    assert "unchecked" not in checked().payload() and "x-morphguard-unchecked" not in checked().headers()
+
+
 def test_headers_and_webhook_body_come_from_the_same_record():
     record = checked()
     assert record.headers()["x-morphguard-score"] == "0.7500" and record.headers()["x-morphguard-flagged"] == "true"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from morphguard.policy.answers import checked_text, message_of, prose
+from morphguard.policy.answers import checked_text, message_of, prose, unreadable
 from morphguard.proxy.dialects.base import Dialect, Event, event_of
 from morphguard.proxy.dialects.chat import DONE, ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
@@ -28,6 +28,15 @@ RESPONSES = {
                  "content": [{"type": "text", "text": TEXT}], "usage": {"input_tokens": 3, "output_tokens": 9}},
 }
 DIALECTS: dict[str, Dialect] = {"chat": ChatCompletions(), "responses": Responses(), "messages": Messages()}
+
+
+class AsTheSdkReads(Responses):
+    """The Responses stream read as the SDK reads it: its events and its last event's response each for what they
+    say, not weighed against each other as the upstream's are."""
+
+    @staticmethod
+    def disagrees(events, said, text):
+        return None
 
 
 def assembled(dialect: Dialect, events: list[Event]) -> tuple[dict, str, Event | None]:
@@ -66,6 +75,8 @@ def test_a_refused_ending_is_the_providers_own_refusal_saying_the_text(name, cut
     replayed = dialect.replay(response)
     sent = cut_at_first_text(dialect, replayed, with_it=cut)
     ending = dialect.refused_ending(sent, "Withheld.")
+    if name == "responses":  # its `response.completed` leaves out the text that went before, on purpose (the SDK
+        dialect = AsTheSdkReads()  # would parse it as the format): read as a client reads it, not as the upstream's
     completion, deltas, last = assembled(dialect, [*sent, *ending])
     assert last == ending[-1]  # the stream's own last event: `with_verdict` takes it
     said = TEXT if cut else ""
@@ -203,11 +214,12 @@ def test_a_responses_stream_whose_last_event_holds_no_output_is_read_from_the_it
     assert checked_text(completion) == TEXT == added
 
 
-def test_a_whole_text_that_contradicts_its_deltas_is_read_again_rather_than_not_at_all():
+def test_a_whole_text_that_contradicts_its_deltas_breaks_the_stream_as_malformed():
     events = [responses_event("response.output_text.delta", **AT, delta="Open at 8."),
               responses_event("response.output_text.done", **AT, text=TEXT), COMPLETED]
-    _, added, _ = assembled(Responses(), events)
-    assert added == "Open at 8." + TEXT
+    with pytest.raises(ProxyError) as caught:
+        assembled(Responses(), events)
+    assert (caught.value.status, caught.value.code) == (502, "upstream_malformed")
 
 
 def test_a_chat_answer_whose_content_is_a_list_of_parts_is_read_as_text():
@@ -234,3 +246,69 @@ def test_streamed_calls_are_read_as_a_whole_answers_are_a_custom_tools_input_and
     assert checked_text(completion) == f"{TEXT}\n\n{TEXT}"
     assert message_of(completion)["tool_calls"] == [{"type": "custom", "id": "c1",
                                                      "custom": {"name": "note", "input": TEXT}}]
+
+
+UNSAID = "Ibuprofen is safe throughout pregnancy."
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": '{"a": 1}'}
+# Streams whose events carry to the client words or output their last event's answer leaves out: each breaks as a
+# malformed reply at that last event, before it (or anything held with it) goes out.
+DISAGREEING = {
+    "responses-refusal-delta": ("responses", [
+        responses_event("response.refusal.delta", **{**AT, "content_index": 1}, delta=UNSAID), COMPLETED]),
+    "responses-content-part-added": ("responses", [
+        responses_event("response.content_part.added", **{**AT, "content_index": 1},
+                        part={**PART, "text": UNSAID}), COMPLETED]),
+    "responses-output-item-added": ("responses", [
+        responses_event("response.output_item.added", output_index=1,
+                        item={**ITEM, "id": "msg_2", "content": [{**PART, "text": UNSAID}]}), COMPLETED]),
+    "responses-another-items-delta": ("responses", [
+        responses_event("response.output_text.delta", **{**AT, "output_index": 3}, delta=UNSAID), COMPLETED]),
+    "responses-function-call-left-out": ("responses", [
+        *STREAMS["responses-deltas-then-whole"][1][:-1],
+        responses_event("response.output_item.added", output_index=1, item={**CALL, "arguments": ""}),
+        responses_event("response.function_call_arguments.delta", output_index=1, item_id="fc_1", delta=CALL[
+            "arguments"]),
+        responses_event("response.output_item.done", output_index=1, item=CALL), COMPLETED]),
+    "messages-text-delta-on-thinking": ("messages", [
+        START, event_of("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": {"type": "thinking", "thinking": ""}}),
+        event_of("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                         "delta": {"type": "text_delta", "text": UNSAID}}), *STOP]),
+}
+
+
+@pytest.mark.parametrize("name", DISAGREEING)
+def test_a_stream_whose_last_event_leaves_out_what_its_events_carried_is_malformed(name):
+    dialect_name, events = DISAGREEING[name]
+    with pytest.raises(ProxyError) as caught:
+        assembled(DIALECTS[dialect_name], events)
+    assert (caught.value.status, caught.value.code) == (502, "upstream_malformed")
+
+
+def test_a_function_call_the_response_holds_as_streamed_is_read_with_it():
+    done = responses_event("response.completed", response={**RESPONSES["responses"], "output": [ITEM, CALL]})
+    _, events = DISAGREEING["responses-function-call-left-out"]
+    completion, _, _ = assembled(Responses(), [*events[:-1], done])
+    assert message_of(completion)["tool_calls"][0]["function"]["arguments"] == CALL["arguments"]
+
+
+@pytest.mark.parametrize("choices", [
+    [{"index": 0, "delta": {"content": TEXT}}, {"index": 0, "delta": {"content": UNSAID}}],  # the choice twice
+    [{"index": 1, "delta": {"content": UNSAID}}]],  # a choice the request (n 1) did not ask for
+    ids=["duplicate-index", "unexpected-index"])
+def test_a_chat_chunk_with_choices_besides_the_one_asked_for_is_malformed(choices):
+    chunk = event_of(None, {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                            "choices": choices})
+    with pytest.raises(ProxyError) as caught:
+        assembled(ChatCompletions(), [chat_chunk({"content": "The clinic. "}), chunk, chat_chunk({}, "stop"), DONE])
+    assert (caught.value.status, caught.value.code) == (502, "upstream_malformed")
+
+
+def test_a_chat_content_part_the_check_cannot_read_is_named_unreadable_streamed_or_whole():
+    part = {"type": "output_text", "text": UNSAID}  # words in a part of a kind the check does not read
+    completion, _, _ = assembled(ChatCompletions(), [chat_chunk({"content": "The clinic. "}),
+                                                    chat_chunk({"content": [part]}), chat_chunk({}, "stop"), DONE])
+    assert unreadable(completion) == ["output_text"]
+    whole = {**RESPONSES["chat"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": [{"type": "text", "text": TEXT}, part]}}]}
+    assert unreadable(ChatCompletions().completion(whole)) == ["output_text"]

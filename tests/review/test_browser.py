@@ -19,6 +19,7 @@ import yaml
 
 from morphguard.config import AuditSettings
 from morphguard.policy.audit import AuditStore
+from morphguard.policy.record import DecisionRecord
 from tests.forked import fork_command
 from tests.review.conftest import seed
 from tests.servers import free_port
@@ -131,3 +132,46 @@ def test_the_readme_screenshots_show_claims_with_evidence_and_reasons(tmp_path):
     for path in written:
         data = path.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, path.name
+
+
+def test_the_disagreement_view_lists_what_the_shadow_decided_otherwise(tmp_path):
+    """The queue's "where the shadow disagrees" view, chosen in the filter form, lists exactly the answers the shadow
+    candidate decided otherwise (live passes included), with its action beside the live one."""
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from morphguard.config import ReviewSettings
+    from morphguard.review.app import ReviewConsole
+    from morphguard.review.screenshots import KEY, REVIEWER, example, serving
+
+    store = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")))
+    example(store)
+    store.record(DecisionRecord(request_id="passed", profile="general", topic="general", checked=True, score=0.4,
+                                threshold=0.5, question="Is the museum open on Mondays?", answer="Yes, it is."))
+    # live passed it (its texts hashed); the disagreement keeps them for review
+    store.record_shadow("passed", "stricter", True, "annotate", {"request_id": "passed"},
+                        {"question": "Is the museum open on Mondays?", "answer": "Yes, it is.", "context": "Closed."})
+    console = ReviewConsole(ReviewSettings(secure_cookies=False), lambda: store, {REVIEWER: KEY},
+                            topics=["healthcare", "legal"])
+    try:
+        with serving(console) as base, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+            page = browser.new_page()
+            page.goto(base + "/login")
+            page.fill("input[name=name]", REVIEWER)
+            page.fill("input[name=key]", KEY)
+            page.click("button[type=submit]")
+            page.wait_for_url(base + "/queue")
+            assert page.locator("td.shadow").count() == 0
+            page.select_option("select[name=shown]", "disagreed")
+            page.click("form.filters button[type=submit]")
+            page.wait_for_url("**shown=disagreed**")
+            assert page.locator("h1").inner_text() == "Where the shadow candidate decided otherwise"
+            rows = page.locator("table.queue tbody tr")
+            assert rows.count() == 3
+            assert sorted(page.locator("td.shadow").all_inner_texts()) == ["annotate", "block", "block"]
+            assert "Is the museum open on Mondays?" in page.locator("table.queue").inner_text()
+            browser.close()
+    finally:
+        store.close()

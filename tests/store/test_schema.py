@@ -124,11 +124,13 @@ def test_duplicates_already_in_a_store_are_kept_apart_by_the_migration(tmp_path)
             CREATE INDEX decisions_request ON decisions (request_id);
             ALTER TABLE escalations DROP COLUMN retry_at;
             DROP TABLE assignments;
+            DROP TABLE shadow_verdicts;
             ALTER TABLE decisions DROP COLUMN released_chars;
             ALTER TABLE decisions DROP COLUMN released_score;
             ALTER TABLE decisions DROP COLUMN released_flagged;
             ALTER TABLE decisions DROP COLUMN gateway;
             ALTER TABLE decisions DROP COLUMN explanation;
+            ALTER TABLE decisions DROP COLUMN unchecked;
             UPDATE alembic_version SET version_num = '0004';
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');
             INSERT INTO decisions (request_id, profile, topic) VALUES ('a', 'general', 'general');

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Protocol
 from morphguard.policy.answers import UNREADABLE, prose
 from morphguard.proxy.body import int_or_none, loads, parse_object
 from morphguard.proxy.context import OUR_FIELD
-from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_stream_broken
+from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_malformed, upstream_stream_broken
 
 
 class Event(NamedTuple):
@@ -216,6 +216,10 @@ class NamedEvents(Protocol):
 
     def completion(self, response: Any) -> dict[str, Any]: ...
 
+    def disagrees(self, events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
+        """Where the stream's last event (`events[-1]`) makes an answer other than the one its events carried to the
+        client (`said`, `text`: as `added` read them): what differs; None where they agree."""
+
 
 class EventLog:
     """A stream kept whole as its events pass; the response is what its events assemble."""
@@ -238,6 +242,9 @@ class EventLog:
         self.added = ""
         self.opaque = False
         if self.dialect.is_last(event):
+            differs = self.dialect.disagrees(self.events, self.said, self.text)
+            if differs is not None:  # what the client read and what would be checked must be one answer
+                raise upstream_malformed(f"the stream's events disagree: {differs}")
             self.last = event
             return True
         self.added = self.dialect.added(event, self.said)
@@ -298,6 +305,10 @@ class EventDialect:
     def attach(event: Event, verdict: dict[str, Any]) -> Event:
         raise NotImplementedError
 
+    @staticmethod
+    def disagrees(events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
+        raise NotImplementedError
+
     @classmethod
     def with_verdict(cls, last: Event | None, verdict: dict[str, Any],
                      response: dict[str, Any] | None) -> list[Event]:
@@ -337,3 +348,4 @@ class EventDialect:
     @classmethod
     def replay(cls, response: dict[str, Any]) -> list[Event]:
         return list(cls.synthesize({k: v for k, v in response.items() if k != OUR_FIELD}))
+

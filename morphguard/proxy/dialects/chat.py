@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from morphguard.policy.answers import content_refusal, content_text, message_of, said
+from morphguard.policy.answers import UNREADABLE, content_refusal, content_text, message_of, said, unread_parts
 from morphguard.proxy.body import chat_completion, int_or_none, loads, parse_chat, readable_content, str_or_none
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Event, Usage
@@ -86,8 +86,8 @@ class ChatCompletions:
 
 
 class ChatAssembly:
-    """Chunks of the first choice, checked as they pass: a chunk that is not one, or an error chunk, breaks
-    the stream; so does its end before a finish reason."""
+    """Chunks of the one choice asked for, checked as they pass: a chunk that is not one (another choice beside it,
+    or it twice, included), or an error chunk, breaks the stream; so does its end before a finish reason."""
 
     def __init__(self) -> None:
         self.answer = StreamedAnswer()
@@ -115,8 +115,9 @@ class ChatAssembly:
         if isinstance(chunk, dict) and chunk.get("error") is not None:
             raise upstream_stream_broken("the provider reported an error mid-stream")
         if not self.answer.add(chunk):
-            raise upstream_malformed("a stream chunk is not a chat completion chunk")
+            raise upstream_malformed("a stream chunk is not a chat completion chunk of the one answer asked for")
         return False
+
 
     def finish(self) -> None:
         if self.answer.finish_reason is None:
@@ -131,7 +132,7 @@ class ChatAssembly:
 
 @dataclass
 class StreamedAnswer:
-    """The answer as it is assembled from the chunks of the first choice: every field a whole answer's message
+    """The answer as it is assembled from the chunks of its one choice: every field a whole answer's message
     has that `policy.answers` reads (content as text or text parts, refusal, audio transcript, tool calls and the
     legacy function call), each a delta at a time; `words` are the words in the order they came, tool calls aside
     (what a stream checked as it flows reads)."""
@@ -145,6 +146,7 @@ class StreamedAnswer:
     transcript: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by the call's index in the deltas
     function_call: dict[str, str] | None = None  # the legacy single call (`functions` offered)
+    unread: list[str] = field(default_factory=list)  # the content parts the check cannot read, by type
     finish_reason: str | None = None
     words: list[str] = field(default_factory=list)
     added: str = ""  # the words of the last chunk taken
@@ -163,7 +165,8 @@ class StreamedAnswer:
         choices = chunk.get("choices", []) if isinstance(chunk, dict) else None
         if not isinstance(choices, list) or not all(
                 isinstance(c, dict) and isinstance(c.get("delta") or {}, dict)
-                and readable_content((c.get("delta") or {}).get("content")) for c in choices):
+                and readable_content((c.get("delta") or {}).get("content")) for c in choices) \
+                or not _one_choice(choices):
             return False
         self.id = str_or_none(chunk.get("id")) or self.id
         self.model = str_or_none(chunk.get("model")) or self.model
@@ -172,20 +175,20 @@ class StreamedAnswer:
         self.added = ""
         self.opaque = False
         for choice in choices:
-            if choice.get("index", 0) == 0:
-                delta = choice.get("delta") or {}
-                self.parts.append(content_text(delta.get("content")))
-                refusal = delta.get("refusal")
-                self.refusal += [r for r in (content_refusal(delta.get("content")), refusal)
-                                 if isinstance(r, str) and r]
-                self._add_audio(delta.get("audio"))
-                self._add_calls(delta.get("tool_calls"))
-                self._add_function_call(delta.get("function_call"))
-                self.added = said(delta)
-                self.opaque = _opaque(delta)
-                self.words.append(self.added)
-                if choice.get("finish_reason"):
-                    self.finish_reason = str(choice["finish_reason"])
+            delta = choice.get("delta") or {}
+            self.parts.append(content_text(delta.get("content")))
+            self.unread += unread_parts(delta.get("content"))
+            refusal = delta.get("refusal")
+            self.refusal += [r for r in (content_refusal(delta.get("content")), refusal)
+                             if isinstance(r, str) and r]
+            self._add_audio(delta.get("audio"))
+            self._add_calls(delta.get("tool_calls"))
+            self._add_function_call(delta.get("function_call"))
+            self.added = said(delta)
+            self.opaque = _opaque(delta)
+            self.words.append(self.added)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
         return True
 
     def _add_audio(self, audio: Any) -> None:
@@ -242,6 +245,8 @@ class StreamedAnswer:
             message["tool_calls"] = [self._call(self.tool_calls[i]) for i in sorted(self.tool_calls)]
         if self.function_call is not None:
             message["function_call"] = dict(self.function_call)
+        if self.unread:
+            message[UNREADABLE] = list(dict.fromkeys(self.unread))
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason or "stop"}]}
 
@@ -279,7 +284,12 @@ def _opaque(delta: dict[str, Any]) -> bool:
                                                      for p in content))
 
 
+def _one_choice(choices: list[dict[str, Any]]) -> bool:
+    """Whether a chunk's choices are at most one, the first (the request asked for one answer, `n` 1): a second
+    choice, or the first twice, would carry words past the one reading of the stream."""
+    return len(choices) <= 1 and all(c.get("index", 0) == 0 for c in choices)
+
+
 def _chunk(chunk: dict[str, Any]) -> Event:
     return Event(None, json_bytes(chunk).decode())
-
 

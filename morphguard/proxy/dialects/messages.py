@@ -23,7 +23,7 @@ from morphguard.proxy.dialects.base import (
     event_of,
     text_of,
 )
-from morphguard.proxy.errors import bad_request, upstream_malformed
+from morphguard.proxy.errors import ProxyError, bad_request, upstream_malformed
 
 # Output that is not the model's answer to the user (its reasoning, the provider's own tool runs): not read.
 _NOT_ANSWERS = frozenset({"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"})
@@ -203,6 +203,17 @@ class Messages(EventDialect):
         if message is not None:
             message["content"] = [blocks[i] for i in sorted(blocks)]
         return message
+
+    @classmethod
+    def disagrees(cls, events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
+        """The message's text against the text its events carried: a text delta on a block that is not text went
+        to the client, and is in no block of the message."""
+        message = cls.collected(events)
+        try:
+            answer = cls.answer(message)
+        except ProxyError:  # no message: the check reads the text the events carried
+            return None
+        return None if answer["content"] == text else "text deltas on blocks that are not text"
 
     @staticmethod
     def attach(event: Event, verdict: dict[str, Any]) -> Event:

@@ -47,6 +47,7 @@ class Responses(EventDialect):
         text part would not parse as the client's `text_format`)."""
         response: dict[str, Any] = dict(cls.EMPTY)
         seq, items, parts = 0, 0, 0
+        opened: list[tuple[dict[str, Any], dict[str, Any]]] = []  # the open message's parts: where, and as added
         message: dict[str, Any] | None = None
         open_text: dict[str, Any] | None = None
         said: dict[Any, list[str]] = {}
@@ -63,11 +64,12 @@ class Responses(EventDialect):
             elif ev.name == "response.output_item.added":
                 items += 1
                 message = {**item, "content": []} if item.get("type") == "message" else None
-                parts = 0
+                parts, opened = 0, []
             elif ev.name == "response.output_item.done":
                 message = None
             elif ev.name == "response.content_part.added" and message is not None:
                 parts += 1
+                opened.append((_place(data), part))
                 open_text = {"at": _place(data)} if part.get("type") == "output_text" else None
             elif ev.name == "response.content_part.done":
                 open_text = None
@@ -89,13 +91,17 @@ class Responses(EventDialect):
             items, parts = items + 1, 0
         at = {"item_id": message.get("id"), "output_index": items - 1, "content_index": parts}
         refusal = {"type": "refusal", "refusal": text}
-        item = {**message, "status": "completed", "content": [refusal]}
+        # the item as its events made it (its parts with the words they carried, then the refusal); the response
+        # holds the refusal alone
+        streamed = [_with_words(p, "".join(said.get(_part_key(at, at.get("content_index")), []))) for at, p in opened]
+        item = {**message, "status": "completed", "content": [*streamed, refusal]}
+        final = {**item, "content": [refusal]}
         out += [event("response.content_part.added", **at, part={"type": "refusal", "refusal": ""}),
                 event("response.refusal.delta", **at, delta=text),
                 event("response.refusal.done", **at, refusal=text),
                 event("response.content_part.done", **at, part=refusal),
                 event("response.output_item.done", output_index=items - 1, item=item),
-                event("response.completed", response={**response, "status": "completed", "output": [item],
+                event("response.completed", response={**response, "status": "completed", "output": [final],
                                                       "incomplete_details": None})]
         return out
 
@@ -255,6 +261,34 @@ class Responses(EventDialect):
                 return {**response, "output": items}
         return response
 
+    @classmethod
+    def disagrees(cls, events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
+        """The response's text and refusal parts against the words the events carried to each part, and its output
+        against every item the events opened or finished that is not a message: an item the response leaves out,
+        or holds otherwise, went to the client unread."""
+        response = cls.collected(events)
+        output = response.get("output") if isinstance(response, dict) else None
+        if not isinstance(output, list):  # no response: the check reads the words the events carried
+            return None
+        held = {(i, j): words for i, item in enumerate(output) if isinstance(item, dict) and item.get("type") ==
+                "message" and isinstance(item.get("content"), list) for j, words in
+                enumerate(_part_words(part) for part in item["content"]) if isinstance(words, str) and words}
+        if {key: "".join(pieces) for key, pieces in said.items() if any(pieces)} != held:
+            return "the response's text is not the text its events carried"
+        for event in events:
+            if event.name not in ("response.output_item.added", "response.output_item.done"):
+                continue
+            data = event.json()
+            item = data.get("item") if isinstance(data, dict) else None
+            if not isinstance(item, dict) or item.get("type") in _NOT_ANSWERS or item.get("type") == "message":
+                continue
+            at = data.get("output_index")
+            final = output[at] if isinstance(at, int) and 0 <= at < len(output) else None
+            if not isinstance(final, dict) or any(final.get(k) != item.get(k) for k in ("type", "id")) \
+                    or event.name == "response.output_item.done" and final != item:
+                return f"an output item ({str(item.get('type'))[:40]}) the response holds otherwise or not at all"
+        return None
+
     @staticmethod
     def attach(event: Event, verdict: dict[str, Any]) -> Event:
         """The event with the verdict in the response it carries."""
@@ -326,11 +360,20 @@ def _part_words(part: Any) -> Any:
 
 def _unsaid(said: dict[Any, list[str]], key: Any, words: str) -> str:
     """What of a part's whole `words` was not said before: all of it when no delta carried it, the rest when the
-    deltas carried its start; all of it again where the whole says something else than the deltas did (read
-    twice rather than not at all)."""
+    deltas carried its start. A whole that says something else than the deltas did is a malformed stream: the
+    client has both."""
     before = "".join(said.get(key, ()))
+    if not words.startswith(before):
+        raise upstream_malformed("a text part's whole is not the text its deltas carried")
     said[key] = [words]
-    return words[len(before):] if words.startswith(before) else words
+    return words[len(before):]
+
+
+def _with_words(part: dict[str, Any], words: str) -> dict[str, Any]:
+    """A text or refusal part holding `words`; any other part as it is."""
+    kind = part.get("type")
+    return {**part, "text": words} if kind == "output_text" else {**part, "refusal": words} if kind == "refusal" \
+        else part
 
 
 def _place(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,139 @@
+"""A claim classifier served over HTTP: Hugging Face Text Embeddings Inference or vLLM's pooling endpoints.
+
+- `tei`: `POST /predict` with `{"inputs": [[premise, hypothesis], ...], "truncate": true}` (a text alone where a
+  template makes one); the reply is, per input, every label with its probability: `[[{"label", "score"}, ...], ...]`
+  (`[{"label", "score"}, ...]` for a single input). `verifier.label` is read by name, or by index as `LABEL_i`.
+- `vllm-classify`: `POST /classify` with `{"model", "input": [text, ...], "truncate_prompt_tokens"}`; the reply's
+  `data` holds per input its `index` and `probs`, every label's probability in index order. One text per input, so
+  a template makes it of premise and hypothesis; `verifier.label` is read as an index.
+- `vllm-score`: `POST /score` with `{"model", "text_1": [premise, ...], "text_2": [hypothesis, ...],
+  "truncate_prompt_tokens"}`, pairs matched in order; the reply's `data` holds per pair its `index` and `score`, read
+  as the probability of supported (a cross-encoder with one output, which vLLM passes through a sigmoid).
+
+Requests follow the judge's rules (`llm.client.retried`): tried `verifier.max_attempts` times on a timeout
+(`verifier.timeout_s` per try), a dropped connection, 408, 429 or a 5xx, with a random exponential backoff; at most
+`verifier.concurrency` at once, the places taken by the checks' clients in turn (`llm.fair.FairLimit`); each request
+draws one call on the check's budget. A server counts tokens itself: windows are sized here by an estimate of four
+characters a token, and the server is asked to truncate what still runs over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from morphguard.config import VerifierSettings
+from morphguard.errors import LLMError
+from morphguard.llm.client import TransientLLMError, reserve, retried, spend, together
+from morphguard.llm.fair import FairLimit
+from morphguard.llm.verifiers import Text, TokenScore, label_index
+
+CHARS_PER_TOKEN = 4
+PATHS = {"tei": "/predict", "vllm-classify": "/classify", "vllm-score": "/score"}
+
+
+class ServedVerifier:
+    def __init__(self, settings: VerifierSettings) -> None:
+        assert settings.url is not None and settings.model is not None
+        self.settings = settings
+        self.name = settings.model
+        self.url = settings.url.rstrip("/") + PATHS[settings.runtime]
+        self._limits: dict[int, FairLimit] = {}
+
+    def length(self, text: str) -> int:
+        return -(-len(text) // CHARS_PER_TOKEN)
+
+    async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
+        raise LLMError("a served verifier is a claim classifier: token classifiers run in process")
+
+    async def supported(self, texts: Sequence[Text]) -> list[float]:
+        size = self.settings.batch
+        parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
+        if self.settings.runtime == "tei":
+            # TEI reads a list of two texts as one pair: two lone texts go as two requests
+            parts = [[t] for part in parts for t in part] if any(len(p) == 2 and p[0][1] is None for p in parts) \
+                else parts
+        reserve(len(parts))  # past the check's cap: fail before sending any
+        async with httpx.AsyncClient(timeout=self.settings.timeout_s, headers=self._headers()) as client:
+            found = await together(self._ask(client, part) for part in parts)
+        return [p for part in found for p in part]
+
+    def _headers(self) -> dict[str, str]:
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+
+    def _limit(self) -> FairLimit:
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._limits:
+            self._limits = {loop: FairLimit(self.settings.concurrency)}
+        return self._limits[loop]
+
+    async def _ask(self, client: httpx.AsyncClient, texts: list[Text]) -> list[float]:
+        body = self._body(texts)
+        spend()
+
+        async def once() -> list[float]:
+            async with self._limit().slot():
+                reply = await _post(client, self.url, body, self.name)
+            return self._read(reply, len(texts))
+
+        return await retried(once, self.settings.max_attempts, f"verifier {self.name}")
+
+    def _body(self, texts: list[Text]) -> dict[str, Any]:
+        runtime, limit = self.settings.runtime, self.settings.max_tokens
+        if runtime == "tei":
+            inputs = [[a, b] if b is not None else a for a, b in texts]
+            return {"inputs": inputs if len(inputs) > 1 else inputs[0], "truncate": True}
+        if runtime == "vllm-classify":
+            return {"model": self.name, "input": [a for a, _ in texts], "truncate_prompt_tokens": limit}
+        return {"model": self.name, "text_1": [a for a, _ in texts], "text_2": [b or "" for _, b in texts],
+                "truncate_prompt_tokens": limit}
+
+    def _read(self, reply: Any, count: int) -> list[float]:
+        """P(supported) of each input, from the server's reply; LLMError where it is not the documented shape."""
+        try:
+            if self.settings.runtime == "tei":
+                rows = reply if count > 1 else [reply]
+                if len(rows) != count:
+                    raise ValueError(f"{len(rows)} predictions for {count} inputs")
+                return [self._tei_label(row) for row in rows]
+            data = sorted(reply["data"], key=lambda d: int(d["index"]))
+            if [int(d["index"]) for d in data] != list(range(count)):
+                raise ValueError(f"the indices {[d['index'] for d in data]} for {count} inputs")
+            if self.settings.runtime == "vllm-score":
+                return [float(d["score"]) for d in data]
+            return [float(d["probs"][label_index(self.settings.label, [str(i) for i in range(len(d["probs"]))])])
+                    for d in data]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise LLMError(f"verifier {self.name}: {self.url} answered in another shape ({exc})") from None
+
+    def _tei_label(self, row: list[dict[str, Any]]) -> float:
+        """The configured label's probability among a TEI prediction's labels (by name, or LABEL_i for index i)."""
+        scores = {str(p["label"]).lower(): float(p["score"]) for p in row}
+        wanted = self.settings.label.strip().lower()
+        for name in (wanted, f"label_{wanted}"):
+            if name in scores:
+                return scores[name]
+        raise ValueError(f"verifier.label {self.settings.label!r} is not among the labels {sorted(scores)}")
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], name: str) -> Any:
+    """One request: its JSON reply; TransientLLMError where trying again may help, LLMError where it cannot."""
+    try:
+        response = await client.post(url, json=body)
+    except httpx.TimeoutException as exc:
+        raise TransientLLMError(f"verifier {name}: {type(exc).__name__}") from TimeoutError()
+    except httpx.TransportError as exc:
+        raise TransientLLMError(f"verifier {name}: {type(exc).__name__}") from exc
+    status = response.status_code
+    if status == 408 or status == 429 or status >= 500:
+        raise TransientLLMError(f"verifier {name}: HTTP {status}")
+    if status >= 400:
+        raise LLMError(f"verifier {name}: HTTP {status}: {response.text[:300]}")
+    try:
+        return response.json()
+    except ValueError:
+        raise LLMError(f"verifier {name}: the reply is not JSON") from None

@@ -168,8 +168,9 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: f
     raise RuntimeError(f"not ready:\n{log.read_text()}")
 
 
-def start_proxy(folder: Path, upstream: str, judge: dict, detector: str,
-                stream_mode: str = "auto") -> tuple[str, subprocess.Popen[bytes]]:
+def start_proxy(folder: Path, upstream: str, judge: dict, detector: str, stream_mode: str = "auto",
+                code: Path = ROOT) -> tuple[str, subprocess.Popen[bytes]]:
+    """`morphguard serve` from the checkout `code` (this one by default) with a `block` profile."""
     config = {"judge": judge, "detector": {"name": detector},
               "proxy": {"upstream": {"base_url": upstream}, "stream_mode": stream_mode},
               "policy": {"profiles": {"general": {"action": "block", "topics": {}}},
@@ -179,7 +180,8 @@ def start_proxy(folder: Path, upstream: str, judge: dict, detector: str,
     log = folder / "proxy.log"
     command = [sys.executable, "-m", "morphguard.cli", "serve", "--config", str(folder / "config.yaml"),
                "--port", str(port)]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, stdout=log.open("wb"),
+                               stderr=subprocess.STDOUT)
     wait_ready(f"http://127.0.0.1:{port}/healthz", process, log)
     return f"http://127.0.0.1:{port}/v1", process
 

@@ -400,6 +400,10 @@ class ProxySettings(Section):
     # where the request's rule can change the answer, passthrough (async under mode: async) elsewhere.
     stream_mode: Literal["auto", "incremental", "buffer", "passthrough", "async"] = "auto"
     stream_window: int = Field(1, ge=1, le=20)  # new sentences a check waits for when checking as the answer flows
+    # Checking as the answer flows, after the first check: the most a finished sentence waits for enough others to
+    # fill a judge call (`sentences.batch`) before it is checked with fewer. Longer: fewer, fuller calls, text let out
+    # in larger steps; 0: each check takes every sentence finished (a call per check, however few it asks about).
+    stream_hold_s: float = Field(1.0, ge=0, le=30)
     queue_size: int = Field(256, ge=1)
     workers: int = Field(2, ge=0)  # async checks run at once here; 0: enqueue only, `morphguard worker` runs them
     # inline checks: run here ("process"), or by the `morphguard worker` pool, awaited within the latency

@@ -104,18 +104,21 @@ class Factoid(BaseModel):
 
 class StageCost(BaseModel):
     llm_calls: int = 0
-    cached_calls: int = 0
+    cached_calls: int = 0  # replies reused from a cache of our own: no call made
     input_tokens: int = 0
+    cached_input_tokens: int = 0  # of `input_tokens`, those the provider's prompt cache served
     output_tokens: int = 0
     seconds: float = 0.0
 
     def count(self, completion: Any) -> None:
-        """Add one LLM reply (anything with `cached`, `input_tokens`, `output_tokens`)."""
+        """Add one LLM reply (anything with `cached`, `input_tokens`, `output_tokens`, optionally
+        `cached_input_tokens`)."""
         if completion.cached:
             self.cached_calls += 1
         else:
             self.llm_calls += 1
             self.input_tokens += completion.input_tokens
+            self.cached_input_tokens += getattr(completion, "cached_input_tokens", 0)
             self.output_tokens += completion.output_tokens
 
 
@@ -128,7 +131,8 @@ class Cost(StageCost):
     def of(cls, stages: dict[str, StageCost], seconds: float) -> Cost:
         """The stages added up; `seconds` is the check's wall time (stages may overlap)."""
         return cls(**{k: sum(getattr(s, k) for s in stages.values())
-                      for k in ("llm_calls", "cached_calls", "input_tokens", "output_tokens")},
+                      for k in ("llm_calls", "cached_calls", "input_tokens", "cached_input_tokens",
+                                "output_tokens")},
                    seconds=seconds, stages=stages)
 
 
@@ -152,6 +156,9 @@ class Detection(BaseModel):
     stats: DetectionStats = Field(default_factory=DetectionStats)
     settings: dict[str, object] = Field(default_factory=dict)
     features: dict[str, float] = Field(default_factory=dict)  # numeric signals a combined check can learn from
+    # Where the answer's text the check did not read begins: past a cap (`detector.max_judge_calls`,
+    # `max_text_chars`) a check reads the answer's first sentences and decides on them. None: it read all of it.
+    unchecked_from: int | None = None
 
 
 class Decision(BaseModel):

@@ -129,3 +129,22 @@ def focus(claims: list[str], passages: list[str], budget: int) -> list[str]:
     of 0) are returned whole.
     """
     return Focus(passages).select(claims, budget)
+
+
+def within(question: str, passages: list[str], answer: str, limit: int) -> tuple[list[str], int]:
+    """What one check of `answer` reads within `limit` characters of answer, question and passages: the answer's
+    first sentences (those ending within what the context leaves, at least half the limit) and the passages cut to
+    the sentences most relevant to them. The passages it reads, and where the answer read ends (0: not one sentence
+    fits)."""
+    context = len(question) + sum(map(len, passages))
+    room = max(limit - context, limit // 2)
+    read = 0
+    for _, end in sentences(answer):
+        if end > room:
+            break
+        read = end
+    left = limit - len(question) - read
+    if context - len(question) > left:
+        # a gap's " … " is not counted by `select`: a tenth of the room is left for them
+        passages = Focus(passages).select([answer[s:e] for s, e in sentences(answer[:read])], max(1, left * 9 // 10))
+    return passages, read

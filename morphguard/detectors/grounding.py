@@ -79,41 +79,45 @@ REFERENCES = frozenset({"passage", "passages", "document", "documents", "source"
 ADDRESS = frozenset("sure certainly happy glad hope i'd i'll i've here's unable".split())
 
 
-def ungrounded(answer: str, passages: list[str], question: str = "") -> list[SentenceReport]:
+def ungrounded(answer: str, passages: list[str], question: str = "",
+               known: set[str] | None = None) -> list[SentenceReport]:
     """Per answer sentence: its content words, and those neither the context nor the question contains. An answer
     that restates the question ("No, pregnant women should not take ibuprofen for back pain") takes its words from
     there, so they are no invented content; what it claims with them is the judge's to check."""
-    known = vocabulary([*passages, question])
-    reports = []
-    for start, end in sentences(answer):
-        content = 0
-        missing: list[Word] = []
-        seen: set[str] = set()
-        # A list item's number ("5. Add the eggs") numbers the answer's own list, and the word after it opens the item
-        marker = LIST_MARKER.match(answer, start, end)
-        begin = marker.end() if marker else start
-        previous = ""
-        for match in TOKEN.finditer(answer, begin, end):
-            token = match.group()
-            word = token.lower().replace("’", "'")
-            before, previous = previous, word
-            if word in IGNORED or word in ADDRESS or len(token) == 1 and not token.isdigit():
-                continue
-            if token[0].isdigit() and before in REFERENCES:  # "Passage 2" points into the context, claims nothing
-                continue
-            content += 1
-            wanted = keys(token)
-            if all(k in known for k in wanted) or "".join(wanted) in known:
-                continue
-            if token.lower() in seen:
-                continue
-            seen.add(token.lower())
-            first = match.start() == begin
-            kind = ("number" if token[0].isdigit() or token.lower() in NUMBER_WORDS
-                    else "name" if token[0].isupper() and not first else "word")
-            missing.append(Word(token, match.start(), match.end(), kind))
-        reports.append(SentenceReport(start, end, content, missing))
-    return reports
+    if known is None:  # `known`: the vocabulary of these passages and question, read already
+        known = vocabulary([*passages, question])
+    return [sentence_report(answer, start, end, known) for start, end in sentences(answer)]
+
+
+def sentence_report(answer: str, start: int, end: int, known: set[str]) -> SentenceReport:
+    """One sentence's report (`ungrounded`): what it reads of the answer is `answer[start:end]` alone."""
+    content = 0
+    missing: list[Word] = []
+    seen: set[str] = set()
+    # A list item's number ("5. Add the eggs") numbers the answer's own list, and the word after it opens the item
+    marker = LIST_MARKER.match(answer, start, end)
+    begin = marker.end() if marker else start
+    previous = ""
+    for match in TOKEN.finditer(answer, begin, end):
+        token = match.group()
+        word = token.lower().replace("’", "'")
+        before, previous = previous, word
+        if word in IGNORED or word in ADDRESS or len(token) == 1 and not token.isdigit():
+            continue
+        if token[0].isdigit() and before in REFERENCES:  # "Passage 2" points into the context, claims nothing
+            continue
+        content += 1
+        wanted = keys(token)
+        if all(k in known for k in wanted) or "".join(wanted) in known:
+            continue
+        if token.lower() in seen:
+            continue
+        seen.add(token.lower())
+        first = match.start() == begin
+        kind = ("number" if token[0].isdigit() or token.lower() in NUMBER_WORDS
+                else "name" if token[0].isupper() and not first else "word")
+        missing.append(Word(token, match.start(), match.end(), kind))
+    return SentenceReport(start, end, content, missing)
 
 
 # A sentence at least this share of whose content words the context lacks is itself the unsupported claim. In one

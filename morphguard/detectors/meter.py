@@ -32,6 +32,7 @@ class Meter:
                 cost.seconds += time.perf_counter() - started
                 span.set_attribute(names.STAGE_CALLS, cost.llm_calls)
                 span.set_attribute(names.INPUT_TOKENS, cost.input_tokens)
+                span.set_attribute(names.CACHED_INPUT_TOKENS, cost.cached_input_tokens)
                 span.set_attribute(names.OUTPUT_TOKENS, cost.output_tokens)
 
     def count(self, stage: str, completion: C) -> C:

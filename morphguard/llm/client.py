@@ -2,10 +2,10 @@
 token accounting and an optional cache for deterministic (temperature 0) calls.
 
 Calls made side by side go through `together`, which cancels the rest of them when one fails. A check's judge calls
-are bounded by the `CallBudget` its caller opens around it (`call_budget`): every call the check's code makes, in
-whichever task, draws on it, and a call past it raises `JudgeCallCapError` unsent. A check that knows its calls
-before it makes them (`sentences`) takes them at once (`reserve`), so that it fails before sending any rather than
-after sending the first `limit`.
+are bounded by the `CallBudget` its caller opens around it (`call_budget`; the checks of one stream share one):
+every call the check's code makes, in whichever task, draws on it, and a call past it raises `JudgeCallCapError`
+unsent. A check that knows its calls before it makes them (`sentences`) takes those that fit at once
+(`reserve_up_to`) and reads only what they cover, rather than sending the first `limit` and failing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tenacity import (
 from morphguard import telemetry
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
 from morphguard.llm.fair import FairLimit
-from morphguard.llm.providers import Abilities, abilities, fitted, strict_schema
+from morphguard.llm.providers import Abilities, abilities, cache_marked, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -62,6 +62,7 @@ class Completion:
     seconds: float
     logprobs: tuple[TokenChoice, ...] | None = None
     cached: bool = False
+    cached_input_tokens: int = 0  # of `input_tokens`, those the provider's prompt cache served
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Usage:
     calls: int = 0
     cached_calls: int = 0
     input_tokens: int = 0
+    cached_input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
 
@@ -95,6 +97,7 @@ class Usage:
             return
         self.calls += 1
         self.input_tokens += c.input_tokens
+        self.cached_input_tokens += c.cached_input_tokens
         self.output_tokens += c.output_tokens
         self.seconds += c.seconds
 
@@ -115,6 +118,12 @@ class CallBudget:
         self.used += calls
         self._reserved += calls
 
+    def reserve_up_to(self, calls: int) -> int:
+        """Take as many of `calls` as the limit leaves, at once; how many were taken."""
+        taken = max(0, min(calls, self.limit - self.used))
+        self.reserve(taken)
+        return taken
+
     def spend(self) -> None:
         """One call about to be sent: one reserved, else one more taken."""
         if not self._reserved:
@@ -126,10 +135,10 @@ _BUDGET: ContextVar[CallBudget | None] = ContextVar("morphguard_judge_call_budge
 
 
 @contextmanager
-def call_budget(limit: int | None) -> Iterator[CallBudget | None]:
+def call_budget(limit: int | None, shared: CallBudget | None = None) -> Iterator[CallBudget | None]:
     """The judge calls of the code run inside (and of the tasks and threads it starts) bounded by `limit`; None:
-    unbounded."""
-    budget = CallBudget(limit) if limit is not None else None
+    unbounded. `shared`: the budget of several checks (a stream's), drawn on instead of a new one."""
+    budget = shared if shared is not None else CallBudget(limit) if limit is not None else None
     token = _BUDGET.set(budget)
     try:
         yield budget
@@ -154,10 +163,18 @@ async def together(calls: Iterable[Awaitable[T]]) -> list[T]:
 
 
 def reserve(calls: int) -> None:
-    """Take `calls` judge calls of the current check's budget at once (none open: nothing to take)."""
+    """Take `calls` judge calls of the current check's budget at once, or none (JudgeCallCapError) where they would
+    pass it (none open: nothing to take)."""
     budget = _BUDGET.get()
     if budget is not None:
         budget.reserve(calls)
+
+
+def reserve_up_to(calls: int) -> int:
+    """Take as many of `calls` judge calls as the current check's budget leaves, at once; how many (all of them where
+    no budget is open)."""
+    budget = _BUDGET.get()
+    return calls if budget is None else budget.reserve_up_to(calls)
 
 
 class TransientLLMError(LLMError):
@@ -258,11 +275,15 @@ class LLMClient:
         max_tokens: int = 256,
         json_schema: dict[str, Any] | None = None,
         top_logprobs: int = 0,
+        shared: int = 0,
     ) -> Completion:
+        """One judge call. `shared`: how many characters the last message opens with that other calls of the check
+        open with too (after the same messages before it): the prefix a provider's prompt cache can serve, marked
+        where the provider caches only what is marked (`providers.cache_marked`)."""
         endpoint = self.endpoint(model)
         request: dict[str, Any] = {
             "model": endpoint.model,
-            "messages": messages,
+            "messages": cache_marked(messages, endpoint.provider_name, shared),
             "temperature": temperature,
             "max_tokens": max_tokens,
         }
@@ -351,6 +372,7 @@ class LLMClient:
             output_tokens=int(output_tokens),
             seconds=seconds,
             logprobs=_read_logprobs(getattr(choice, "logprobs", None)),
+            cached_input_tokens=_cached_tokens(usage),
         )
 
     @staticmethod
@@ -387,6 +409,17 @@ def _count_tokens(model: str, content: Any) -> int:
     except Exception:
         size = len(content) if isinstance(content, str) else sum(len(m.get("content", "")) for m in content)
         return max(1, size // 4)
+
+
+def _cached_tokens(usage: Any) -> int:
+    """The input tokens a provider's prompt cache served, as litellm reports them: OpenAI's
+    `prompt_tokens_details.cached_tokens`, into which it maps Anthropic's `cache_read_input_tokens` and Gemini's
+    `cachedContentTokenCount`; else Anthropic's own field."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    found = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
+    if not found:
+        found = getattr(usage, "cache_read_input_tokens", None)
+    return found if isinstance(found, int) and found > 0 else 0
 
 
 def _read_logprobs(raw: Any) -> tuple[TokenChoice, ...] | None:

@@ -9,6 +9,9 @@ Providers differ in what a judge call may ask for:
   leave them nothing to answer with. Gemini's thinking models spend their thinking from the same budget.
 - Anthropic's models, OpenAI's reasoning models and some servers (Ollama) return no log-probabilities, and Gemini
   returns the chosen token's alone, without the alternatives a verdict's weight is read from.
+- OpenAI and Gemini cache the longest prompt prefix they have seen lately by themselves; Anthropic caches only up to
+  a block marked `cache_control` (`cache_marked`). Each reports the input its cache served in its own words, which
+  litellm maps to `usage.prompt_tokens_details.cached_tokens`.
 
 litellm knows the parameters of the models it has seen (`get_supported_openai_params`, `supports_reasoning`);
 `judge.logprobs` and `judge.reasoning` say it for a model it does not know (a fine-tune, a self-hosted name).
@@ -83,6 +86,25 @@ def strict_schema(schema: Any) -> Any:
         out["required"] = list(properties)
         out["additionalProperties"] = False
     return out
+
+
+# Providers that cache a prompt only up to a block marked `cache_control` (litellm's prefixes).
+_MARKS_CACHE = frozenset({"anthropic"})
+
+
+def cache_marked(messages: list[dict[str, Any]], provider: str, shared: int) -> list[dict[str, Any]]:
+    """`messages`, where the provider caches only a marked prefix, with the first `shared` characters of the last
+    message (those every call of a check opens with, after the messages before it) a text block of their own
+    marked `cache_control: ephemeral`, the rest a second block, as Anthropic's prompt caching documents."""
+    if provider not in _MARKS_CACHE or shared <= 0 or not messages:
+        return messages
+    last = messages[-1]
+    content = last.get("content")
+    if not isinstance(content, str) or not 0 < shared < len(content):
+        return messages
+    blocks = [{"type": "text", "text": content[:shared], "cache_control": {"type": "ephemeral"}},
+              {"type": "text", "text": content[shared:]}]
+    return [*messages[:-1], {**last, "content": blocks}]
 
 
 def fitted(request: dict[str, Any], found: Abilities, *, reasoning_tokens: int,

@@ -71,7 +71,9 @@ class RequestFacts:
 @dataclass(frozen=True)
 class Finding:
     """What the check made of an answer's text: a detection, or the short code of a check that failed (`failed`:
-    `on_error` decides), or why none was made (`skipped`: no_context, no_answer)."""
+    `on_error` decides), or why none was made (`skipped`: no_context, no_answer). Both a detection and `failed`: the
+    check read the answer up to a cap (`Detection.unchecked_from`); a flag in what it read decides, else `on_error`
+    decides on the rest."""
 
     detection: Detection | None = None
     failed: str | None = None
@@ -181,10 +183,12 @@ class PolicyEngine:
             flagged = finding.detection.score >= rule.threshold
             decision = decision.model_copy(update={"flagged": flagged, "action": rule.action if flagged else "pass",
                                                    "escalate": flagged and rule.escalate})
-        elif finding.failed is not None:
+        if finding.failed is not None and not decision.flagged:  # nothing checked, or an unchecked rest
             closed = rule.on_error == "fail_closed"
             decision = decision.model_copy(update={"action": "block" if closed else "pass", "escalate": rule.escalate,
                                                    "reason": f"{rule.on_error}: {finding.failed}"})
+        elif finding.failed is not None:  # flagged in what it read: the rule decides, the unread rest is noted
+            decision = decision.model_copy(update={"reason": f"read in part: {finding.failed}"})
         if finding.skipped != NO_CONTEXT:
             decision = self._noted(decision, holds)
         decision = _within(decision, reach)

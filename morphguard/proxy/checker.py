@@ -10,13 +10,16 @@ import logging
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
 
 from morphguard import telemetry
-from morphguard.config import Config
+from morphguard.config import Config, SentencesSettings
 from morphguard.detectors import Detector, build_detector, fingerprint
+from morphguard.detectors.focus import within
+from morphguard.detectors.memo import Memo, remembering
 from morphguard.errors import (
     CheckTooLargeError,
     JudgeCallCapError,
@@ -25,8 +28,8 @@ from morphguard.errors import (
     MorphguardError,
     UnsealedReplyError,
 )
-from morphguard.llm.client import call_budget
-from morphguard.llm.fair import on_behalf_of
+from morphguard.llm.client import CallBudget, call_budget
+from morphguard.llm.fair import in_thread, on_behalf_of
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
 from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine
@@ -62,44 +65,78 @@ class Checker:
         """What the check reads of an answer, as policy says (`policy.tool_calls`)."""
         return answers.checked_text(answer.completion, tool_calls=self.config.policy.tool_calls == "check")
 
-    async def find(self, request: CheckRequest, answer: Answer) -> Found:
+    def sentences_per_call(self, request: CheckRequest) -> int:
+        """How many of an answer's sentences one judge call of the request's check reads (`sentences.batch`); 1
+        for a check that does not read them in batches."""
+        name = request.detector or self.detector.name
+        return self.config.section("sentences", SentencesSettings).batch if name == "sentences" else 1
+
+    def memo(self) -> Memo:
+        """What the checks of one growing answer (a stream's) share: one budget of judge calls for all of them
+        (`detector.max_judge_calls` bounds the stream) and what the detector remembers of its earlier checks."""
+        limit = self.config.detector.max_judge_calls
+        return Memo(CallBudget(limit) if limit is not None else None)
+
+    async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
         """What the check finds in the answer's text: a detection, a failed check's short code, or why no check
-        was made. Deciding on it is policy's (`PolicyEngine.decide`)."""
+        was made. Deciding on it is policy's (`PolicyEngine.decide`). Past a cap the check reads what fits (the
+        answer's first sentences, the context most relevant to them) and says where the unread rest begins
+        (`Detection.unchecked_from`, with the cap's code as `failed`). `memo`: shared by the checks of a stream."""
         if request.rag is None:
             return Found(Finding(skipped=NO_CONTEXT))
         started = time.perf_counter()
-        text = self.answer_text(answer)
+        text = utf8(self.answer_text(answer))
         if not text.strip():
             return Found(Finding(skipped="no_answer"))
         budget = self.engine.budget_s(request.profile)
         try:
-            self._within_size(request, text)
+            fitted, read = await self._fitted(request, text)
             if self.pool is not None:
-                detection = await self._detect_by_workers(request, utf8(text), budget)
+                detection = await self._detect_by_workers(fitted, text[:read], budget)
             else:
                 detector = await self.detector_for(request.detector)
-                detection = await asyncio.wait_for(self._detect(detector, request, utf8(text)), budget)
+                detection = await asyncio.wait_for(self._detect(detector, fitted, text[:read], memo), budget)
         except (MorphguardError, TimeoutError) as exc:
-            # Clients and the audit get a short stable code; the exception chain stays in the log and span.
-            reason = _reason(exc)
-            _record_masked(exc)
-            telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
-            return Found(Finding(failed=reason), (time.perf_counter() - started) * 1000, mask_secrets(str(exc)))
-        return Found(Finding(detection=detection), (time.perf_counter() - started) * 1000)
+            return self._failed(exc, started)
+        if detection.unchecked_from is None and read == len(text):
+            return Found(Finding(detection=detection), (time.perf_counter() - started) * 1000)
+        cap = CheckTooLargeError(f"the check read {read} of the answer's {len(text)} characters: answer and context "
+                                 f"are more than detector.max_text_chars ({self.config.detector.max_text_chars})") \
+            if detection.unchecked_from is None else JudgeCallCapError(
+            "the answer's rest needs more judge calls than detector.max_judge_calls "
+            f"({self.config.detector.max_judge_calls}) leaves")
+        unchecked = read if detection.unchecked_from is None else detection.unchecked_from
+        if not text[:unchecked].strip():  # nothing of it was read
+            return self._failed(cap, started)
+        telemetry.count_error(_reason(cap))
+        return Found(Finding(detection=detection.model_copy(update={"unchecked_from": unchecked}),
+                             failed=_reason(cap)), (time.perf_counter() - started) * 1000, mask_secrets(str(cap)))
 
-    def _within_size(self, request: CheckRequest, answer: str) -> None:
-        """CheckTooLargeError where the check would read more than `detector.max_text_chars` of answer and context."""
+    def _failed(self, exc: BaseException, started: float) -> Found:
+        # Clients and the audit get a short stable code; the exception chain stays in the log and span.
+        reason = _reason(exc)
+        _record_masked(exc)
+        telemetry.count_error(reason)  # whether policy then fails open or closed: the judge failed either way
+        return Found(Finding(failed=reason), (time.perf_counter() - started) * 1000, mask_secrets(str(exc)))
+
+    async def _fitted(self, request: CheckRequest, answer: str) -> tuple[CheckRequest, int]:
+        """The request and how much of the answer one check reads within `detector.max_text_chars`: all of it where
+        it fits, else the answer's first sentences and the context most relevant to them (`focus.within`)."""
         limit = self.config.detector.max_text_chars
-        assert request.rag is not None
-        size = len(answer) + len(request.rag.question) + sum(len(p) for p in request.rag.passages)
-        if limit is not None and size > limit:
-            raise CheckTooLargeError(f"the check would read {size} characters of answer and context, more than "
-                                     f"detector.max_text_chars ({limit})")
+        rag = request.rag
+        assert rag is not None
+        if limit is None or len(answer) + rag.size("") <= limit:
+            return request, len(answer)
+        passages, read = await in_thread(within, rag.question, rag.passages, answer, limit,
+                                         size=len(answer) + rag.size(""))
+        return replace(request, rag=rag.model_copy(update={"passages": passages})), read
 
-    async def _detect(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
-        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent), waiting for
-        the judge and the text-reading threads in the client's turn (`llm.fair`)."""
-        with call_budget(self.config.detector.max_judge_calls), on_behalf_of(request.client):
+    async def _detect(self, detector: Detector, request: CheckRequest, answer: str, memo: Memo | None) -> Detection:
+        """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent; a stream's
+        checks share one budget, `memo`'s), waiting for the judge and the text-reading threads in the client's turn
+        (`llm.fair`)."""
+        with call_budget(self.config.detector.max_judge_calls, memo.budget if memo is not None else None), \
+                remembering(memo), on_behalf_of(request.client):
             return await self._detect_or_recall(detector, request, answer)
 
     async def _detect_or_recall(self, detector: Detector, request: CheckRequest, answer: str) -> Detection:
@@ -114,7 +151,8 @@ class Checker:
         if cached is not None:
             return Detection.model_validate(cached)
         detection = await detector.detect(request.rag, answer)
-        await self.cache.put(key, detection.model_dump(mode="json"))
+        if detection.unchecked_from is None:  # what a check read under a cap is no answer's whole detection
+            await self.cache.put(key, detection.model_dump(mode="json"))
         return detection
 
     async def _detect_by_workers(self, request: CheckRequest, answer: str, budget: float | None) -> Detection:
@@ -149,7 +187,7 @@ class Checker:
         with telemetry.continued(job.get("trace"), names.SPAN_REMOTE_CHECK, request.request_id):
             try:
                 detector = await self.detector_for(request.detector)
-                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"]), remaining)
+                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"], None), remaining)
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
                 return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}

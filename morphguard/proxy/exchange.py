@@ -32,6 +32,7 @@ class Steps(Protocol):
     checker or the policy engine."""
 
     window: int  # a stream checked as it flows: how many new sentences a prefix check waits for
+    hold_s: float  # ... and how long a finished sentence waits for others to fill a judge call
 
     def answered(self, exchange: Exchange, call: Call, answer: Answer) -> None:
         """What the provider answered, on its call's span (the moment it finished)."""

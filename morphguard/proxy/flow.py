@@ -66,6 +66,7 @@ class Flow:
         self.guard = guard
         self.stream_modes = stream_modes
         self.window = self.settings.stream_window
+        self.hold_s = self.settings.stream_hold_s
 
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         headers = self.backend.headers_for(dialect, request.headers)

@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, stop_
 from morphguard import telemetry
 from morphguard.config import Config
 from morphguard.detectors import Detector
+from morphguard.detectors.memo import Memo
 from morphguard.models import Detection
 from morphguard.policy import actions
 from morphguard.policy.audit import AuditStore, Written
@@ -86,9 +87,10 @@ class Guard:
         self.streams = StreamJournal(Path(config.policy.audit.path).with_suffix(".streams")) \
             if audit is not None else None
 
-    async def find(self, request: CheckRequest, answer: Answer) -> Found:
-        """The check of the answer's text (no decision, no side effects)."""
-        return await self.checker.find(request, answer)
+    async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
+        """The check of the answer's text (no decision, no side effects); `memo`: shared by the checks of one
+        stream (`Checker.memo`)."""
+        return await self.checker.find(request, answer, memo)
 
     def decide(self, request: CheckRequest, answer: Answer, found: Found, reach: Reach) -> CheckOutcome:
         """Policy's one decision on what the check found in this answer, as far as `reach` lets it act."""

@@ -18,7 +18,11 @@ answer (as the API reads it) is checked at once, beside the prefix check under w
 if it blocks, what the prefix check under way passes still goes out, the rest is withheld and the stream ends as
 the API ends a refused answer. A prefix check that blocks mid-stream stops reading the upstream and ends the
 stream there. A check's score can exceed the scores of its sentences one by one (evidence adds up over an
-answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence.
+answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence. The
+checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`): each
+sentence is asked about once. Past that budget a check reads the answer as far as it can and, where the profile
+withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it read and passed goes out
+first.
 
 The stream's record says what was released apart from what was withheld (`Closing`, `Checks.close`): how many
 characters of answer text the client received and the verdict of the prefix they passed.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -74,6 +79,9 @@ class PrefixCheck:
     claims: tuple[Claim, ...] = ()
     whole: bool = False
     outcome: Any = None  # the checker's own record of it, handed back to `Checks.close`
+    # A check that read the text only up to a cap and blocks for the unread rest: where that rest begins. The text
+    # before it passed this check (it read that text and flagged nothing in it).
+    read_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,8 @@ class Checked:
 
 
 class Checks(Protocol):
+    fill: int  # how many sentences one judge call of the check reads (1: it does not read them in batches)
+
     @property
     def closed(self) -> bool:
         """The stream's verdict is recorded."""
@@ -160,11 +170,16 @@ class Incremental(Generic[E]):
     stream: Stream[E]
     checks: Checks
     window: int = 1  # a prefix check waits for at least this many sentences finished since the last
+    # After the first prefix check (which gates the first token), a check takes whole multiples of `fill` sentences
+    # (the judge's batch: each call full), unless a finished sentence has waited `hold_s` for companions.
+    fill: int = 1
+    hold_s: float = 0.0
     text: str = ""  # the answer read so far
     checked: list[Checked] = field(default_factory=list)  # every prefix check that finished, in order
     _held: deque[tuple[E, int]] = field(default_factory=deque)  # (event, where its text ends)
     _sent: list[E] = field(default_factory=list)
     _ends: list[int] = field(default_factory=list)  # ends of finished sentences not yet given to a check
+    _ends_at: list[float] = field(default_factory=list)  # when each of them was read
     _scanned: int = 0  # where the next finished sentence begins
     _passed: int = 0  # the answer up to here has passed the check
     _passing: PrefixCheck | None = None  # the check it passed
@@ -185,16 +200,20 @@ class Incremental(Generic[E]):
         upto = 0  # the end of its prefix
         whole: asyncio.Task[PrefixCheck] | None = None  # the whole answer's check, once the upstream has ended
         decided: PrefixCheck | None = None  # the whole answer's verdict, when it blocks while a prefix is checked
+        holding: asyncio.Task[None] | None = None  # until the sentences held to fill a check are due
         try:
             while True:
-                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole) if t is not None}
+                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole, holding) if t is not None}
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if holding is not None and holding in done:
+                    holding = None
                 if prefix is not None and prefix in done:
                     check = prefix.result()
                     prefix = None
                     self.checked.append(Checked(upto, check))
                     if not check.blocks:
                         self._pass(upto, check)
+                    if not check.blocks or self._passed_in_part(check):
                         for out, end in self._release():
                             yield out
                             self.sent = max(self.sent, end)
@@ -216,6 +235,10 @@ class Incremental(Generic[E]):
                             yield out
                         return
                     if prefix is None:
+                        if self._passed_in_part(check):
+                            for out, end in self._release():
+                                yield out
+                                self.sent = max(self.sent, end)
                         for out in await self._closed(check):
                             yield out
                         return
@@ -232,11 +255,17 @@ class Incremental(Generic[E]):
                             yield out
                             self.sent = max(self.sent, end)
                 if prefix is None and whole is None and decided is None and len(self._ends) >= self.window:
-                    upto = self._ends[-1]
-                    self._ends = []
-                    prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
+                    taken, due = self._taken()
+                    if taken:
+                        _cancel(holding)
+                        holding = None
+                        upto = self._ends[taken - 1]
+                        del self._ends[:taken], self._ends_at[:taken]
+                        prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
+                    elif holding is None:
+                        holding = asyncio.ensure_future(asyncio.sleep(due))
         finally:
-            tasks = (read, prefix, whole)
+            tasks = (read, prefix, whole, holding)
             _cancel(*tasks)
             await _settle(*tasks)
             close = getattr(reader, "aclose", None)
@@ -250,7 +279,24 @@ class Incremental(Generic[E]):
         ends = sentence_ends(self.text, self._scanned)
         if ends:
             self._ends += ends
+            self._ends_at += [time.monotonic()] * len(ends)
             self._scanned = ends[-1]
+
+    def _taken(self) -> tuple[int, float]:
+        """How many of the finished sentences the next prefix check takes (0: none yet), and else how long until
+        they are due: all of them for the first check and once the oldest has waited `hold_s`; else whole multiples
+        of `fill`."""
+        waited = time.monotonic() - self._ends_at[0]
+        if not self.checked or waited >= self.hold_s:
+            return len(self._ends), 0.0
+        return len(self._ends) - len(self._ends) % self.fill, self.hold_s - waited
+
+    def _passed_in_part(self, check: PrefixCheck) -> bool:
+        """Where a blocking check read the text only up to a cap and flagged nothing there: that text passed it."""
+        if check.read_to is None or check.read_to <= self._passed:
+            return False
+        self._pass(check.read_to, replace(check, blocks=False))
+        return True
 
     def _pass(self, upto: int, check: PrefixCheck) -> None:
         self._verdicts += sentence_verdicts(self.text[:upto], check, self._passed)
@@ -344,6 +390,8 @@ class GuardChecks:
         self.answer = whole
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
         self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
+        self.memo = guard.checker.memo()  # the stream's checks: one budget of judge calls, each sentence asked once
+        self.fill = guard.checker.sentences_per_call(request)
 
     @property
     def closed(self) -> bool:
@@ -351,7 +399,7 @@ class GuardChecks:
 
     async def prefix(self, text: str) -> PrefixCheck:
         answer = Answer.of_text(text)
-        found = await self.guard.find(self.request, answer)
+        found = await self.guard.find(self.request, answer, self.memo)
         check = _of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD))
         if not check.blocks:
             self._cleared = (self.guard.checked_text(answer), found)
@@ -363,7 +411,7 @@ class GuardChecks:
         if cleared is not None and cleared[0].strip() == self.guard.checked_text(answer).strip():
             found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
         else:                  # on the whole answer, with all it holds beside that text
-            found = await self.guard.find(self.request, answer)
+            found = await self.guard.find(self.request, answer, self.memo)
         return replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
 
     async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
@@ -382,5 +430,8 @@ def _of(outcome: CheckOutcome) -> PrefixCheck:
         threshold = outcome.decision.threshold
         placed = tuple(Claim(f.start, f.end, f.score, f.score >= threshold) for f in claims(detection.factoids)
                        if f.start is not None and f.end is not None)
-    return PrefixCheck(flagged=outcome.decision.flagged, blocks=outcome.decision.action in ENDS_STREAM,
-                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome)
+    blocks = outcome.decision.action in ENDS_STREAM
+    read_to = detection.unchecked_from if detection is not None and blocks and not outcome.decision.flagged else None
+    return PrefixCheck(flagged=outcome.decision.flagged, blocks=blocks,
+                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome,
+                       read_to=read_to)

@@ -163,7 +163,7 @@ class AsItFlows:
             steps.answered(exchange, relay, whole())
 
         checks = steps.checks(exchange, whole)
-        engine = Incremental(stream, checks, steps.window)
+        engine = Incremental(stream, checks, steps.window, checks.fill, steps.hold_s)
         unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
         journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:

@@ -65,6 +65,7 @@ CHECKED = "morphguard.checked"  # whether a check ran (a decision taken on no ch
 ROLE = "morphguard.llm.role"  # upstream | judge
 STAGE = "morphguard.stage"
 STAGE_CALLS = "morphguard.stage.llm_calls"
+CACHED_INPUT_TOKENS = "morphguard.stage.cached_input_tokens"  # of gen_ai.usage.input_tokens, the provider cache's
 FACTOIDS = "morphguard.factoids"
 QUESTION = "morphguard.question"  # content capture only
 CONTEXT = "morphguard.context"  # content capture only

@@ -15,7 +15,7 @@ import pytest
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector, sentences
-from morphguard.errors import JudgeCallCapError, LLMError, MorphguardError
+from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
@@ -71,20 +71,24 @@ def test_the_text_work_of_a_check_runs_off_the_event_loop(monkeypatch):
     assert loop_thread not in threads["prompt"] | threads["spans"]
 
 
-def test_a_check_past_its_judge_call_budget_fails_before_sending_any():
-    answer = " ".join(f"Paris is the capital of France number {i}." for i in range(5))  # 3 batches of 2
-    with ScriptedLLM(verdicts) as server:
+def test_a_check_past_its_judge_call_budget_reads_the_first_sentences_and_marks_where_the_rest_begins():
+    said = [f"Paris is the capital of France number {i}." for i in range(5)]  # 3 batches of 2
+    answer = " ".join(said)
+    with ScriptedLLM(by_label({"number 1": ["number 1"]})) as server:
         check = detector(server)
 
         async def run(limit: int) -> Any:
             with call_budget(limit):
                 return await check.detect(RAG, answer)
 
-        with pytest.raises(JudgeCallCapError, match="needs 3 judge calls"):
-            asyncio.run(run(2))
-        assert server.requests == []
-        assert asyncio.run(run(3)).settings["calls"] == 3
-    assert len(server.requests) == 3
+        cut = asyncio.run(run(2))
+        assert len(server.requests) == 2 and cut.settings["calls"] == 2
+        assert cut.unchecked_from == answer.index(said[4])  # the fifth sentence is left unread
+        assert cut.flagged and [f.text for f in cut.factoids if f.label == "unsupported"] == ["number 1"]
+        assert all(f.end is not None and f.end <= cut.unchecked_from for f in cut.factoids)
+        whole = asyncio.run(run(3))
+        assert whole.settings["calls"] == 3 and whole.unchecked_from is None
+    assert len(server.requests) == 3  # the first two asked again are the judge cache's
 
 
 def body_user(body: dict[str, Any]) -> str:
@@ -351,11 +355,30 @@ def test_a_long_answer_is_judged_whole_in_a_bounded_number_of_calls():
     assert flagged.text == "Town number 123 is in France." and outcome.decision.reason is None
 
 
-def test_a_long_answer_past_max_judge_calls_sends_no_call_and_fails_as_the_profile_says():
-    with ScriptedLLM(by_label({})) as server:
+def test_a_long_answer_past_max_judge_calls_is_read_as_far_as_the_cap_goes_and_the_rest_fails_as_the_profile_says():
+    invented = LONG.replace("Town number 7 is in France.", "Town number 7 is in Spain.")
+    with ScriptedLLM(by_label({"Spain": ["Spain"]})) as server:
         capped = asyncio.run(decided(long_checker(server.base_url, max_judge_calls=24), LONG))
-        assert server.requests == []
-        larger = asyncio.run(decided(long_checker(server.base_url, max_judge_calls=24),
-                                      LONG[:LONG.index("Town number 288")]))  # 288 sentences: 24 calls
+        assert len(server.requests) == 24  # the first 288 sentences, then the cap
+        caught = asyncio.run(decided(long_checker(server.base_url, max_judge_calls=24), invented))
     assert (capped.decision.action, capped.decision.reason) == ("block", "fail_closed: judge_call_cap")
-    assert larger.decision.reason is None and len(server.requests) == 24
+    assert capped.detection is not None and capped.detection.unchecked_from == LONG.index("Town number 288")
+    assert (caught.decision.action, caught.decision.flagged) == ("annotate", True)  # what it read decides
+    assert caught.decision.reason == "read in part: judge_call_cap"
+
+
+def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_and_plan_as_a_check_alone(
+        monkeypatch):
+    from morphguard.config import SentencesSettings
+
+    check = sentences.Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
+    said = " ".join(FRANCE)
+    read_sentences, read_contexts = [], []
+    report, vocabulary = sentences.sentence_report, sentences.vocabulary
+    monkeypatch.setattr(sentences, "sentence_report", lambda a, s, e, k: read_sentences.append(a[s:e]) or report(
+        a, s, e, k))
+    monkeypatch.setattr(sentences, "vocabulary", lambda texts: read_contexts.append(1) or vocabulary(texts))
+    known = sentences.Asked()
+    for end in (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said)):  # three checks, the answer growing
+        assert check.plan(RAG, said[:end], known) == check.plan(RAG, said[:end])
+    assert read_contexts == [1] and sorted(read_sentences) == sorted(FRANCE)

@@ -78,18 +78,20 @@ def proxy_factory(provider, tmp_path_factory):
     started: list[subprocess.Popen[bytes]] = []
 
     def make(judge_model: str = "openai/judge", policy: dict | None = None, telemetry: dict | None = None,
-             processes: int = 1, detector: str = "auto", shadow: dict | None = None, **proxy: object) -> str:
+             processes: int = 1, detector: str = "auto", detector_settings: dict | None = None,
+             sections: dict | None = None, shadow: dict | None = None, **proxy: object) -> str:
         folder = tmp_path_factory.mktemp("proxy")
         upstream = {"base_url": provider, "timeout_s": 2, "max_attempts": 3, **proxy.pop("upstream", {})}
         policy = dict(policy or {})
         policy["audit"] = {"path": str(folder / "audit.db"), **policy.get("audit", {})}
         config = {
             "judge": {"model": judge_model, "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
-            "detector": {"name": detector},
+            "detector": {"name": detector, **(detector_settings or {})},
             "metarag": {"profile": "paper" if judge_model != "local" else "embedded"},
             "proxy": {"upstream": upstream, **proxy},
             "policy": policy,
             "telemetry": telemetry or {},
+            **(sections or {}),  # a detector's own section (`sentences`, ...)
             **({"shadow": shadow} if shadow else {}),
         }
         base, process = serve(config, folder, processes=processes)

@@ -302,6 +302,94 @@ def test_messages_under_annotate_a_stream_passes_through_unchanged(annotate_prox
     assert text == f"{INVENTED} {AFTER}" and final.stop_reason == "end_turn"
 
 
+# --- the judge's cost of a stream -------------------------------------------------------------------------------
+
+
+def test_a_stream_checked_as_it_flows_asks_the_judge_about_each_sentence_once(proxy_factory, provider):
+    """The echo model writes a word every 10 ms and the judge answers in 100 ms: the answer is checked up to each
+    finished sentence several times, then whole. Each check asks only about the sentences no check before it asked
+    (or is asking), so every sentence reaches the judge once however many checks read it."""
+    import httpx
+
+    from tests.scripted_llm import asked_sentences
+
+    base = proxy_factory(judge_model="openai/judge-100ms",
+                         policy={"profiles": {"general": {"action": "block", "topics": {}}}})
+    said = [f"Station {name} opens its western gate at dawn." for name in
+            ("Aldgate", "Bermondsey", "Clapham", "Dalston", "Euston", "Fulham", "Greenwich", "Hackney", "Islington",
+             "Kennington", "Lambeth", "Marylebone", "Norwood", "Oval")]
+    answer = " ".join(said)
+    chunks = list(oai(base).chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": answer}], stream=True,
+        extra_body={"morphguard": {"context": [answer]}}))
+    assert text_of(chunks) == answer and chunks[-1].morphguard["action"] == "pass"
+    calls = [body for r in httpx.get(provider.removesuffix("/v1") + "/_requests", timeout=10).json()
+             if "sentences are numbered" in str((body := r["body"])["messages"][0]["content"])
+             and "Station Aldgate" in str(body["messages"][-1]["content"])]
+    asked = [sentence for body in calls for _, sentence in asked_sentences(body["messages"][-1]["content"])]
+    assert len(calls) >= 3  # checked as it flowed, in several checks
+    assert sorted(asked) == sorted(said)  # each sentence asked once
+
+
+# A list answer longer than the stream's judge calls can read (`max_judge_calls: 6`, one sentence a call): the echo
+# model writes a word every 10 ms and the judge takes 2 s a call, so the check after the first line finds a dozen
+# lines finished, more than the calls left can ask about.
+DEPOTS = [f"Depot {n} ships parcels on weekdays." for n in range(1, 61)]
+SAFE_DEFAULT = "Please check the source documents or ask a specialist."
+
+
+def judged_lines(provider: str, marker: str) -> list[str]:
+    """Every sentence the `sentences` check asked the judge about, over the calls whose answer holds `marker`."""
+    import httpx
+
+    from tests.scripted_llm import asked_sentences
+
+    bodies = [r["body"] for r in httpx.get(provider.removesuffix("/v1") + "/_requests", timeout=10).json()]
+    return [sentence for body in bodies if "sentences are numbered" in str(body["messages"][0]["content"])
+            and marker in str(body["messages"][-1]["content"])
+            for _, sentence in asked_sentences(body["messages"][-1]["content"])]
+
+
+def capped_proxy(proxy_factory, on_error: str) -> str:
+    return proxy_factory(judge_model="openai/judge-2000ms", detector_settings={"max_judge_calls": 6},
+                         sections={"sentences": {"batch": 1}},
+                         policy={"profiles": {"general": {"action": "block", "on_error": on_error, "topics": {}}}})
+
+
+def depots_stream(base: str, answer: str, context: str) -> list:
+    return list(oai(base).chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": answer}], stream=True,
+        extra_body={"morphguard": {"context": [context]}}))
+
+
+def test_past_the_streams_cap_an_invented_line_under_it_is_still_caught(proxy_factory):
+    base = capped_proxy(proxy_factory, "fail_open")
+    lines = [*DEPOTS[:2], "Depot 3 ships parcels by airship.", *DEPOTS[3:]]
+    chunks = depots_stream(base, "\n".join(lines), "\n".join(DEPOTS))
+    verdict = chunks[-1].morphguard
+    assert (verdict["action"], verdict["flagged"]) == ("block", True)  # what fits is read, and decides
+    assert "airship" not in text_of(chunks) and verdict["reason"] == "read in part: judge_call_cap"
+
+
+@pytest.mark.parametrize("on_error", ["fail_closed", "fail_open"])
+def test_past_the_streams_cap_the_unchecked_rest_is_withheld_or_passed_marked_as_the_profile_says(
+        proxy_factory, provider, on_error):
+    base = capped_proxy(proxy_factory, on_error)
+    marker = f"Depot 1 ships parcels on weekdays, {on_error}."  # tells this stream's judge calls apart
+    answer = "\n".join([marker, *DEPOTS[1:]])
+    chunks = depots_stream(base, answer, "\n".join([marker, *DEPOTS[1:]]))
+    said, verdict = text_of(chunks), chunks[-1].morphguard
+    judged = judged_lines(provider, marker)
+    assert len(judged) <= 6 and len(set(judged)) == len(judged)  # the stream's calls, each sentence once
+    assert verdict["reason"] == f"{on_error}: judge_call_cap"
+    if on_error == "fail_open":
+        assert said == answer and verdict["action"] == "pass"  # passed, and marked as not read through
+        return
+    released = said[:verdict["released_chars"]]
+    assert verdict["action"] == "block" and answer.startswith(released) and said.endswith(SAFE_DEFAULT)
+    released_lines = [line for line in released.splitlines() if line.strip()]
+    assert set(released_lines) <= set(judged)  # nothing the judge was not asked about went out
+    assert len(released_lines) == len(judged) == 6  # what the checks read went out, up to the unread rest
 
 
 @pytest.mark.parametrize("proxy", ["block_proxy", "annotate_proxy"])

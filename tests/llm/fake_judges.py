@@ -20,6 +20,12 @@
 - A key starting `sk-revoked` is refused on the OpenAI route with a 401 that repeats the key whole, as providers'
   "Incorrect API key provided: ..." errors do (OpenAI shows its start and end).
 
+Prompt caches, as each provider reports them: OpenAI and Gemini serve by themselves a prompt that opens with at
+least `CACHED_PREFIX` characters an earlier prompt opened with (reported as `prompt_tokens_details.cached_tokens`,
+`cachedContentTokenCount`: `CACHED_TOKENS` of the 50 input tokens); Anthropic serves only a prefix ending in a block
+marked `cache_control: {"type": "ephemeral"}` (a field the block may carry, nothing else), written the first time
+(`cache_creation_input_tokens`) and read after (`cache_read_input_tokens`).
+
 Every judge finds fault (NO, or a label such as "contradicted"), as a JSON object fitting the schema asked
 for, or as the word. What arrives is listed at GET /_seen. What such fakes cannot show: the providers' real
 model quality, latency and rate limits, and rules their documentation does not state.
@@ -28,6 +34,7 @@ model quality, latency and rate limits, and rules their documentation does not s
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -49,6 +56,39 @@ ANTHROPIC_FIELDS = {"model", "messages", "max_tokens", "system", "temperature", 
                     "mcp_servers", "output_config"}
 STRUCTURED_BETA = "structured-outputs-2025-11-13"
 seen: list[dict] = []
+CACHED_PREFIX = 200
+CACHED_TOKENS = 40
+prompts: dict[str, list[str]] = {}  # each model's prompts so far, as one text: what its cache could hold
+
+
+def cached_by_prefix(model: str, text: str) -> int:
+    """The input tokens an automatic prefix cache serves: CACHED_TOKENS where an earlier prompt to the same model
+    opened alike."""
+    earlier = prompts.setdefault(model, [])
+    hit = any(len(os.path.commonprefix([text, other])) >= CACHED_PREFIX for other in earlier)
+    earlier.append(text)
+    return CACHED_TOKENS if hit else 0
+
+
+def anthropic_cache(body: dict) -> tuple[int, int] | str:
+    """(tokens written to the cache, tokens read from it) for the prefix up to the marked block, or what is wrong
+    with a mark."""
+    opened = json.dumps([body.get("model"), body.get("system")])  # a cache per model
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            opened += json.dumps(block.get("text"))
+            mark = block.get("cache_control")
+            if mark is None:
+                continue
+            if mark != {"type": "ephemeral"} and mark.get("type") != "ephemeral":
+                return "cache_control.type: Input should be 'ephemeral'"
+            earlier = prompts.setdefault("anthropic", [])
+            if opened in earlier:
+                return 0, CACHED_TOKENS
+            earlier.append(opened)
+            return CACHED_TOKENS, 0
+    return 0, 0
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
@@ -127,9 +167,10 @@ def logprobs_of(text: str, top: int) -> dict:
     return {"content": content}
 
 
-def completion(model: str, text: str, finish: str, body: dict, reasoning: int = 0) -> JSONResponse:
+def completion(model: str, text: str, finish: str, body: dict, reasoning: int = 0, cached: int = 0) -> JSONResponse:
     usage = {"prompt_tokens": 50, "completion_tokens": len(text) // 3 + 1 + reasoning,
              "total_tokens": 51 + len(text) // 3 + reasoning,
+             "prompt_tokens_details": {"cached_tokens": cached},
              "completion_tokens_details": {"reasoning_tokens": reasoning}}
     choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "finish_reason": finish,
               "logprobs": logprobs_of(text, int(body.get("top_logprobs") or 0)) if body.get("logprobs") else None}
@@ -157,6 +198,7 @@ async def openai_chat(request: Request) -> Response:
         problem = strict_problem(format_["json_schema"].get("schema"))
         if problem:
             return error(400, f"Invalid schema for response_format 'answer': {problem}", param="response_format")
+    cached = cached_by_prefix(model, "".join(str(m.get("content")) for m in body.get("messages") or []))
     if is_reasoning(model):
         if "max_tokens" in body:
             return error(400, "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
@@ -170,8 +212,8 @@ async def openai_chat(request: Request) -> Response:
         budget = body.get("max_completion_tokens") or 100_000
         if budget < REASONING_TOKENS + len(text) // 3 + 1:  # the budget went on thinking
             return completion(model, "", "length", body, reasoning=min(budget, REASONING_TOKENS))
-        return completion(model, text, "stop", body, reasoning=REASONING_TOKENS)
-    return completion(model, reply_text(body), "stop", body)
+        return completion(model, text, "stop", body, reasoning=REASONING_TOKENS, cached=cached)
+    return completion(model, reply_text(body), "stop", body, cached=cached)
 
 
 async def vllm_chat(request: Request) -> Response:
@@ -193,6 +235,9 @@ async def anthropic_messages(request: Request) -> Response:
         return anthropic_error(400, f"{sorted(unknown)[0]}: Extra inputs are not permitted")
     if not isinstance(body.get("max_tokens"), int):
         return anthropic_error(400, "max_tokens: Field required")
+    cache = anthropic_cache(body)
+    if isinstance(cache, str):
+        return anthropic_error(400, cache)
     format_ = body.get("output_format") or (body.get("output_config") or {}).get("format")
     choice = body.get("tool_choice") or {}
     tools = {t.get("name"): t for t in body.get("tools") or []}
@@ -211,7 +256,8 @@ async def anthropic_messages(request: Request) -> Response:
         stop = "end_turn"
     return JSONResponse({"id": "msg_judge", "type": "message", "role": "assistant", "model": body["model"],
                          "content": [block], "stop_reason": stop, "stop_sequence": None,
-                         "usage": {"input_tokens": 50, "output_tokens": 5}})
+                         "usage": {"input_tokens": 50, "output_tokens": 5, "cache_creation_input_tokens": cache[0],
+                                   "cache_read_input_tokens": cache[1]}})
 
 
 def anthropic_error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -263,9 +309,12 @@ async def gemini_generate(request: Request) -> Response:
     finish = "STOP"
     if limit < thoughts + len(text) // 3 + 1:
         parts, finish = [], "MAX_TOKENS"
+    cached = cached_by_prefix(model, json.dumps([body.get("systemInstruction") or body.get("system_instruction"),
+                                                    body.get("contents")]))
     return JSONResponse({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish,
                                          "index": 0}],
                          "usageMetadata": {"promptTokenCount": 50, "candidatesTokenCount": len(text) // 3 + 1,
+                                           **({"cachedContentTokenCount": cached} if cached else {}),
                                            "thoughtsTokenCount": thoughts,
                                            "totalTokenCount": 51 + thoughts + len(text) // 3},
                          "modelVersion": model})

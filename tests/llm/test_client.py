@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
-from morphguard.llm.client import Endpoint, LLMClient, call_budget, reserve
+from morphguard.llm.client import CallBudget, Endpoint, LLMClient, call_budget, reserve_up_to
 from tests.scripted_llm import ScriptedLLM, completion, error
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -148,21 +148,31 @@ def test_a_check_sends_no_judge_call_past_its_budget_in_any_of_its_tasks():
     assert len(server.requests) == 4
 
 
-def test_calls_reserved_at_once_are_all_taken_or_none():
+def test_calls_reserved_at_once_are_taken_as_far_as_the_budget_goes():
     with ScriptedLLM(lambda body: "ok") as server:
         llm = client(server)
 
         async def check():
-            with call_budget(3) as budget:
-                with pytest.raises(JudgeCallCapError):
-                    reserve(4)
-                assert budget is not None and budget.used == 0  # the refused reservation took nothing
-                reserve(2)
+            with call_budget(4) as budget:
+                assert reserve_up_to(2) == 2
                 await llm.complete([{"role": "user", "content": "a"}])
-                await llm.complete([{"role": "user", "content": "b"}])  # both reserved: the budget has one left
+                await llm.complete([{"role": "user", "content": "b"}])  # both reserved: the budget has two left
+                assert reserve_up_to(5) == 2 and budget is not None and budget.used == 4
                 await llm.complete([{"role": "user", "content": "c"}])
+                assert reserve_up_to(1) == 0  # all taken: none left to reserve
+                await llm.complete([{"role": "user", "content": "d"}])  # the last one reserved
                 with pytest.raises(JudgeCallCapError):
-                    await llm.complete([{"role": "user", "content": "d"}])
+                    await llm.complete([{"role": "user", "content": "e"}])
 
         run(check())
-    assert [r["messages"][0]["content"] for r in server.requests] == ["a", "b", "c"]
+    assert [r["messages"][0]["content"] for r in server.requests] == ["a", "b", "c", "d"]
+
+
+def test_checks_sharing_a_budget_draw_on_it_together():
+    """The checks of one stream: each opens the stream's budget, so the cap bounds them all, not each."""
+    shared = CallBudget(3)
+    for _ in range(2):
+        with call_budget(100, shared) as budget:
+            assert budget is shared
+            taken = reserve_up_to(2)
+    assert taken == 1 and shared.used == 3

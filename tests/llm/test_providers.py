@@ -6,6 +6,7 @@ returns a verdict on each, and a judge that cannot answer is an error at start, 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,46 @@ def test_doctor_and_serve_say_when_a_judge_cannot_be_called(fakes, tmp_path):
     served = morphguard("serve", "--port", str(port), config={**bad, "proxy": {"port": port}}, folder=tmp_path)
     assert served.returncode != 0
     assert "the judge openai/o3-mini cannot be called" in served.stdout + served.stderr
+
+
+def opening(call: dict) -> str:
+    """What a judge call sends before the sentences it asks about, as the provider received it."""
+    body = call["body"]
+    if call["provider"] == "gemini":
+        text = json.dumps([body.get("systemInstruction") or body.get("system_instruction"), body["contents"]])
+        return text[:text.index("<answer>")]
+    if call["provider"] == "anthropic":
+        [user] = body["messages"]
+        return json.dumps([body.get("system"), user["content"][0]])
+    text = json.dumps(body["messages"])
+    return text[:text.index("<answer>")]
+
+
+@pytest.mark.parametrize("model", list(PROVIDERS))
+def test_every_judge_call_of_a_check_opens_with_the_same_bytes_and_counts_what_the_providers_cache_served(
+        fakes, model):
+    """The calls of a `sentences` check differ only in the sentences they ask about, at their end: OpenAI's and
+    Gemini's automatic caches serve the rest; Anthropic's serves it where the request marks it (`cache_control`)."""
+    answer = "Ibuprofen is not contraindicated. It is fine in the third trimester. Take it daily."
+    passage = f"{PASSAGE} Reviewed for this test, {model}."  # a context no other call sent: no cache holds it
+    before = len(seen(fakes))
+    config = config_for(fakes, model, "sentences")
+    config = Config.model_validate({**config.model_dump(), "sentences": {"batch": 1}})
+    found = detect(QUESTION, [passage], answer, config=config)
+    calls = seen(fakes)[before:]
+    assert len(calls) == 3 and len({opening(call) for call in calls}) == 1  # byte for byte
+    if PROVIDERS[model] == "anthropic":
+        for call in calls:
+            [user] = call["body"]["messages"]
+            first, rest = user["content"]
+            assert first["cache_control"] == {"type": "ephemeral"} and "cache_control" not in rest
+            assert first["text"].endswith("<answer>\n") and rest["text"].startswith("1. ")
+    else:
+        assert all(isinstance(m["content"], str) for c in calls if "messages" in c["body"]
+                   for m in c["body"]["messages"])
+    if PROVIDERS[model] == "vllm/v1":  # a server of its own: no cache reported
+        assert found.cost.cached_input_tokens == 0
+    elif PROVIDERS[model] == "anthropic":  # the first call wrote the marked prefix, the two after it read it
+        assert found.cost.cached_input_tokens == 2 * 40, found.cost
+    else:  # the two after the first opened as it did (the first may open as other checks' calls did)
+        assert found.cost.cached_input_tokens >= 2 * 40, found.cost

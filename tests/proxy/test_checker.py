@@ -63,13 +63,14 @@ ANSWER = "Paris is the capital of France. Lyon is in France. Nice is in France."
 
 
 @pytest.mark.parametrize(("on_error", "action"), [("fail_open", "pass"), ("fail_closed", "block")])
-def test_a_check_needing_more_judge_calls_than_the_cap_fails_as_judge_call_cap(on_error, action):
+def test_a_check_needing_more_judge_calls_than_the_cap_reads_what_fits_and_the_rest_fails_as_judge_call_cap(
+        on_error, action):
     with ScriptedLLM(verdicts) as server:
         outcome = asyncio.run(decided(checker(server.base_url, on_error=on_error, max_judge_calls=2), request(),
                                       ANSWER))
-        assert server.requests == []  # none sent: the check knew its calls before making them
+        assert len(server.requests) == 2  # the first two sentences; none sent past the cap
     assert (outcome.decision.action, outcome.decision.reason) == (action, f"{on_error}: judge_call_cap")
-    assert outcome.detection is None
+    assert outcome.detection is not None and outcome.detection.unchecked_from == ANSWER.index("Nice")
 
 
 def test_a_check_within_the_cap_is_judged_whole():
@@ -143,7 +144,7 @@ def test_a_check_whose_judge_call_fails_leaves_none_of_its_other_calls_running()
         assert still_running == 0
 
 
-def test_a_check_past_max_text_chars_is_not_made_and_fails_as_check_too_large():
+def test_a_check_past_max_text_chars_reads_the_first_sentences_and_fails_the_rest_as_check_too_large():
     config = Config.model_validate({"detector": {"name": "grounding", "max_text_chars": 1000},
                                     "policy": {"profiles": {"general": {"on_error": "fail_closed"}}}})
     guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
@@ -151,7 +152,11 @@ def test_a_check_past_max_text_chars_is_not_made_and_fails_as_check_too_large():
     assert small.detection is not None
     large = asyncio.run(decided(guard, request(), "Paris is in France. " * 60))
     assert (large.decision.action, large.decision.reason) == ("block", "fail_closed: check_too_large")
-    assert large.detection is None
+    assert large.detection is not None and 500 <= (large.detection.unchecked_from or 0) <= 1000
+    invented = asyncio.run(decided(guard, request(), "Paris is in Spain. " + "Paris is in France. " * 60))
+    assert (invented.decision.action, invented.decision.flagged) == ("annotate", True)  # caught in what fits
+    one = asyncio.run(decided(guard, request(), "Paris " * 400 + "is in France."))  # no sentence fits
+    assert one.detection is None and one.decision.reason == "fail_closed: check_too_large"
 
 
 def test_a_grounding_check_whose_alignment_passes_its_bound_fails_as_check_too_large():

@@ -331,6 +331,26 @@ def test_a_window_waits_for_that_many_new_sentences_before_a_prefix_check():
     asyncio.run(run())
 
 
+def test_after_the_first_check_a_check_takes_whole_judge_calls_of_sentences_until_one_has_waited_too_long():
+    async def run() -> None:
+        judge, upstream = Judge(), Upstream()
+        judge.gates["prefix:A one."] = gate = asyncio.Event()
+        task = asyncio.create_task(collect(Incremental(Plain(), judge, fill=2, hold_s=0.3), upstream))
+        upstream.push(*deltas("A one. ", "B two. ", "C three. ", "D four. ", "E five. ", "F six. "))
+        await settle()
+        assert judge.started == ["prefix:A one."]  # the first check at once, for the first token
+        gate.set()
+        await settle()
+        assert judge.started[1] == "prefix:A one. B two. C three. D four. E five."  # two full calls; F waits
+        await asyncio.sleep(0.5)
+        assert judge.started[2:] == ["prefix:A one. B two. C three. D four. E five. F six."]  # F waited its hold_s
+        upstream.push(None)
+        out = await task
+        assert text_of(out) == "A one. B two. C three. D four. E five. F six. "
+
+    asyncio.run(run())
+
+
 def test_flagged_sentences_under_a_non_blocking_rule_go_out_with_their_verdicts():
     async def run() -> None:
         judge, upstream = Judge(), Upstream()
@@ -532,9 +552,9 @@ def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_s
     calls: list[str] = []
     find = guard.checker.find
 
-    async def counted(request: CheckRequest, answer: Answer) -> Any:
+    async def counted(request: CheckRequest, answer: Answer, memo: Any = None) -> Any:
         calls.append(guard.checker.answer_text(answer))
-        return await find(request, answer)
+        return await find(request, answer, memo)
 
     guard.checker.find = counted
 

@@ -1,6 +1,7 @@
 """What an answer says, read from every field of a chat completion that carries the model's words.
 
-The check reads the prose (`content`, a string or a list of text parts), a refusal (the message's, or a
+The check reads the prose (`content`, a string or a list of text parts: `text`, or `output_text` as some servers
+write the Responses API's part into a chat answer), a refusal (the message's, or a
 refusal part of its content), a spoken answer's transcript and, unless policy says otherwise
 (`policy.tool_calls`), the arguments of tool calls: apps that take a structured answer through a tool call
 find it there. A streamed chat answer is read by the same functions, a chunk's delta at a time (`said`). The
@@ -14,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 UNREADABLE = "unreadable"  # key of a translated message: the output types the check cannot read
-_READ_PARTS = ("text", "refusal")  # the content parts whose words the check reads
+_TEXT_PARTS = ("text", "output_text")  # the content parts whose `text` is the answer's prose
+_READ_PARTS = (*_TEXT_PARTS, "refusal")  # the content parts whose words the check reads
 
 
 def message_of(completion: Any) -> dict[str, Any]:
@@ -27,13 +29,13 @@ def message_of(completion: Any) -> dict[str, Any]:
 
 
 def content_text(content: Any) -> str:
-    """The text of a message's (or a delta's) content: a string, or the `text` of its text parts, joined as they
-    follow each other (a streamed part is a piece of the text, not a paragraph)."""
+    """The text of a message's (or a delta's) content: a string, or the `text` of its text parts (`_TEXT_PARTS`),
+    joined as they follow each other (a streamed part is a piece of the text, not a paragraph)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         return "".join(p["text"] for p in content
-                       if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+                       if isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str))
     return ""
 
 

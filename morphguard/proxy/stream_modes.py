@@ -126,7 +126,8 @@ class Buffered:
             response = assembly.response()
             if response is None:
                 raise upstream_malformed("the stream does not make a whole response")
-            answer = Answer(dialect.completion(response), response)
+            dialect.completion(response)  # a whole response its API's reader rejects is a 502: nothing went out yet
+            answer = Answer(assembly.completion(), response)  # with what only the events said (a transcript)
             steps.answered(exchange, relay, answer)
         settled = await steps.check(exchange, answer, Reach.REWRITE)
         checked, record = settled.answer, settled.record

@@ -37,8 +37,9 @@ what they received.
 Answers in every field that carries a model's words, by model name "<field>-answer" (the hallucinated answer) or
 "<field>-echo" (the last user message, as "echo"): "tool" (a tool call's argument, on all three APIs, streamed as
 argument deltas), "function" (chat: the legacy `function_call`), "refusal" (chat's `refusal`, a Responses refusal
-part), "audio" (chat: an audio transcript, streamed as transcript deltas), "parts" (chat: content as a list of text
-parts, streamed so too), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
+part), "audio" (chat: an audio transcript, streamed as transcript deltas; a Responses stream: transcript deltas and
+the sound, a response that holds neither), "parts" (chat: content as a list of text parts, streamed so too),
+"output-parts" (chat: as "parts", of the Responses API's `output_text` type), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
 "item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
 the text); "image" (Responses: only an image), "image-first" and "image-last" (Responses: an image, then the text
 message, or the other way round). Chat answers carry logprobs when asked for them.
@@ -113,6 +114,9 @@ def _judge(system: str, user: str) -> str | None:
     return None
 
 
+_PART_TYPES = {"parts": "text", "output-parts": "output_text"}  # the type of a chat answer's content parts
+
+
 def _field(model: str) -> str:
     """The field a "<field>-answer" or "<field>-echo" model answers in ("" for the plain text)."""
     match = re.fullmatch(r"(.+)-(answer|echo)", model)
@@ -137,8 +141,8 @@ def _completion(model: str, text: str, logprobs: bool = False) -> dict:
         finish = "function_call"
     elif shape == "refusal":
         message = {"role": "assistant", "content": None, "refusal": text}
-    elif shape == "parts":
-        message = {"role": "assistant", "content": [{"type": "text", "text": text}]}
+    elif shape in ("parts", "output-parts"):
+        message = {"role": "assistant", "content": [{"type": _PART_TYPES[shape], "text": text}]}
     elif shape == "audio":
         message = {"role": "assistant", "content": None,
                    "audio": {"id": "audio_1", "data": "UklGRg==", "expires_at": 0, "transcript": text}}
@@ -264,8 +268,8 @@ async def _chunks(model: str, text: str, finish: bool = True, broken: str = ""):
             delta = {"refusal": word}
         elif _field(model) == "audio":
             delta = {"audio": {"id": "audio_1", "transcript": word}}
-        elif _field(model) == "parts":
-            delta = {"content": [{"type": "text", "text": word}]}
+        elif _field(model) in _PART_TYPES:
+            delta = {"content": [{"type": _PART_TYPES[_field(model)], "text": word}]}
         yield "data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta}]}) + "\n\n"
         await asyncio.sleep(0.01)
     if _field(model) == "audio":  # the sound itself, after its transcript
@@ -425,6 +429,8 @@ def _response(model: str, text: str) -> dict:
         output[0]["content"] = [{"type": "refusal", "refusal": text}]
     elif _field(model) == "image":
         output = [_image(number)]
+    elif _field(model) == "audio":  # spoken: the words only in the stream's transcript events
+        output = []
     elif _field(model) == "image-first":
         output = [_image(number), *output]
     elif _field(model) == "image-last":
@@ -481,6 +487,12 @@ async def responses(request: Request) -> Response:
         for index, item in enumerate(final["output"]):
             async for line in _item_events(event, model, index, item):
                 yield line
+        if _field(model) == "audio":
+            for word in _words(text):
+                yield event("response.audio.transcript.delta", delta=word)
+            yield event("response.audio.delta", delta="UklGRg==")
+            yield event("response.audio.transcript.done")
+            yield event("response.audio.done")
         if model != "truncated":
             yield event("response.completed", response=final)
     return StreamingResponse(events(), media_type="text/event-stream")

@@ -40,11 +40,11 @@ class Row(NamedTuple):
 
 
 ROWS = [
-    *(Row("chat", field, stream) for field in ("", "parts", "refusal", "audio", "tool", "function")
+    *(Row("chat", field, stream) for field in ("", "parts", "output-parts", "refusal", "audio", "tool", "function")
       for stream in (False, True)),
     Row("responses", "", False), Row("responses", "", True), Row("responses", "done-only", True),
     Row("responses", "item-only", True), Row("responses", "refusal", False), Row("responses", "refusal", True),
-    Row("responses", "tool", False), Row("responses", "tool", True),
+    Row("responses", "tool", False), Row("responses", "tool", True), Row("responses", "audio", True),
     Row("messages", "", False), Row("messages", "", True), Row("messages", "start-only", True),
     Row("messages", "tool", False), Row("messages", "tool", True),
 ]

@@ -168,6 +168,8 @@ STREAMS = {
                               + [chat_chunk({"audio": {"data": "UklGRg=="}}), chat_chunk({}, "stop"), DONE]),
     "chat-content-parts": ("chat", [chat_chunk({"content": [{"type": "text", "text": p}]}) for p in PIECES]
                            + [chat_chunk({}, "stop"), DONE]),
+    "chat-output-text-parts": ("chat", [chat_chunk({"content": [{"type": "output_text", "text": p}]}) for p in PIECES]
+                               + [chat_chunk({}, "stop"), DONE]),
     "chat-refusal": ("chat", [chat_chunk({"refusal": p}) for p in PIECES] + [chat_chunk({}, "stop"), DONE]),
     "responses-deltas-then-whole": ("responses", [
         responses_event("response.output_item.added", output_index=0, item={**ITEM, "content": []}),
@@ -187,6 +189,14 @@ STREAMS = {
     "responses-half-in-deltas": ("responses", [
         responses_event("response.output_text.delta", **AT, delta=PIECES[0]),
         responses_event("response.output_text.done", **AT, text=TEXT), COMPLETED]),
+    "responses-audio-transcript": ("responses", [  # the words only in the transcript: the response holds no output
+        *(responses_event("response.audio.transcript.delta", delta=p) for p in PIECES),
+        responses_event("response.audio.delta", delta="UklGRg=="), responses_event("response.audio.transcript.done"),
+        responses_event("response.completed", response={**RESPONSES["responses"], "output": []})]),
+    "responses-audio-transcript-whole": ("responses", [  # a server that says the transcript whole at its end too
+        *(responses_event("response.audio.transcript.delta", delta=p) for p in PIECES[:2]),
+        responses_event("response.audio.transcript.done", transcript=TEXT),
+        responses_event("response.completed", response={**RESPONSES["responses"], "output": []})]),
     "messages-start-only": ("messages", [
         START, event_of("content_block_start", {"type": "content_block_start", "index": 0,
                                                 "content_block": {"type": "text", "text": TEXT}}), *STOP]),
@@ -305,10 +315,33 @@ def test_a_chat_chunk_with_choices_besides_the_one_asked_for_is_malformed(choice
 
 
 def test_a_chat_content_part_the_check_cannot_read_is_named_unreadable_streamed_or_whole():
-    part = {"type": "output_text", "text": UNSAID}  # words in a part of a kind the check does not read
+    part = {"type": "hologram", "text": UNSAID}  # a part of a kind not known here: its words are not read as prose
     completion, _, _ = assembled(ChatCompletions(), [chat_chunk({"content": "The clinic. "}),
                                                     chat_chunk({"content": [part]}), chat_chunk({}, "stop"), DONE])
-    assert unreadable(completion) == ["output_text"]
+    assert unreadable(completion) == ["hologram"]
     whole = {**RESPONSES["chat"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
         "role": "assistant", "content": [{"type": "text", "text": TEXT}, part]}}]}
-    assert unreadable(ChatCompletions().completion(whole)) == ["output_text"]
+    assert unreadable(ChatCompletions().completion(whole)) == ["hologram"]
+
+
+def test_a_chat_output_text_part_is_read_as_a_text_part_streamed_or_whole():
+    """The Responses API's part type in a chat answer carries the model's words: read, not held unread."""
+    part = {"type": "output_text", "text": UNSAID}
+    assembly = ChatCompletions().assembly()
+    assembly.add(chat_chunk({"content": [part]}))
+    assert (assembly.added, assembly.opaque) == (UNSAID, False)  # words a stream checked as it flows reads
+    whole = {**RESPONSES["chat"], "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": [{"type": "text", "text": "The clinic. "}, part]}}]}
+    completion = ChatCompletions().completion(whole)
+    assert checked_text(completion) == f"The clinic. {UNSAID}" and unreadable(completion) == []
+
+
+def test_a_responses_transcript_is_read_as_words_and_its_whole_must_match_its_deltas():
+    assembly = Responses().assembly()
+    assembly.add(responses_event("response.audio.transcript.delta", delta=UNSAID))
+    assert (assembly.added, assembly.opaque) == (UNSAID, False)
+    events = [responses_event("response.audio.transcript.delta", delta="Open at 8."),
+              responses_event("response.audio.transcript.done", transcript=TEXT), COMPLETED]
+    with pytest.raises(ProxyError) as caught:
+        assembled(Responses(), events)
+    assert (caught.value.status, caught.value.code) == (502, "upstream_malformed")

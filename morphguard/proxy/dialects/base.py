@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from morphguard.policy.answers import UNREADABLE, prose
+from morphguard.policy.answers import UNREADABLE, message_of, prose
 from morphguard.proxy.body import int_or_none, loads, parse_object
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_malformed, upstream_stream_broken
@@ -216,6 +216,9 @@ class NamedEvents(Protocol):
 
     def completion(self, response: Any) -> dict[str, Any]: ...
 
+    def transcript(self, said: dict[Any, list[str]]) -> str:
+        """The words of a spoken answer the events carried (`said`), which no response holds: checked with it."""
+
     def disagrees(self, events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
         """Where the stream's last event (`events[-1]`) makes an answer other than the one its events carried to the
         client (`said`, `text`: as `added` read them): what differs; None where they agree."""
@@ -263,9 +266,14 @@ class EventLog:
         collected = self.response()
         if collected is not None:
             try:
-                return self.dialect.completion(collected)
+                completion = self.dialect.completion(collected)
             except ProxyError:
                 pass
+            else:
+                spoken = self.dialect.transcript(self.said)
+                if spoken:
+                    message_of(completion)["audio"] = {"transcript": spoken}
+                return completion
         return as_completion({"role": "assistant", "content": self.text})
 
 
@@ -308,6 +316,10 @@ class EventDialect:
     @staticmethod
     def disagrees(events: list[Event], said: dict[Any, list[str]], text: str) -> str | None:
         raise NotImplementedError
+
+    @staticmethod
+    def transcript(said: dict[Any, list[str]]) -> str:
+        return ""
 
     @classmethod
     def with_verdict(cls, last: Event | None, verdict: dict[str, Any],

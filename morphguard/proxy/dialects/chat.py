@@ -279,9 +279,7 @@ def _opaque(delta: dict[str, Any]) -> bool:
     a content part that is not text or a refusal."""
     audio, content = delta.get("audio"), delta.get("content")
     return bool(delta.get("tool_calls") or delta.get("function_call")
-                or isinstance(audio, dict) and audio.get("data")
-                or isinstance(content, list) and any(not isinstance(p, dict) or p.get("type") not in ("text", "refusal")
-                                                     for p in content))
+                or isinstance(audio, dict) and audio.get("data") or unread_parts(content))
 
 
 def _one_choice(choices: list[dict[str, Any]]) -> bool:

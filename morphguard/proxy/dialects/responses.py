@@ -3,7 +3,8 @@
 The request goes upstream as the client sent it (less our field); for the check, `instructions` become a system
 message, input items messages, function outputs and file-search results tool messages. The answer is read from
 every output item that carries the model's words; a stream's from its events, each text or refusal part's words
-counted once, whether they came in deltas or whole in the event that opens or closes the part or its item. A
+counted once, whether they came in deltas or whole in the event that opens or closes the part or its item; a spoken
+answer's from its transcript's events, which the response does not hold (the check reads it as chat's). A
 blocked answer is written as the provider writes its own refusals (a completed response whose one message is a
 `refusal` part), with ids the provider never issued. A stream's last event (`response.completed`, `.incomplete` or
 `.failed`) is held back until the verdict event has gone out, and carries the verdict too.
@@ -200,15 +201,17 @@ class Responses(EventDialect):
         data = event.json()
         if not isinstance(data, dict):
             return ""
-        if name in ("response.output_text.delta", "response.refusal.delta"):
+        if name in _DELTAS:
             words = data.get("delta")
             if not isinstance(words, str):
                 return ""
-            key = _part_key(data, data.get("content_index"))
+            key = _TRANSCRIPT if name == _TRANSCRIPT_DELTA else _part_key(data, data.get("content_index"))
             said.setdefault(key, []).append(words)
             return words
         whole: list[tuple[Any, Any]] = []  # (the part's key, its words)
-        if name in ("response.output_text.done", "response.refusal.done"):
+        if name == "response.audio.transcript.done":
+            whole.append((_TRANSCRIPT, data.get("transcript")))
+        elif name in ("response.output_text.done", "response.refusal.done"):
             whole.append((_part_key(data, data.get("content_index")), data.get("text", data.get("refusal"))))
         elif name in ("response.content_part.added", "response.content_part.done"):
             whole.append((_part_key(data, data.get("content_index")), _part_words(data.get("part"))))
@@ -273,7 +276,7 @@ class Responses(EventDialect):
         held = {(i, j): words for i, item in enumerate(output) if isinstance(item, dict) and item.get("type") ==
                 "message" and isinstance(item.get("content"), list) for j, words in
                 enumerate(_part_words(part) for part in item["content"]) if isinstance(words, str) and words}
-        if {key: "".join(pieces) for key, pieces in said.items() if any(pieces)} != held:
+        if {key: "".join(pieces) for key, pieces in said.items() if any(pieces) and key != _TRANSCRIPT} != held:
             return "the response's text is not the text its events carried"
         for event in events:
             if event.name not in ("response.output_item.added", "response.output_item.done"):
@@ -288,6 +291,10 @@ class Responses(EventDialect):
                     or event.name == "response.output_item.done" and final != item:
                 return f"an output item ({str(item.get('type'))[:40]}) the response holds otherwise or not at all"
         return None
+
+    @staticmethod
+    def transcript(said: dict[Any, list[str]]) -> str:
+        return "".join(said.get(_TRANSCRIPT, ()))
 
     @staticmethod
     def attach(event: Event, verdict: dict[str, Any]) -> Event:
@@ -340,7 +347,11 @@ _NO_WORDS = frozenset({"response.created", "response.in_progress", "response.com
 # Events that frame the response, or carry a message's text (read by `added`), or output that is not the answer.
 _FRAMING = frozenset({"response.created", "response.in_progress", "response.queued"})
 _TEXT_EVENTS = frozenset({"response.output_text.delta", "response.output_text.done", "response.refusal.delta",
-                          "response.refusal.done", "response.output_text.annotation.added"})
+                          "response.refusal.done", "response.output_text.annotation.added",
+                          "response.audio.transcript.delta", "response.audio.transcript.done"})
+_TRANSCRIPT_DELTA = "response.audio.transcript.delta"
+_DELTAS = frozenset({"response.output_text.delta", "response.refusal.delta", _TRANSCRIPT_DELTA})
+_TRANSCRIPT = ("audio", "transcript")  # where a spoken answer's words are kept among the parts' (`said`)
 _NOT_ANSWER_EVENTS = ("response.reasoning", "response.file_search_call.", "response.web_search_call.")
 
 

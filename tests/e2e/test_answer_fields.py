@@ -154,3 +154,20 @@ def test_a_whole_answer_is_decided_on_all_it_holds_though_its_text_passed_as_a_p
     assert IMAGE not in response.text and SAFE in response.text
     audited = audit_row(proxy_factory, strict, found["request_id"])
     assert (audited["action"], audited["checked"]) == ("block", 1), audited
+
+
+@pytest.mark.parametrize("mode", ["buffer", "passthrough"])
+def test_a_responses_transcript_is_what_the_stream_check_reads_in_every_stream_mode(proxy_factory, mode):
+    """The transcript is the spoken answer's words, and no response holds it: a buffered stream decides on it before
+    any of it goes out; a stream passed through goes out as it comes, and its verdict is on those words."""
+    base = proxy_factory(detector="grounding", stream_mode=mode, policy={
+        "safe_message": SAFE, "audit": {"store_text": "full"},
+        "profiles": {"general": {"action": "block", "topics": {}}}})
+    response = ask(base, Row("responses", "audio", True), "audio-answer", QUESTION)
+    assert response.headers["x-morphguard-stream"] == mode
+    found = verdict(response)
+    assert (found["checked"], found["flagged"]) == (True, True), found
+    if mode == "buffer":
+        assert found["action"] == "block" and UNSUPPORTED_WORD not in response.text and SAFE in response.text
+    audited = audit_row(proxy_factory, base, found["request_id"])
+    assert audited["checked"] == 1 and UNSUPPORTED_WORD in audited["answer"], audited

@@ -39,10 +39,11 @@ Answers in every field that carries a model's words, by model name "<field>-answ
 argument deltas), "function" (chat: the legacy `function_call`), "refusal" (chat's `refusal`, a Responses refusal
 part), "audio" (chat: an audio transcript, streamed as transcript deltas; a Responses stream: transcript deltas and
 the sound, a response that holds neither), "parts" (chat: content as a list of text parts, streamed so too),
-"output-parts" (chat: as "parts", of the Responses API's `output_text` type), "done-only" (a Responses stream whose text comes only in `response.output_text.done`),
-"item-only" (only in `response.output_item.done`), "start-only" (a Messages stream whose text block starts holding
-the text); "image" (Responses: only an image), "image-first" and "image-last" (Responses: an image, then the text
-message, or the other way round). Chat answers carry logprobs when asked for them.
+"output-parts" (chat: as "parts", of the Responses API's `output_text` type), "done-only" (a Responses stream whose
+text comes only in `response.output_text.done`), "item-only" (only in `response.output_item.done`), "start-only" (a
+Messages stream whose text block starts holding the text); "image" (Responses: only an image), "image-first" and
+"image-last" (Responses: an image, then the text message, or the other way round). Chat answers carry
+logprobs when asked for them.
 "two-choices" answers with two choices, the faithful answer first and the hallucinated one second (chat, streamed
 too, and POST /v1/completions, the legacy text completions API, which answers by model as chat does).
 Responses are stored under ids of their own: `previous_response_id` of a stored one with "repeat" in the

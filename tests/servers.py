@@ -171,7 +171,7 @@ class PostgresServer:
 
     def __init__(self, primary: PostgresServer | None = None) -> None:
         initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
-        basebackup = _postgres_bin("pg_basebackup")
+        basebackup = _postgres_bin("pg_basebackup") if primary is not None else "unused"
         if initdb is None or postgres is None or basebackup is None:
             _missing("PostgreSQL")
         # PostgreSQL refuses to run as root: as root, run it as the distribution's postgres user, in a folder

@@ -165,11 +165,14 @@ def _postgres_bin(name: str) -> str | None:
 
 class PostgresServer:
     """A PostgreSQL cluster in a temporary folder, trust auth on loopback, on one port for its whole life;
-    `url` is that of its `postgres` database."""
+    `url` is that of its `postgres` database. Given a running `primary`: its streaming standby instead, a copy
+    taken with `pg_basebackup -R` that follows the primary until `promote` (initdb's pg_hba already lets loopback
+    replicate, and PostgreSQL's defaults stream: `wal_level=replica`, `max_wal_senders=10`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, primary: PostgresServer | None = None) -> None:
         initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
-        if initdb is None or postgres is None:
+        basebackup = _postgres_bin("pg_basebackup") if primary is not None else "unused"
+        if initdb is None or postgres is None or basebackup is None:
             _missing("PostgreSQL")
         # PostgreSQL refuses to run as root: as root, run it as the distribution's postgres user, in a folder
         # that user can reach (pytest's own temporary folders are private to root).
@@ -179,8 +182,13 @@ class PostgresServer:
             self.as_owner = ["runuser", "-u", "postgres", "--"]
             self.folder.chmod(0o777)
         self.data, self.binary = self.folder / "pgdata", str(postgres)
-        subprocess.run([*self.as_owner, str(initdb), "-D", str(self.data), "-U", "morphguard", "--auth=trust",
-                        "-E", "UTF8"], check=True, capture_output=True)
+        if primary is None:
+            subprocess.run([*self.as_owner, str(initdb), "-D", str(self.data), "-U", "morphguard", "--auth=trust",
+                            "-E", "UTF8"], check=True, capture_output=True)
+        else:
+            subprocess.run([*self.as_owner, str(basebackup), "-D", str(self.data), "-h", "127.0.0.1", "-p",
+                            str(primary.port), "-U", "morphguard", "-R", "-X", "stream", "-c", "fast"],
+                           check=True, capture_output=True)
         self.port = free_port()
         self.url = f"postgresql://morphguard@127.0.0.1:{self.port}/postgres"
         self.process: subprocess.Popen[bytes] | None = None
@@ -203,6 +211,11 @@ class PostgresServer:
                             "-w", "-t", "20"], capture_output=True)
             stop(self.process)
             self.process = None
+
+    def promote(self) -> None:
+        """A standby becomes a primary that takes writes; returns once it does."""
+        subprocess.run([*self.as_owner, str(_postgres_bin("pg_ctl")), "promote", "-D", str(self.data), "-w", "-t",
+                        "20"], check=True, capture_output=True)
 
     def remove(self) -> None:
         self.stop()

@@ -35,6 +35,9 @@ from morphguard.store import database
 MIGRATIONS = str(Path(__file__).with_name("migrations"))
 # What SQLite says when it cannot write for now (a lock, a full, read-only or failing disk): an outage, waited out.
 SQLITE_OUTAGES = ("locked", "busy", "unable to open", "disk is full", "readonly database", "disk I/O error")
+# PostgreSQL's read_only_sql_transaction: the server reached is a standby (before its promotion, or the old primary
+# demoted) or was made read-only; it can take the row once writes go to a primary again.
+POSTGRES_READ_ONLY = "25006"
 RESTART_FRAMES = 4000  # pages of SQLite's write-ahead log (16 MB at 4 KB) past which a checkpoint may hold writers off
 
 
@@ -289,7 +292,7 @@ class AuditStore:
             kinds += (dbapi.OperationalError, dbapi.InterfaceError)
         if self.url.startswith("sqlite"):  # SQLite says OperationalError for a missing table too: that is broken
             return isinstance(exc, kinds) and any(w in str(exc) for w in SQLITE_OUTAGES)
-        return isinstance(exc, kinds)
+        return isinstance(exc, kinds) or getattr(getattr(exc, "orig", exc), "sqlstate", None) == POSTGRES_READ_ONLY
 
     def _args(self, record: DecisionRecord) -> Any:
         row = record.model_dump()

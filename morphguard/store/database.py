@@ -19,8 +19,21 @@ def url_for(url: str | None, sqlite_path: str | Path) -> str:
     if url is None:
         return f"sqlite:///{Path(sqlite_path)}"
     if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
+        return "postgresql+psycopg://" + _hosts_as_parameters(url.split("://", 1)[1])
     return url
+
+
+def _hosts_as_parameters(rest: str) -> str:
+    """libpq's several hosts (`user@db1:5432,db2:5432/name?...`) as the `host=` parameters SQLAlchemy reads: it
+    parses one host and port only. One host is left as it is."""
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    userinfo, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return rest
+    path, _, query = tail.partition("?")
+    parameters = "&".join(f"host={host}" for host in hosts.split(","))
+    return f"{userinfo}{at}{path or '/'}?{parameters}{'&' + query if query else ''}"
 
 
 def connect(url: str, pool_size: int = 5, synchronous: str = "full") -> sa.Engine:

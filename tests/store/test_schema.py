@@ -16,6 +16,7 @@ from alembic.migration import MigrationContext
 from morphguard.config import AuditSettings, StoreSettings
 from morphguard.policy.audit import AuditStore, metadata
 from morphguard.policy.record import DecisionRecord
+from tests.servers import free_port
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -156,3 +157,14 @@ def test_unchecked_rows_stay_out_of_the_review_and_purge_indexes(store):
     assert "text_kept_until IS NOT NULL" in definition["decisions_text_kept"]
     assert "WHERE" not in definition["decisions_request"]  # every row's request id is unique
     assert set(definition) >= {"decisions_time", "decisions_request", "decisions_score", "decisions_text_kept"}
+
+
+def test_a_store_on_several_hosts_written_as_libpq_lists_them(postgres_url, tmp_path):
+    """`user@host1:port1,host2:port2/db`: the first host refuses connections, the store writes to the second."""
+    several = postgres_url.replace("@", f"@127.0.0.1:{free_port()},", 1) + "?connect_timeout=2"
+    audit = AuditStore(AuditSettings(path=str(tmp_path / "audit.db")), StoreSettings(url=several))
+    try:
+        audit.record(DecisionRecord(request_id="r1", profile="general", topic="general", checked=False))
+        assert [row["request_id"] for row in audit.query()] == ["r1"]
+    finally:
+        audit.close()

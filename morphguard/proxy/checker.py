@@ -186,7 +186,9 @@ class Checker:
         if error == "judge_call_cap":
             raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
         if error == "check_too_large":
-            raise CheckTooLargeError("the check reads more than its bounds allow", read=reply.get("read"))
+            read = reply.get("read")
+            raise CheckTooLargeError("the check reads more than its bounds allow",
+                                     read=read if isinstance(read, int) else None)
         if error == "unsealed_reply":
             raise UnsealedReplyError("replies came without the fleet key's seal, none from a worker of the fleet")
         if error:

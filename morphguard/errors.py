@@ -31,7 +31,12 @@ class JudgeStartError(MorphguardError):
 
 
 class CheckTooLargeError(MorphguardError):
-    """A check would read more text, or compare more of it, than its bounds allow; it is not made."""
+    """A check would read more text, or compare more of it, than its bounds allow; it is not made. `read`: where
+    the answer's sentences it could read within them end (a check of `answer[:read]` keeps within them), where known."""
+
+    def __init__(self, message: str, read: int | None = None) -> None:
+        super().__init__(message)
+        self.read = read
 
 
 class UnsealedReplyError(MorphguardError):

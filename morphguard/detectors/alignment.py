@@ -69,7 +69,8 @@ _STARTS = 8  # where the rarest word stands more often than this, only its first
 # The most context sentences one check compares answer sentences with (`Context.copied`). Prose reads a few per answer
 # sentence, its rarest words leading to the copy; text made of a few common words can make every answer sentence
 # read every context sentence, the square of the length. Past this (about a second of CPU) the check is refused
-# (CheckTooLargeError), never cut short: a comparison that stopped part-way would pass what it did not read.
+# (CheckTooLargeError, saying where the answer's sentences compared within it end), never cut short: a comparison that
+# stopped part-way would pass what it did not read.
 MAX_COMPARED = 250_000
 # A name is swapped where one edit replaces at most this many words on either side ("Bell" -> "Jacque Wilson"). A longer
 # stretch replaced is mostly rewording that joins a fact about someone the context names elsewhere ("charged a
@@ -362,7 +363,10 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[C
                  else [sentence[a:b] for a, b in _runs(sentence)])
         changed: dict[str, tuple[float, int]] = {}  # per kind, the closest copy that changes it
         for text in parts:
-            match = copied(text)
+            try:
+                match = copied(text)
+            except CheckTooLargeError as exc:  # the sentences before this one were compared within the bound
+                raise CheckTooLargeError(str(exc), read=start) from None
             if match is None:
                 continue
             best, copy = match

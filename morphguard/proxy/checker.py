@@ -89,28 +89,46 @@ class Checker:
         if not text.strip():
             return Found(Finding(skipped="no_answer"))
         budget = self.engine.budget_s(request.profile)
+        bound: CheckTooLargeError | None = None  # the detector's own bound on its work, where the whole passed it
         try:
             fitted, read = await self._fitted(request, text)
-            if self.pool is not None:
-                detection = await self._detect_by_workers(fitted, text[:read], budget)
-            else:
-                detector = await self.detector_for(request.detector)
-                detection = await asyncio.wait_for(self._detect(detector, fitted, text[:read], memo), budget)
+            begun = time.perf_counter()
+            while True:
+                try:
+                    detection = await self._detect_within(fitted, text[:read], memo, budget, begun)
+                    break
+                except CheckTooLargeError as exc:
+                    # the answer's first sentences it could read within its bound: they are checked, the rest is not
+                    if exc.read is None or not 0 < exc.read < read:
+                        raise
+                    bound, read = exc, exc.read
         except (MorphguardError, TimeoutError) as exc:
             return self._failed(exc, started)
         if detection.unchecked_from is None and read == len(text):
             return Found(Finding(detection=detection), (time.perf_counter() - started) * 1000)
-        cap = CheckTooLargeError(f"the check read {read} of the answer's {len(text)} characters: answer and context "
-                                 f"are more than detector.max_text_chars ({self.config.detector.max_text_chars})") \
-            if detection.unchecked_from is None else JudgeCallCapError(
-            "the answer's rest needs more judge calls than detector.max_judge_calls "
-            f"({self.config.detector.max_judge_calls}) leaves")
+        if detection.unchecked_from is not None:
+            cap: MorphguardError = JudgeCallCapError(
+                "the answer's rest needs more judge calls than detector.max_judge_calls "
+                f"({self.config.detector.max_judge_calls}) leaves")
+        else:
+            cap = CheckTooLargeError(f"the check read {read} of the answer's {len(text)} characters: " + (
+                str(bound) if bound is not None else
+                f"answer and context are more than detector.max_text_chars ({self.config.detector.max_text_chars})"))
         unchecked = read if detection.unchecked_from is None else detection.unchecked_from
         if not text[:unchecked].strip():  # nothing of it was read
             return self._failed(cap, started)
         telemetry.count_error(_reason(cap))
         return Found(Finding(detection=detection.model_copy(update={"unchecked_from": unchecked}),
                              failed=_reason(cap)), (time.perf_counter() - started) * 1000, mask_secrets(str(cap)))
+
+    async def _detect_within(self, request: CheckRequest, answer: str, memo: Memo | None, budget: float | None,
+                             begun: float) -> Detection:
+        """The detection, here or by the workers, within what is left of the latency budget since `begun`."""
+        left = None if budget is None else max(0.001, budget - (time.perf_counter() - begun))
+        if self.pool is not None:
+            return await self._detect_by_workers(request, answer, left)
+        detector = await self.detector_for(request.detector)
+        return await asyncio.wait_for(self._detect(detector, request, answer, memo), left)
 
     def _failed(self, exc: BaseException, started: float) -> Found:
         # Clients and the audit get a short stable code; the exception chain stays in the log and span.
@@ -168,7 +186,9 @@ class Checker:
         if error == "judge_call_cap":
             raise JudgeCallCapError("the check needs more judge calls than detector.max_judge_calls")
         if error == "check_too_large":
-            raise CheckTooLargeError("the check reads more than its bounds allow")
+            read = reply.get("read")
+            raise CheckTooLargeError("the check reads more than its bounds allow",
+                                     read=read if isinstance(read, int) else None)
         if error == "unsealed_reply":
             raise UnsealedReplyError("replies came without the fleet key's seal, none from a worker of the fleet")
         if error:
@@ -190,6 +210,8 @@ class Checker:
                 detection = await asyncio.wait_for(self._detect(detector, request, job["answer"], None), remaining)
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
+                if isinstance(exc, CheckTooLargeError) and exc.read is not None:
+                    return {"error": _reason(exc), "read": exc.read}
                 return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
         return {"detection": detection.model_dump(mode="json")}
 

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PASSAGE = "Ibuprofen is contraindicated in the third trimester of pregnancy."
 QUESTION = "Can pregnant women take ibuprofen for back pain?"
+CHECK_KEY = "sk-fleet-check-0123"
 
 
 def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str = "judge", mode: str = "async",
@@ -321,3 +322,33 @@ def _gauge(base: str, name: str, until: float) -> float | None:
                       if s.name == name), None)
         time.sleep(0.5)
     return value
+
+
+def test_past_alignments_bound_a_worker_checks_the_first_sentences_and_on_error_decides_the_rest(
+        provider, redis_url, postgres_url, tmp_path):
+    """`grounding` by the worker pool on a context where alignment passes its bound of comparisons: the worker says
+    how far it could read, the replica has it check that far, and an invented claim there blocks; the rest of an
+    honest answer is passed unchecked under `fail_open`."""
+    config = fleet_config(provider, redis_url, postgres_url, mode="inline")
+    config["proxy"].update(inline_via="workers", keys=[CHECK_KEY])
+    config["detector"] = {"name": "grounding"}
+    config["policy"]["profiles"]["general"].update(action="block", on_error="fail_open", escalate=False,
+                                                   threshold=0.5)
+    (replica_folder, worker_folder) = folders(tmp_path, 2, "node")
+    base, replica = serve(config, replica_folder)
+    worker = start_worker(config, worker_folder)
+    context = " ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))
+    tail = " ".join(["Alpha beta gamma."] * 100)
+    try:
+        verdicts = [httpx.post(base + "/v1/check", json={"question": "Alpha?", "context": [context], "answer": answer},
+                               headers={"authorization": f"Bearer {CHECK_KEY}"}, timeout=60).json()
+                    for answer in ("Zeta Corporation bought Omega Industries for 9,999 dollars in Berlin. " + tail,
+                                   tail)]
+    finally:
+        stop(worker)
+        stop(replica)
+    invented, honest = verdicts
+    assert (invented["action"], invented["flagged"], invented["reason"]) == (
+        "block", True, "read in part: check_too_large"), invented
+    assert (honest["action"], honest["reason"], honest["unchecked"]) == ("pass", "fail_open: check_too_large", True)
+    assert honest["checked"] is True and honest["score"] is not None  # the first sentences were read

@@ -14,8 +14,20 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integrations.conftest import CLINIC_KEY, FAITHFUL, HALLUCINATED, KEY, PASSAGE, QUESTION, SAFE, rows
+from tests.e2e.conftest import serve
+from tests.integrations.conftest import (
+    CLINIC_KEY,
+    FAITHFUL,
+    HALLUCINATED,
+    KEY,
+    PASSAGE,
+    QUESTION,
+    SAFE,
+    gateway_config,
+    rows,
+)
 from tests.scripted_llm import sentences_score
+from tests.servers import stop
 
 DATA = Path(__file__).parent / "data"
 
@@ -266,3 +278,50 @@ def test_under_a_blocking_profile_a_choice_past_the_cap_fails_portkeys_verdict(c
     assert body["verdict"] is False
     decided = [c for c in body["data"]["choices"] if not c["checked"]]
     assert [(c["action"], c["reason"]) for c in decided] == [("block", "fail_closed: too_many_choices")]
+
+
+# A context of 4,000 sentences made of three common words and a number: every answer sentence of those words is
+# compared with thousands of them, so a hundred pass alignment's bound of comparisons (`alignment.MAX_COMPARED`).
+CROWDED = " ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))
+CROWDED_TAIL = " ".join(["Alpha beta gamma."] * 100)
+INVENTED = "Zeta Corporation bought Omega Industries for 9,999 dollars in Berlin. "
+
+
+@pytest.fixture(scope="module")
+def grounding(provider, tmp_path_factory):  # noqa: F811
+    """`morphguard serve` checking with `grounding` (no judge), its blocking profiles failing closed and open with no
+    latency budget (the bound, not the time, ends the checks here)."""
+    folder = tmp_path_factory.mktemp("grounding")
+    config = gateway_config(provider, folder)
+    config["detector"] = {"name": "grounding"}
+    for name in ("closed", "open"):
+        config["policy"]["profiles"][name]["latency_budget_s"] = None
+    base, process = serve(config, folder)
+    yield base, folder
+    stop(process)
+
+
+def crowded_check(base: str, answer: str, tenant: str) -> dict[str, Any]:
+    body = {"question": "Alpha?", "context": [CROWDED], "answer": answer}
+    response = post(base, "/v1/check", body, **{"x-tenant": tenant})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize("tenant", ["closed", "open"])
+def test_past_alignments_bound_an_invented_claim_in_the_first_sentences_is_caught(grounding, tenant):
+    base, folder = grounding
+    verdict = crowded_check(base, INVENTED + CROWDED_TAIL, tenant)
+    assert (verdict["action"], verdict["flagged"]) == ("block", True), json.dumps(verdict)
+    assert verdict["reason"].endswith("check_too_large")
+    assert rows(folder)[verdict["request_id"]]["action"] == "block"
+
+
+def test_past_alignments_bound_an_honest_head_leaves_the_rest_to_on_error(grounding):
+    base, folder = grounding
+    closed = crowded_check(base, CROWDED_TAIL, "closed")
+    assert (closed["action"], closed["reason"], closed["flagged"]) == ("block", "fail_closed: check_too_large", False)
+    opened = crowded_check(base, CROWDED_TAIL, "open")
+    assert (opened["action"], opened["reason"], opened["unchecked"]) == ("pass", "fail_open: check_too_large", True)
+    assert opened["checked"] is True and opened["score"] is not None  # the first sentences were read
+    assert rows(folder)[opened["request_id"]]["unchecked"] == 1

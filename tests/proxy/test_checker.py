@@ -159,11 +159,18 @@ def test_a_check_past_max_text_chars_reads_the_first_sentences_and_fails_the_res
     assert one.detection is None and one.decision.reason == "fail_closed: check_too_large"
 
 
-def test_a_grounding_check_whose_alignment_passes_its_bound_fails_as_check_too_large():
+def test_a_grounding_check_past_its_alignment_bound_reads_the_first_sentences_and_leaves_the_rest_to_on_error():
     config = Config.model_validate({"detector": {"name": "grounding"}})
     guard = Checker(build_detector(config), PolicyEngine(config.policy), config)
     passages = [" ".join(f"Alpha {'beta' if n % 2 else 'gamma'} {n}." for n in range(4_000))]
     hostile = CheckRequest(body={}, rag=RagInput(question="Alpha?", passages=passages), source="explicit",
                            profile="general", topic="general")
-    outcome = asyncio.run(decided(guard, hostile, " ".join(["Alpha beta gamma."] * 100)))
-    assert outcome.decision.reason == "fail_open: check_too_large"
+    tail = " ".join(["Alpha beta gamma."] * 100)  # each sentence compared with 2,000 context sentences: past the bound
+    outcome = asyncio.run(decided(guard, hostile, tail))
+    assert outcome.decision.reason == "fail_open: check_too_large" and outcome.decision.unchecked
+    assert outcome.detection is not None and 0 < (outcome.detection.unchecked_from or 0) < len(tail)
+    assert tail[:outcome.detection.unchecked_from].strip().endswith("gamma.")  # read to a sentence's end
+    invented = "Zeta Corporation bought Omega Industries for 9,999 dollars in Berlin. "
+    caught = asyncio.run(decided(guard, hostile, invented + tail))
+    assert (caught.decision.flagged, caught.decision.reason) == (True, "read in part: check_too_large")
+    assert caught.detection is not None and caught.detection.factoids[0].start == 0

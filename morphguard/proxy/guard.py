@@ -84,8 +84,7 @@ class Guard:
         self.journal = Journal() if shared is not None and audit is not None else None
         self.shadow = Shadow(config, audit) if config.shadow.sample > 0 else None
         # Streams under way, so that a crash mid-stream still leaves their rows (written by the next start).
-        self.streams = StreamJournal(Path(config.policy.audit.path).with_suffix(".streams")) \
-            if audit is not None else None
+        self.streams = _journal(Path(config.policy.audit.path).with_suffix(".streams")) if audit is not None else None
 
     async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
         """The check of the answer's text (no decision, no side effects); `memo`: shared by the checks of one
@@ -399,6 +398,17 @@ class Guard:
             await asyncio.to_thread(self._rows.close)
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)
+
+
+def _journal(folder: Path) -> StreamJournal | None:
+    """The stream journal in `folder`; None, said once in the log, where the folder cannot be written (a read-only
+    root file system): the proxy serves, and a crash mid-stream then leaves no row for those streams."""
+    try:
+        return StreamJournal(folder)
+    except OSError as exc:
+        log.warning("streams are not journaled: %s cannot be written (%s); put policy.audit.path on a writable "
+                    "volume", folder, exc.strerror or exc)
+        return None
 
 
 def build_guard(config: Config, detector: Detector, engine: PolicyEngine) -> Guard:

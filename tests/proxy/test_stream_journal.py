@@ -34,3 +34,14 @@ def test_what_was_released_is_noted_at_most_every_quarter_second(tmp_path):
     assert not stream.due()
     journal.close()
     assert not journal.path.exists()  # a clean stop leaves nothing to recover
+
+
+def test_a_journal_folder_that_cannot_be_written_leaves_the_proxy_serving_and_says_so(tmp_path, caplog):
+    """A read-only root file system (the hardened containers) must not stop the proxy from starting."""
+    from morphguard.proxy.guard import _journal
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert _journal(blocked / "audit.streams") is None
+    assert "streams are not journaled" in caplog.text
+    assert _journal(tmp_path / "audit.streams") is not None

@@ -11,9 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from morphguard.policy.engine import ACTIONS
-
-_BLOCKING = frozenset({"block", "regenerate"})
+from morphguard.policy.engine import ACTIONS, ENDS_ANSWER
 
 
 class Outcome(BaseModel):
@@ -41,6 +39,11 @@ class Outcome(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     seconds: float = 0.0
+
+    @property
+    def blocks(self) -> bool:
+        """Whether the candidate would withhold the answer."""
+        return self.action in ENDS_ANSWER
 
     @property
     def changed(self) -> bool:
@@ -132,7 +135,7 @@ class Report:
 
     @property
     def would_block(self) -> int:
-        return sum(n for (_, b), n in self.moves.items() if b in _BLOCKING)
+        return sum(n for (_, b), n in self.moves.items() if b in ENDS_ANSWER)
 
     def render(self, title: str) -> str:
         lines = [title, "",

@@ -148,11 +148,12 @@ class Replayer:
         profiles = self.candidate.policy.profiles
         return row["profile"] if row["profile"] in profiles else self.candidate.policy.default_profile
 
-    def _topic(self, row: dict[str, Any], profile: str) -> str:
+    async def _topic(self, row: dict[str, Any], profile: str) -> str:
         """As stored, unless the candidate's topics differ from the live ones: then tagged again where the row kept
-        its texts (the question and context only: the earlier turns the live tagger also read are not stored)."""
+        its texts (the question and context only: the earlier turns the live tagger also read are not stored), in a
+        thread, since the tagger reads the whole context (the shadow runs on the proxy's event loop)."""
         if self.retag and _texts(row):
-            return self.engine.topic_for(profile, _rag(row))
+            return await asyncio.to_thread(self.engine.topic_for, profile, _rag(row))
         return str(row["topic"])
 
     async def outcome(self, row: dict[str, Any]) -> Outcome:
@@ -169,7 +170,7 @@ class Replayer:
                 return Outcome(**live, status="no_text")
             finding, detection = await self._check(row)
         profile = self._profile(row)
-        topic = self._topic(row, profile)
+        topic = await self._topic(row, profile)
         reach = Reach.WITHHOLD if row["released_chars"] is not None else Reach.ASK_AGAIN
         decision = self.engine.decide(profile, topic, finding, _holds(row), reach)
         cost = detection.cost if detection is not None else None
@@ -179,13 +180,17 @@ class Replayer:
                        llm_calls=cost.llm_calls if cost else 0, input_tokens=cost.input_tokens if cost else 0,
                        output_tokens=cost.output_tokens if cost else 0, seconds=time.perf_counter() - started)
 
-    async def _check(self, row: dict[str, Any]) -> tuple[Finding, Detection | None]:
-        from morphguard.detectors import build_detector
-
+    def detector(self) -> Any:
+        """The candidate's detector, built on first use. Blocking (a model may load): the shadow builds it at start."""
         if self._detector is None:
+            from morphguard.detectors import build_detector
+
             self._detector = build_detector(self.candidate)
+        return self._detector
+
+    async def _check(self, row: dict[str, Any]) -> tuple[Finding, Detection | None]:
         try:
-            detection = await self._detector.detect(_rag(row), row["answer"])
+            detection = await self.detector().detect(_rag(row), row["answer"])
         except MorphguardError as exc:  # the candidate's check failed: its on_error decides, as live
             return Finding(failed=type(exc).__name__), None
         return Finding(detection=detection), detection

@@ -28,7 +28,6 @@ from morphguard.policy.replay import PASSAGE_BREAK, Depth, Replayer
 from morphguard.proxy.check import CheckRequest
 
 log = logging.getLogger(__name__)
-_BLOCKING = frozenset({"block", "regenerate"})
 
 
 def _checking(config: Config) -> dict[str, Any]:
@@ -46,6 +45,8 @@ class Shadow:
         # are checked (detector, judge, a detector's settings) checks them itself.
         depth: Depth = "decide" if _checking(live) == _checking(candidate) else "check"
         self.replayer = Replayer(candidate, depth, retag=live.policy.topics != candidate.policy.topics)
+        if depth == "check":
+            self.replayer.detector()  # here, where the guard is built off the event loop, not on the first request
         self.audit = audit
         self.running: set[asyncio.Task[None]] = set()
         self._draw = random.Random()
@@ -74,7 +75,7 @@ class Shadow:
             telemetry.shadow_checked(name, "failed")
             return
         telemetry.shadow_checked(name, "disagree" if outcome.changed else "agree", would_flag=bool(outcome.flagged),
-                                 would_block=outcome.action in _BLOCKING, seconds=time.perf_counter() - started,
+                                 would_block=outcome.blocks, seconds=time.perf_counter() - started,
                                  input_tokens=outcome.input_tokens, output_tokens=outcome.output_tokens)
 
     def _store(self, row: dict[str, Any], outcome: Outcome) -> None:

@@ -591,7 +591,8 @@ def _shadow_report(args: argparse.Namespace, live: Config) -> int:
     store = audit.AuditStore(live.policy.audit, live.store)
     try:
         stored = store.shadow_outcomes(since=audit.parse_time(args.since) if args.since else None,
-                                       until=audit.parse_time(args.until) if args.until else None)
+                                       until=audit.parse_time(args.until) if args.until else None,
+                                       candidate=live.shadow.name)
     except ValueError as exc:
         raise MorphguardError(f"cannot read the time: {exc}") from None
     finally:

@@ -23,7 +23,8 @@ T = TypeVar("T")
 
 @dataclass
 class Memo:
-    """One growing answer's checks: their shared judge-call budget (None: no cap) and each detector's notes."""
+    """One growing answer's checks: their shared judge-call budget (None: each check has its own, the configured cap)
+    and each detector's notes."""
 
     budget: CallBudget | None = None
     kept: dict[str, Any] = field(default_factory=dict)

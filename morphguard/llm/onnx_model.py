@@ -14,7 +14,6 @@ of the verifier lane (`llm.fair.Lane`): off the event loop, in turn by client. O
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +24,7 @@ from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import reserve
 from morphguard.llm.fair import Lane
+from morphguard.llm.local import usable_cpus
 from morphguard.llm.verifiers import Text, TokenScore, batches, label_index
 
 PAD_TOKENS = ("[PAD]", "<pad>", "<|padding|>")
@@ -38,13 +38,6 @@ def _model_lane() -> Lane:
     if _lane is None:
         _lane = Lane(1, "morphguard-verifier")
     return _lane
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover (not on Linux)
-        return os.cpu_count() or 1
 
 
 def model_folder(settings: VerifierSettings) -> Path:
@@ -81,7 +74,7 @@ class OnnxVerifier:
             if not needed.is_file():
                 raise MorphguardError(f"verifier.model {self.name}: {needed.name} is missing from {folder}")
         options = ort.SessionOptions()
-        options.intra_op_num_threads = settings.threads or _cpus()
+        options.intra_op_num_threads = settings.threads or usable_cpus()
         options.inter_op_num_threads = 1
         # Threads that sleep between runs rather than spin: the proxy's event loop and text threads share these CPUs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -53,9 +53,8 @@ class ServedVerifier:
         size = self.settings.batch
         parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
         if self.settings.runtime == "tei":
-            # TEI reads a list of two texts as one pair: two lone texts go as two requests
-            parts = [[t] for part in parts for t in part] if any(len(p) == 2 and p[0][1] is None for p in parts) \
-                else parts
+            # TEI reads a list of two texts as one pair: a part of two lone texts goes as two requests
+            parts = [q for p in parts for q in ([[t] for t in p] if len(p) == 2 and p[0][1] is None else [p])]
         reserve(len(parts))  # past the check's cap: fail before sending any
         async with httpx.AsyncClient(timeout=self.settings.timeout_s, headers=self._headers()) as client:
             found = await together(self._ask(client, part) for part in parts)

@@ -214,10 +214,6 @@ class PolicyEngine:
         action = self.rule(profile, topic).action
         return "block" if self.settings.unreadable_output == "block" else action
 
-    def fails_closed(self, profile: str, topic: str) -> bool:
-        """Whether an answer this request's check cannot decide on is withheld (`on_error: fail_closed`)."""
-        return self.rule(profile, topic).on_error == "fail_closed"
-
     def budget_s(self, profile: str) -> float | None:
         return self.settings.profiles[profile].latency_budget_s
 

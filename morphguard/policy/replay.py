@@ -34,6 +34,8 @@ import sqlalchemy as sa
 
 from morphguard.config import Config
 from morphguard.errors import MorphguardError
+from morphguard.llm.client import call_budget
+from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, RagInput
 from morphguard.policy.audit import AuditStore, decisions, reviews
 from morphguard.policy.comparison import Outcome
@@ -137,10 +139,11 @@ def _rag(row: dict[str, Any]) -> RagInput:
 class Replayer:
     """The candidate's policy (and at depth `check` its detector) applied to stored decisions."""
 
-    def __init__(self, candidate: Config, depth: Depth, retag: bool = True) -> None:
+    def __init__(self, candidate: Config, depth: Depth, retag: bool = True, client: str = "replay") -> None:
         self.candidate = candidate
         self.depth = depth
         self.retag = retag
+        self.client = client  # whose turn its judge calls and text threads wait in (`llm.fair`)
         self.engine = PolicyEngine(candidate.policy)
         self._detector: Any = None
 
@@ -148,15 +151,17 @@ class Replayer:
         profiles = self.candidate.policy.profiles
         return row["profile"] if row["profile"] in profiles else self.candidate.policy.default_profile
 
-    async def _topic(self, row: dict[str, Any], profile: str) -> str:
-        """As stored, unless the candidate's topics differ from the live ones: then tagged again where the row kept
-        its texts (the question and context only: the earlier turns the live tagger also read are not stored), in a
-        thread, since the tagger reads the whole context (the shadow runs on the proxy's event loop)."""
-        if self.retag and _texts(row):
-            return await asyncio.to_thread(self.engine.topic_for, profile, _rag(row))
+    async def _topic(self, row: dict[str, Any], profile: str, rag: RagInput) -> str:
+        """As stored, unless the candidate's topics differ from the live ones: then tagged again from the question and
+        passages (the earlier turns the live tagger also read are not stored), in a thread, since the tagger reads the
+        whole context (the shadow runs on the proxy's event loop)."""
+        if self.retag:
+            return await asyncio.to_thread(self.engine.topic_for, profile, rag)
         return str(row["topic"])
 
-    async def outcome(self, row: dict[str, Any]) -> Outcome:
+    async def outcome(self, row: dict[str, Any], rag: RagInput | None = None) -> Outcome:
+        """What the candidate makes of a stored decision; `rag`: its question and passages where they are at hand
+        (the shadow's), else read back from the row."""
         live = {"row_id": row["id"], "request_id": row["request_id"], "time": row["time"], "profile": row["profile"],
                 "topic": row["topic"], "live_action": row["action"], "live_flagged": bool(row["flagged"]),
                 "live_score": row["score"], "label": row.get("review")}
@@ -165,12 +170,13 @@ class Replayer:
             return Outcome(**live, status="pending")
         started = time.perf_counter()
         detection: Detection | None = None
+        rag = rag or (_rag(row) if _texts(row) else None)
         if self.depth == "check" and finding.skipped is None:
-            if not _texts(row):
+            if rag is None:
                 return Outcome(**live, status="no_text")
-            finding, detection = await self._check(row)
+            finding, detection = await self._check(rag, row["answer"])
         profile = self._profile(row)
-        topic = await self._topic(row, profile)
+        topic = await self._topic(row, profile, rag) if rag is not None else str(row["topic"])
         reach = Reach.WITHHOLD if row["released_chars"] is not None else Reach.ASK_AGAIN
         decision = self.engine.decide(profile, topic, finding, _holds(row), reach)
         cost = detection.cost if detection is not None else None
@@ -188,9 +194,15 @@ class Replayer:
             self._detector = build_detector(self.candidate)
         return self._detector
 
-    async def _check(self, row: dict[str, Any]) -> tuple[Finding, Detection | None]:
+    async def _check(self, rag: RagInput, answer: str) -> tuple[Finding, Detection | None]:
+        """The candidate's check, within the candidate's caps (a text past `max_text_chars` is not read; its judge
+        calls stop at `max_judge_calls`) and in its client's turn."""
+        limits = self.candidate.detector
+        if limits.max_text_chars is not None and rag.size(answer) > limits.max_text_chars:
+            return Finding(failed="check_too_large"), None
         try:
-            detection = await self.detector().detect(_rag(row), row["answer"])
+            with call_budget(limits.max_judge_calls), on_behalf_of(self.client):
+                detection = await self.detector().detect(rag, answer)
         except MorphguardError as exc:  # the candidate's check failed: its on_error decides, as live
             return Finding(failed=type(exc).__name__), None
         return Finding(detection=detection), detection

@@ -71,11 +71,14 @@ class Checker:
         name = request.detector or self.detector.name
         return self.config.section("sentences", SentencesSettings).batch if name == "sentences" else 1
 
-    def memo(self) -> Memo:
-        """What the checks of one growing answer (a stream's) share: one budget of judge calls for all of them
-        (`detector.max_judge_calls` bounds the stream) and what the detector remembers of its earlier checks."""
+    def memo(self, request: CheckRequest) -> Memo:
+        """What the checks of one growing answer (a stream's) share: what the detector remembers of its earlier
+        checks and, for the check that remembers them (`sentences`: each sentence asked once), one budget of judge
+        calls for all of them (`detector.max_judge_calls` bounds the stream). Another check asks about the whole
+        prefix each time, so each of its checks keeps the cap of its own."""
         limit = self.config.detector.max_judge_calls
-        return Memo(CallBudget(limit) if limit is not None else None)
+        shared = limit is not None and (request.detector or self.detector.name) == "sentences"
+        return Memo(CallBudget(limit) if shared and limit is not None else None)
 
     async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
         """What the check finds in the answer's text: a detection, a failed check's short code, or why no check

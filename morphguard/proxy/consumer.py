@@ -33,6 +33,11 @@ class Consumer:
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # queue entries this process has taken and not finished
 
+    async def _recover_streams(self) -> None:
+        interrupted = await self.guard.recover_streams()
+        if interrupted:
+            log.warning("%d streams cut by a crash recorded as stream_interrupted", interrupted)
+
     async def start(self) -> None:
         """Recover what a previous run left queued, resume undelivered escalations, start the tasks."""
         try:
@@ -42,9 +47,8 @@ class Consumer:
             waiting = 0
         if waiting and self.settings.workers:
             log.info("%d async checks waiting in the queue", waiting)
-        interrupted = await self.guard.recover_streams()
-        if interrupted:
-            log.warning("%d streams cut by a crash recorded as stream_interrupted", interrupted)
+        # from the background: a store that cannot write yet must not hold the start up (the rows wait for it)
+        self.guard.in_background(self._recover_streams())
         resumed = await self.guard.escalator.resume()
         if resumed:
             log.info("resuming %d escalations left undelivered", resumed)

@@ -286,7 +286,10 @@ class Guard:
     def _shadowed(self, request: CheckRequest, record: DecisionRecord) -> None:
         """A recorded request offered to the shadow candidate, which checks it after the answer has gone."""
         if self.shadow is not None:
-            self.shadow.offer(request, record)
+            try:
+                self.shadow.offer(request, record)
+            except Exception:  # the shadow's failure is its own, never the request's
+                log.exception("shadow: request %s not offered", request.request_id)
 
     @property
     def store_writes(self) -> bool:
@@ -329,8 +332,13 @@ class Guard:
         self.in_background(account())
 
     def open_stream(self, request: CheckRequest) -> OpenStream | None:
-        """Journal a stream whose first text is about to go out (None: no audit trail to write it to)."""
-        return self.streams.open(request.to_dict()) if self.streams is not None else None
+        """Journal a stream whose first text is about to go out (None: no audit trail to write it to). What its row
+        needs, never the body; the question and passages only where the trail keeps texts whole (`store_text: full`),
+        so the journal holds no text the trail would not."""
+        if self.streams is None:
+            return None
+        kept = self.config.policy.audit.store_text == "full"
+        return self.streams.open({**request.to_dict(), "body": {}, **({} if kept else {"rag": None})})
 
     async def recover_streams(self) -> int:
         """Record the streams a process that died mid-stream left open: not checked (`stream_interrupted`, decided

@@ -390,7 +390,7 @@ class GuardChecks:
         self.answer = whole
         self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
         self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
-        self.memo = guard.checker.memo()  # the stream's checks: one budget of judge calls, each sentence asked once
+        self.memo = guard.checker.memo(request)  # the stream's checks: each sentence asked once, within one budget
         self.fill = guard.checker.sentences_per_call(request)
 
     @property
@@ -412,7 +412,13 @@ class GuardChecks:
             found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
         else:                  # on the whole answer, with all it holds beside that text
             found = await self.guard.find(self.request, answer, self.memo)
-        return replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
+        check = replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
+        # where the whole check read only part of the answer, its offset is in the text it read (the answer's fields
+        # in the check's order); it stands for the engine's text only where the two agree that far
+        read_to = check.read_to
+        if read_to is not None and self.guard.checked_text(answer)[:read_to] != text[:read_to]:
+            check = replace(check, read_to=None)
+        return check
 
     async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
         outcome: CheckOutcome = deciding.outcome

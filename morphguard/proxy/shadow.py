@@ -21,10 +21,11 @@ from typing import Any
 from morphguard import telemetry
 from morphguard.config import Config, ShadowSettings, overlaid
 from morphguard.masking import mask_secrets
+from morphguard.models import RagInput
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.comparison import Outcome
 from morphguard.policy.record import DecisionRecord
-from morphguard.policy.replay import PASSAGE_BREAK, Depth, Replayer
+from morphguard.policy.replay import Depth, Replayer
 from morphguard.proxy.check import CheckRequest
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class Shadow:
         # A candidate that changes policy alone decides on the live check's finding; one that changes how answers
         # are checked (detector, judge, a detector's settings) checks them itself.
         depth: Depth = "decide" if _checking(live) == _checking(candidate) else "check"
-        self.replayer = Replayer(candidate, depth, retag=live.policy.topics != candidate.policy.topics)
+        self.replayer = Replayer(candidate, depth, retag=live.policy.topics != candidate.policy.topics,
+                                 client=f"shadow:{self.settings.name}")
         if depth == "check":
             self.replayer.detector()  # here, where the guard is built off the event loop, not on the first request
         self.audit = audit
@@ -57,17 +59,16 @@ class Shadow:
         if (request.rag is None or not record.answer or record.threshold is None
                 or len(self.running) >= self.settings.max_in_flight or self._draw.random() >= self.settings.sample):
             return
-        row = {**record.model_dump(), "id": 0, "review": None, "question": request.rag.question,
-               "context": PASSAGE_BREAK.join(request.rag.passages)}
-        task = asyncio.get_running_loop().create_task(self._run(row))
+        row = {**record.model_dump(), "id": 0, "review": None}
+        task = asyncio.get_running_loop().create_task(self._run(row, request.rag))
         self.running.add(task)
         task.add_done_callback(self.running.discard)
 
-    async def _run(self, row: dict[str, Any]) -> None:
+    async def _run(self, row: dict[str, Any], rag: RagInput) -> None:
         name = self.settings.name
         started = time.perf_counter()
         try:
-            outcome = await asyncio.wait_for(self.replayer.outcome(row), self.settings.timeout_s)
+            outcome = await asyncio.wait_for(self.replayer.outcome(row, rag), self.settings.timeout_s)
             await asyncio.to_thread(self._store, row, outcome)
         except Exception as exc:  # the candidate's failure is the shadow's alone
             log.warning("shadow %s: request %s not compared: %s", name, row["request_id"],

@@ -3,7 +3,8 @@ rows with it.
 
 Each process appends to a file of its own (`<folder>/<pid>-<random>.jsonl`), locked for the process's life: a line
 when a stream's first text goes out (the request), the characters of answer text released since (at most every
-`RELEASED_EVERY_S`, so the figure a crash leaves is a lower bound), and a line once the stream's row is written.
+`RELEASED_EVERY_S`, so the figure a crash leaves is a lower bound), and a line once the stream's row is written;
+whenever no stream is open the file is emptied, so it holds only streams under way.
 Lines go straight to the operating system (no buffer of ours), so they survive the process being killed. The next
 start of a proxy on the same trail (`left_behind`) finds the files no live process holds and records each stream
 they leave open as not checked, `stream_interrupted`, with what the client had received (`released_chars`).
@@ -36,11 +37,23 @@ class StreamJournal:
         self._file: BinaryIO = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held for the process's life
         fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self._outage = Outage("stream journal", log)
+        self._open = 0  # streams begun and not ended: at none, the file is emptied (it holds nothing to recover)
 
     def open(self, request: dict[str, Any]) -> OpenStream:
         """A stream whose first text is about to go out (`request`: `CheckRequest.to_dict()`)."""
         self._write({"start": request})
+        self._open += 1
         return OpenStream(self, request["request_id"])
+
+    def _ended(self, request_id: str) -> None:
+        self._open -= 1
+        if self._open == 0 and not self._file.closed:
+            try:
+                self._file.truncate(0)  # appends go on at the new end
+            except OSError as exc:
+                self._outage.failed(exc)
+            return
+        self._write({"end": request_id})
 
     def _write(self, line: dict[str, Any]) -> None:
         """A line, or none where the disk refuses it (full, read-only): a stream never fails for its journal, which
@@ -102,6 +115,7 @@ class OpenStream:
         self.journal, self.request_id = journal, request_id
         self._released = 0
         self._noted_at = time.monotonic()
+        self._ended = False
 
     def due(self) -> bool:
         """Whether to note what was released now (at most every `RELEASED_EVERY_S`)."""
@@ -116,4 +130,6 @@ class OpenStream:
 
     def ended(self) -> None:
         """The stream's row is written (or it ended before its first text went out)."""
-        self.journal._write({"end": self.request_id})
+        if not self._ended:
+            self._ended = True
+            self.journal._ended(self.request_id)

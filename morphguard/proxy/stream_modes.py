@@ -91,6 +91,9 @@ class Relayed:
                 else:
                     settled = await steps.check(exchange, answer, Reach.NONE)
             except ProxyError as exc:  # the verdict cannot be given (its row cannot be written): say so, the SDK raises
+                # its row is owed, written once the store takes it: the journal keeps the stream open, so a crash
+                # before that leaves it to the next start (a row written twice is written once)
+                recorded, journaled = True, None
                 yield dialect.stream_error(exc).encode()
                 return
             recorded = True

@@ -169,6 +169,11 @@ class Sentences:
         return [(r.start, r.end, [w.text for w in r.unsupported], any(s < r.end and r.start < e for s, e in planted))
                 for r in reports]
 
+    def _planned(self, rag: RagInput, answer: str, known: Asked) -> tuple[Batch, list[str]]:
+        """`plan`, and each sentence's line as the judge is shown it (what a stream's checks remember it by)."""
+        planned = self.plan(rag, answer, known)
+        return planned, [self._line(answer, sentence) for sentence in planned]
+
     def _line(self, answer: str, sentence: tuple[int, int, list[str], bool]) -> str:
         """How the judge is shown one sentence (after its number): its text, then its hints."""
         start, end, words, addresses = sentence
@@ -234,9 +239,8 @@ class Sentences:
         # Python): off the event loop, so that one large check cannot stall the proxy's other requests.
         memo = current()
         known = memo.of(self.name, Asked) if memo is not None else Asked()  # a stream's earlier checks' verdicts
-        planned = await in_thread(self.plan, rag, answer, known, size=rag.size(answer))
+        planned, lines = await in_thread(self._planned, rag, answer, known, size=rag.size(answer))
         record = await in_thread(about_record, rag, answer, size=rag.size(answer))
-        lines = [self._line(answer, sentence) for sentence in planned]
         stage, calls = StageCost(), 0
         while True:
             missing = [i for i, line in enumerate(lines) if line not in known.verdicts]

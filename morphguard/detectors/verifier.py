@@ -141,7 +141,9 @@ class VerifierCheck:
             labelled = await self.model.hallucinated([(prompt, answer[s:e]) for s, e in parts])
             tokens = [TokenScore(s + t.start, s + t.end, t.probability)
                       for (s, _), found in zip(parts, labelled, strict=True) for t in found]
-            scored, sequences = _tokens(self.model.name, answer, tokens), len(parts)
+            # the answer's sentences against its flagged tokens: grows with the answer, so off the event loop
+            scored = await in_thread(_tokens, self.model.name, answer, tokens, size=size)
+            sequences = len(parts)
         return self._detection(answer, scored, sequences, started)
 
     def _text(self, premise: str, hypothesis: str) -> Text:

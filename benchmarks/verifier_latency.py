@@ -56,7 +56,6 @@ MODELS = {
     "modernbert-base-int8": ("modernbert-base", "tokens", 4096),
     "t5-base-int8": ("t5-base", "claims", 512),
 }
-EXPORTED = sorted({source for source, _, _ in MODELS.values()})
 
 
 def item(path: Path) -> dict:
@@ -71,7 +70,7 @@ def item(path: Path) -> dict:
 
 # --- the export, run with --export-python (torch and transformers) -------------------------------------------------
 
-def export(out: Path) -> None:
+def export(out: Path, names: set[str]) -> None:
     import torch
     from transformers import (
         DebertaV2Config,
@@ -101,7 +100,7 @@ def export(out: Path) -> None:
     }
     for name, make in built.items():
         folder = out / name
-        if (folder / "model.onnx").is_file():
+        if name not in names or (folder / "model.onnx").is_file():
             continue
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -186,13 +185,15 @@ def main() -> None:
     parser.add_argument("--export-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.export_only:
-        export(args.models)
+        export(args.models, set(args.only.split(",")))
         return
     chosen = set(args.only.split(","))
     answer_item = item(DATA)
-    if args.export_python and any(not (args.models / m / "model.onnx").is_file() for m in EXPORTED):
+    needed = {MODELS[m][0] for m in chosen if m in MODELS}
+    if args.export_python and any(not (args.models / m / "model.onnx").is_file() for m in needed):
         args.models.mkdir(parents=True, exist_ok=True)
-        subprocess.run([args.export_python, __file__, "--export-only", "--models", str(args.models)], check=True)
+        subprocess.run([args.export_python, __file__, "--export-only", "--models", str(args.models),
+                        "--only", ",".join(sorted(needed))], check=True)
     vocabulary = tokenizer(answer_item["corpus"])
     for name, (source, _, _) in MODELS.items():
         if name in chosen and name != source:

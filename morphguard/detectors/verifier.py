@@ -91,8 +91,9 @@ def identity(settings: VerifierSettings) -> dict[str, Any]:
 def build_verifier(settings: VerifierSettings) -> Verifier:
     """The configured model, loaded (in process) or addressed (served)."""
     if settings.model is None:
-        raise MorphguardError("the verifier check needs verifier.model: a folder holding the ONNX export and its "
-                              "tokenizer, a hub id, or the name a server serves the model under")
+        raise MorphguardError("the verifier check needs a trained verifier as the judge: judge.runtime (onnx, tei, "
+                              "vllm-classify, vllm-score) and judge.model (a folder holding the ONNX export and its "
+                              "tokenizer, a hub id, or the name a server serves the model under)")
     if settings.runtime == "onnx":  # its imports (numpy, the optional ONNX Runtime) only where it runs
         from morphguard.llm.onnx_model import OnnxVerifier
 
@@ -145,6 +146,9 @@ class VerifierCheck:
             scored = await in_thread(_tokens, self.model.name, answer, tokens, size=size)
             sequences = len(parts)
         return self._detection(answer, scored, sequences, started)
+
+    async def aclose(self) -> None:
+        await self.model.aclose()
 
     def _text(self, premise: str, hypothesis: str) -> Text:
         template = self.settings.template
@@ -304,5 +308,6 @@ def _factoids(answer: str, scored: Scored, score: float, threshold: float) -> li
 
 register(DetectorSpec(
     name="verifier", settings=VerifierSettings, models=lambda settings: [],
-    fingerprint=lambda settings: {**changed_options(settings), "version": VERSION},
+    fingerprint=lambda settings: {**changed_options(settings), "judge": identity(settings), "version": VERSION},
+    judged=lambda settings, config: settings.judged_by(config.judge),
     build=lambda settings, threshold, llm: VerifierCheck(build_verifier(settings), settings, threshold)))

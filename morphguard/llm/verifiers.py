@@ -2,7 +2,7 @@
 
 Two shapes of model: a claim classifier scores texts (premise and hypothesis as a pair, or one text made of them by
 a template) and says how likely each is supported; a token classifier reads a prompt (context and question) and an
-answer, and says how likely each answer token is hallucinated. Two ways to run one (`verifier.runtime`): in process
+answer, and says how likely each answer token is hallucinated. Two ways to run one (`judge.runtime`): in process
 with ONNX Runtime (`llm/onnx_model.py`), or served by Text Embeddings Inference or vLLM (`llm/served.py`);
 `detectors/verifier.py` builds the one configured.
 
@@ -44,6 +44,10 @@ class Verifier(Protocol):
 
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         """For each (prompt, answer), every answer token with the probability that it is hallucinated."""
+        ...
+
+    async def aclose(self) -> None:
+        """Let go of what it holds open (a served verifier's connections)."""
         ...
 
 

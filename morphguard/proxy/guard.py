@@ -400,6 +400,7 @@ class Guard:
         if self.streams is not None:
             self.streams.close()
         await self.queue.close()
+        await self.checker.aclose()
         if self.checker.cache is not None:
             await self.checker.cache.close()
         if self._rows is not None:

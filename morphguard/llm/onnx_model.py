@@ -104,12 +104,15 @@ class OnnxVerifier:
     def length(self, text: str) -> int:
         return len(self.counter.encode(text, add_special_tokens=False).ids)
 
+    def calls(self, texts: Sequence[Text]) -> int:
+        return batches(len(texts), self.settings.batch)
+
     async def supported(self, texts: Sequence[Text]) -> list[float]:
-        reserve(batches(len(texts), self.settings.batch))
+        reserve(self.calls(texts))
         return await self._run(self._supported, list(texts)) if texts else []
 
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
-        reserve(batches(len(texts), self.settings.batch))
+        reserve(self.calls(texts))
         return await self._run(self._hallucinated, list(texts)) if texts else []
 
     async def aclose(self) -> None:

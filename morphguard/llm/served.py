@@ -60,12 +60,20 @@ class ServedVerifier:
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         raise LLMError("a served verifier is a claim classifier: token classifiers run in process")
 
-    async def supported(self, texts: Sequence[Text]) -> list[float]:
+    def calls(self, texts: Sequence[Text]) -> int:
+        return len(self._parts(texts))
+
+    def _parts(self, texts: Sequence[Text]) -> list[list[Text]]:
+        """The texts in requests of `verifier.batch`."""
         size = self.settings.batch
         parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
         if self.settings.runtime == "tei":
             # TEI reads a list of two texts as one pair: a part of two lone texts goes as two requests
             parts = [q for p in parts for q in ([[t] for t in p] if len(p) == 2 and p[0][1] is None else [p])]
+        return parts
+
+    async def supported(self, texts: Sequence[Text]) -> list[float]:
+        parts = self._parts(texts)
         reserve(len(parts))  # past the check's cap: fail before sending any
         found = await together(self._ask(part) for part in parts)
         return [p for part in found for p in part]

@@ -7,7 +7,8 @@ with ONNX Runtime (`llm/onnx_model.py`), or served by Text Embeddings Inference 
 `detectors/verifier.py` builds the one configured.
 
 Every model run or request counts as one judge call of the check's budget (`detector.max_judge_calls`), reserved
-before the first is made: a check too large for its cap fails before it sends anything, as a judge's would.
+before the first is made. The check plans within what its budget leaves (`calls`): the answer's first sentences
+that fit are checked and the rest left unchecked, as the `sentences` check does.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class Verifier(Protocol):
 
     def length(self, text: str) -> int:
         """The tokens `text` takes (counted by the model's tokenizer in process, estimated for a server)."""
+        ...
+
+    def calls(self, texts: Sequence[Text]) -> int:
+        """The model runs or requests (judge calls) `texts` take."""
         ...
 
     async def supported(self, texts: Sequence[Text]) -> list[float]:

@@ -85,7 +85,7 @@ def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(
              "answer": (wrong if kind == "h" else faithful)[i % 2]} for i in range(8) for kind in "fh"]
     (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     model = save(tmp_path / "model", "claims", [CONTEXT, *faithful, *wrong])
-    config = {"verifier": {"model": str(model)}, "detector": {"name": "auto"}}
+    config: dict = {"judge": {"runtime": "onnx", "model": str(model)}, "verifier": {}, "detector": {"name": "auto"}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = morphguard("calibrate", "-d", f"jsonl:{tmp_path / 'labels.jsonl'}", "--config", "config.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

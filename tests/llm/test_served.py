@@ -146,8 +146,9 @@ def test_a_served_check_past_its_cap_checks_the_sentences_that_fit_and_leaves_th
     assert [(f.text, f.label) for f in found.factoids] == [(WRONG, "unsupported"), (FAITHFUL, "supported")]
     assert found.unchecked_from == len(f"{WRONG} {FAITHFUL} ") and found.settings["calls"] == 2
     assert len(seen(fake)["requests"]) == 2
+    verifier = build_verifier(resolve(served(fake, "tei", batch=1), "verifier")[1])
     with pytest.raises(JudgeCallCapError):  # the verifier itself never sends past the cap
-        asyncio.run(_capped(build_verifier(resolve(served(fake, "tei", batch=1), "verifier")[1]).supported, [(PASSAGE, WRONG)] * 2, 1))
+        asyncio.run(_capped(verifier.supported, [(PASSAGE, WRONG)] * 2, 1))
     assert len(seen(fake)["requests"]) == 2
 
 

@@ -74,6 +74,8 @@ class OnnxVerifier:
             if not needed.is_file():
                 raise MorphguardError(f"judge.model {self.name}: {needed.name} is missing from {folder}")
         options = ort.SessionOptions()
+        # every graph rewrite ONNX Runtime has (fused MatMul + scale, fused int8 MatMuls with the CPU's VNNI or AMX)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = settings.threads or usable_cpus()
         options.inter_op_num_threads = 1
         # Threads that sleep between runs rather than spin: the proxy's event loop and text threads share these CPUs.

@@ -57,11 +57,15 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
     for status in await probe_judges(config, llm, name, skip=frozenset({LOCAL_MODEL})):
         if status.error is None:
             continue
-        message = f"the judge {status.model} cannot be called: {status.error}"
-        if config.judge.probe == "required":
-            raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
-                                            "anyway, and checks then fail as the profile's on_error says)")
-        log.warning("%s; starting anyway (judge.probe: warn)", message)
+        _unanswered(config, f"the judge {status.model} cannot be called: {status.error}")
+
+
+def _unanswered(config: Config, message: str) -> None:
+    """As `judge.probe` says of a judge that cannot answer: refuse to start (required), or warn and start."""
+    if config.judge.probe == "required":
+        raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
+                                        "anyway, and checks then fail as the profile's on_error says)")
+    log.warning("%s; starting anyway (judge.probe: warn)", message)
 
 
 @dataclass(frozen=True)
@@ -109,11 +113,7 @@ async def _require_verifier(config: Config, name: str | None) -> None:
     status = await probe_verifier(config, name)
     if status is None or status.error is None:
         return
-    message = f"the verifier {status.model} at {config.judge.api_base} cannot be called: {status.error}"
-    if config.judge.probe == "required":
-        raise MorphguardError(message + " (judge.probe: warn starts anyway, and checks then fail as the "
-                                        "profile's on_error says)")
-    log.warning("%s; starting anyway (judge.probe: warn)", message)
+    _unanswered(config, f"the verifier {status.model} at {config.judge.api_base} cannot be called: {status.error}")
 
 
 def _warn_of_calibration(config: Config, name: str | None) -> None:

@@ -12,10 +12,10 @@ from starlette.responses import Response
 
 from morphguard.policy.engine import Reach
 from morphguard.proxy.backend import Call, Relay
-from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.dialects.base import Dialect
-from morphguard.proxy.incremental import Checks
-from morphguard.proxy.stream_journal import OpenStream
+from morphguard.settle.incremental import Checks
+from morphguard.settle.stream_journal import OpenStream
+from morphguard.settle.values import Answer, CheckRequest, Settled
 
 
 @dataclass

@@ -30,7 +30,6 @@ from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
 from morphguard.policy.record import Released
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
-from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
@@ -44,10 +43,11 @@ from morphguard.proxy.errors import (
     upstream_unavailable,
 )
 from morphguard.proxy.exchange import Exchange, StreamMode
-from morphguard.proxy.guard import Guard, Reask
-from morphguard.proxy.incremental import Checks, GuardChecks
-from morphguard.proxy.stream_journal import OpenStream
 from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
+from morphguard.settle.guard import Guard
+from morphguard.settle.incremental import Checks
+from morphguard.settle.stream_journal import OpenStream
+from morphguard.settle.values import Answer, CheckRequest, Reask, Settled
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class Flow:
         return await self.check(exchange, answer, reach)
 
     def checks(self, exchange: Exchange, whole: Callable[[], Answer]) -> Checks:
-        return GuardChecks(self.guard, exchange.intake, whole)
+        return self.guard.stream_checks(exchange.intake, whole)
 
     async def account(self, exchange: Exchange, reason: str, text: str) -> None:
         await self.guard.account(exchange.intake, reason, text)

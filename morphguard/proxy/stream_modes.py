@@ -27,12 +27,12 @@ from starlette.responses import Response, StreamingResponse
 from morphguard.config import Action, ProxySettings
 from morphguard.policy.engine import ACTIONS, Reach
 from morphguard.proxy.backend import Relay
-from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Assembly, Dialect, Event, event_of
 from morphguard.proxy.errors import ProxyError, upstream_malformed
 from morphguard.proxy.exchange import Exchange, Steps, StreamMode
-from morphguard.proxy.incremental import Closing, Incremental
+from morphguard.settle.incremental import Closing, Incremental
+from morphguard.settle.values import Answer, CheckRequest
 
 log = logging.getLogger(__name__)
 STREAM_HEADER = "x-morphguard-stream"  # the mode a stream ran in: passthrough, async, buffer or incremental

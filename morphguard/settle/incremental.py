@@ -28,7 +28,7 @@ The stream's record says what was released apart from what was withheld (`Closin
 characters of answer text the client received and the verdict of the prefix they passed.
 
 What an API's stream looks like is the `Stream`'s business (`proxy.stream_modes` adapts any dialect to it);
-what a check is and what policy makes of it is the `Checks`' (`GuardChecks` over the proxy's guard). This
+what a check is and what policy makes of it is the `Checks`' (`settle.stream_checks.GuardChecks`, beside it). This
 module only cuts, holds, orders and releases.
 """
 
@@ -39,23 +39,14 @@ import contextlib
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from opentelemetry import trace
-
-from morphguard.config import Action
 from morphguard.detectors.text import sentence_ends, sentences
-from morphguard.policy.actions import claims
-from morphguard.policy.engine import Reach
-from morphguard.policy.record import DecisionRecord, Released
-from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest, Found
-from morphguard.proxy.guard import Guard
+from morphguard.policy.record import Released
 
 E = TypeVar("E")
-# Actions that end a stream at the prefix they flag: `regenerate` cannot ask again mid-stream, so it withholds.
-ENDS_STREAM: frozenset[Action] = frozenset({"block", "regenerate"})
 
 
 @dataclass(frozen=True)
@@ -376,68 +367,3 @@ async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
         if task is not None:
             with contextlib.suppress(BaseException):
                 await task
-
-
-class GuardChecks:
-    """`Checks` by the proxy's guard: the configured detector on each prefix with the request's question and
-    context, policy deciding once on each check as a stream checked as it flows can act on it (`Reach.WITHHOLD`);
-    the stream's verdict carried out and audited by the guard. `whole` is the whole answer once the upstream has
-    ended, as its dialect reads it (tool calls and all); a prefix is read as an answer of its text alone."""
-
-    def __init__(self, guard: Guard, request: CheckRequest, whole: Callable[[], Answer]) -> None:
-        self.guard = guard
-        self.request = request
-        self.answer = whole
-        self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
-        self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
-        self.memo = guard.checker.memo(request)  # the stream's checks: each sentence asked once, within one budget
-        self.fill = guard.checker.sentences_per_call(request)
-
-    @property
-    def closed(self) -> bool:
-        return self.record is not None
-
-    async def prefix(self, text: str) -> PrefixCheck:
-        answer = Answer.of_text(text)
-        found = await self.guard.find(self.request, answer, self.memo)
-        check = _of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD))
-        if not check.blocks:
-            self._cleared = (self.guard.checked_text(answer), found)
-        return check
-
-    async def whole(self, text: str) -> PrefixCheck:
-        answer = self.answer()
-        cleared = self._cleared
-        if cleared is not None and cleared[0].strip() == self.guard.checked_text(answer).strip():
-            found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
-        else:                  # on the whole answer, with all it holds beside that text
-            found = await self.guard.find(self.request, answer, self.memo)
-        check = replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
-        # where the whole check read only part of the answer, its offset is in the text it read (the answer's fields
-        # in the check's order); it stands for the engine's text only where the two agree that far
-        read_to = check.read_to
-        if read_to is not None and self.guard.checked_text(answer)[:read_to] != text[:read_to]:
-            check = replace(check, read_to=None)
-        return check
-
-    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
-        outcome: CheckOutcome = deciding.outcome
-        span = self.request.chat_span
-        answer = self.answer() if deciding.whole else Answer.of_text(text)
-        with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
-            self.record = (await self.guard.carry_out(self.request, answer, outcome, released)).record
-        return Closing(self.record.payload(), deciding.blocks, outcome.decision.safe_message)
-
-
-def _of(outcome: CheckOutcome) -> PrefixCheck:
-    detection = outcome.detection
-    placed: tuple[Claim, ...] = ()
-    if detection is not None:
-        threshold = outcome.decision.threshold
-        placed = tuple(Claim(f.start, f.end, f.score, f.score >= threshold) for f in claims(detection.factoids)
-                       if f.start is not None and f.end is not None)
-    blocks = outcome.decision.action in ENDS_STREAM
-    read_to = detection.unchecked_from if detection is not None and blocks and not outcome.decision.flagged else None
-    return PrefixCheck(flagged=outcome.decision.flagged, blocks=blocks,
-                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome,
-                       read_to=read_to)

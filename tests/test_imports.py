@@ -117,9 +117,9 @@ def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
 
 
 # What the HTTP edge, a worker and the plug-ins may import of the settle side: its face, the values that cross it, and
-# the stream engine a stream mode runs (it holds no part of the guard: its checks are handed to it).
+# for a stream mode, the engine it runs and what the face hands a stream (`Streaming`: the engine with its checks).
 SETTLE_FACE = {"morphguard.settle", "morphguard.settle.guard", "morphguard.settle.values",
-               "morphguard.settle.incremental", "morphguard.settle.stream_journal"}
+               "morphguard.settle.incremental", "morphguard.settle.stream_checks"}
 # The face's parts, which no caller reads off it.
 _PARTS = {"checker", "_settler", "_trail", "_later", "_consumer"}
 

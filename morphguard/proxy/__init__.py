@@ -1,1 +1,2 @@
-"""The OpenAI-compatible proxy: the HTTP edge that forwards a request and has its answer settled (`morphguard.settle`)."""
+"""The OpenAI-compatible proxy: the HTTP edge that forwards a request and has its answer settled
+(`morphguard.settle`)."""

@@ -11,7 +11,6 @@ the engine of `settle.incremental`). What crosses the face is the values of `set
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from morphguard import telemetry
@@ -20,15 +19,14 @@ from morphguard.detectors import Detector, build_detector
 from morphguard.detectors.judges import require_judges
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.engine import PolicyEngine, Reach
-from morphguard.policy.record import DecisionRecord, Released
+from morphguard.policy.record import DecisionRecord
 from morphguard.settle import choices
 from morphguard.settle.check import Checker, Settler
 from morphguard.settle.consumer import Consumer
 from morphguard.settle.escalation import Escalator
 from morphguard.settle.later import Later
 from morphguard.settle.shadow import Shadow
-from morphguard.settle.stream_checks import GuardChecks
-from morphguard.settle.stream_journal import OpenStream
+from morphguard.settle.stream_checks import Streaming
 from morphguard.settle.trail import Trail
 from morphguard.settle.values import Answer, CheckRequest, Reask, Settled, Verdict
 from morphguard.store import open_queue
@@ -62,9 +60,10 @@ class Guard:
         """The check queued; the record to send now, or None when the caller must check inline."""
         return await self._later.check_later(request, answer)
 
-    def stream_checks(self, request: CheckRequest, whole: Callable[[], Answer]) -> GuardChecks:
-        """The checks of a stream checked as it flows; `whole`: the whole answer once the upstream has ended."""
-        return GuardChecks(self._settler, request, whole)
+    def stream(self, request: CheckRequest) -> Streaming:
+        """What a stream needs of the settle side, once: the engine of a stream checked as it flows, its journal
+        entry, its row where it ends without a verdict."""
+        return Streaming(self._settler, request)
 
     async def settle_choices(self, first: CheckRequest, answers: list[dict[str, Any]], *, gateway: str | None,
                              max_choices: int, flagged_fails: bool = False) -> Verdict:
@@ -82,16 +81,6 @@ class Guard:
     async def account(self, request: CheckRequest, reason: str, answer: str | None = None) -> DecisionRecord:
         """The row of a request that ends without a check (an upstream failure, no context, a full queue)."""
         return await self._trail.account(request, reason, answer)
-
-    def account_soon(self, request: CheckRequest, reason: str, answer: str | None = None,
-                     released: Released | None = None, stream: OpenStream | None = None) -> None:
-        """`account` from where awaiting is no longer possible (a cancelled stream); the stream's journal entry ends
-        once the row is written."""
-        self._trail.account_soon(request, reason, answer, released, stream)
-
-    def open_stream(self, request: CheckRequest) -> OpenStream | None:
-        """Journal a stream whose first text is about to go out (None: no audit trail to write it to)."""
-        return self._trail.open_stream(request)
 
     # --- what the probes read --------------------------------------------------------------------------------
 

@@ -523,9 +523,10 @@ class Visit:
     def __init__(self, guard, whole=None) -> None:
         request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
                                source="explicit", profile="general", topic="general")
-        self.checks = guard.stream_checks(request, lambda: (whole or Answer.of_text)(self.engine.text))
+        streaming = guard.stream(request)
+        self.engine = streaming.flowing(Plain(), lambda: (whole or Answer.of_text)(self.engine.text))
+        self.checks = streaming.checks
         self.upstream = Upstream()
-        self.engine = Incremental(Plain(), self.checks)
 
 
 def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_went_out(guard):

@@ -5,7 +5,7 @@
 - `buffer` (`Buffered`): the whole stream is collected and checked first; a changed answer goes out as the
   stream the dialect replays of it.
 - `incremental` (`AsItFlows`): events go out once the answer up to their text passed the whole-answer check
-  (`proxy.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
+  (`settle.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
   answer.
 - `auto` is no mode of its own: `stream_mode` picks one of these per request (incremental where policy can change the
   answer, else passthrough, or async under `proxy.mode: async`).
@@ -140,7 +140,7 @@ class Buffered:
 
 class AsItFlows:
     """Checked as it flows (`incremental`): text released as the prefixes it lies in pass the check, what the check
-    cannot read held until the stream's verdict (`proxy.incremental`)."""
+    cannot read held until the stream's verdict (`settle.incremental`)."""
 
     name = "incremental"
 
@@ -190,7 +190,7 @@ class AsItFlows:
 
 
 class _DialectStream:
-    """A dialect's events as the engine reads them (`proxy.incremental.Stream`); the upstream's last event is
+    """A dialect's events as the engine reads them (`settle.incremental.Stream`); the upstream's last event is
     held here, for the ending."""
 
     def __init__(self, dialect: Dialect) -> None:

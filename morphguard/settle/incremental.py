@@ -19,10 +19,10 @@ if it blocks, what the prefix check under way passes still goes out, the rest is
 the API ends a refused answer. A prefix check that blocks mid-stream stops reading the upstream and ends the
 stream there. A check's score can exceed the scores of its sentences one by one (evidence adds up over an
 answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence. The
-checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`): each
-sentence is asked about once. Past that budget a check reads the answer as far as it can and, where the profile
-withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it read and passed goes out
-first.
+checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`, in
+`settle.stream_checks`): each sentence is asked about once. Past that budget a check reads the answer as far as it
+can and, where the profile withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it
+read and passed goes out first.
 
 The stream's record says what was released apart from what was withheld (`Closing`, `Checks.close`): how many
 characters of answer text the client received and the verdict of the prefix they passed.

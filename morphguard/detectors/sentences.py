@@ -201,10 +201,22 @@ class Sentences:
         """How many characters of the user message every call of the check opens with: all but the sentences."""
         return messages[-1]["content"].index("<answer>") + len("<answer>\n")
 
-    async def _judge(self, messages: list[dict[str, str]], batch: Batch,
-                     stage: StageCost) -> Judged:
+    async def _judge(self, messages: list[dict[str, str]], batch: Batch, stage: StageCost) -> Judged:
         """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
-        P(UNSUPPORTED) of the whole answer, with the phrases named for it."""
+        P(UNSUPPORTED) of the whole answer, with the phrases named for it. A reply that leaves a verdict unread (a
+        refusal, prose, a sentence left out) is asked again once, within the check's budget of calls, with a note
+        that the first could not be read: an API judge's refusals and format slips are often not repeated. Each
+        verdict is read from the first reply that gives it."""
+        judged, seconds = await self._reply(messages, len(batch), stage)
+        if _unread(judged) and reserve_up_to(1):
+            note = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{render('sentences_again')}"}
+            again, more = await self._reply([*messages[:-1], note], len(batch), stage)
+            judged, seconds = _kept(judged, again), seconds + more
+        stage.seconds = max(stage.seconds, seconds)  # the batches are asked at once
+        return judged
+
+    async def _reply(self, messages: list[dict[str, str]], size: int, stage: StageCost) -> tuple[Judged, float]:
+        """One call about `size` sentences, read, and its seconds."""
         schema = {"type": "object", "required": ["sentences", "answer"], "properties": {"sentences": {
             "type": "array", "items": {"type": "object", "required": ["id", "verdict", "phrases"], "properties": {
                 "id": {"type": "integer"}, "verdict": {"type": "string", "enum": list(LABELS)},
@@ -212,14 +224,13 @@ class Sentences:
             "answer": {"type": "string", "enum": list(LABELS)},
             "unsupported": {"type": "array", "items": {"type": "string"}, "maxItems": WHOLE_PHRASES}}}
         reply = await self.llm.complete(messages, model=self.settings.model,
-                                        max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5,
+                                        max_tokens=48 * size + 64, json_schema=schema, top_logprobs=5,
                                         shared=self.shared(messages))
         stage.count(reply)
-        stage.seconds = max(stage.seconds, reply.seconds)  # the batches are asked at once
         entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]
         out: list[tuple[float | None, list[str]]] = []
-        for i in range(len(batch)):
-            at = _entry_at(entries, i, len(batch))  # log-probabilities are read by the verdict's place in the reply
+        for i in range(size):
+            at = _entry_at(entries, i, size)  # log-probabilities are read by the verdict's place in the reply
             entry: dict[str, Any] = entries[at] if at is not None else {}
             verdict = str(entry.get("verdict", "")).strip().upper()
             phrases = [p for p in entry.get("phrases") or [] if isinstance(p, str) and p.strip()]
@@ -231,7 +242,8 @@ class Sentences:
                 out.append((1.0 if verdict == "UNSUPPORTED" else 0.0, phrases))
             else:
                 out.append((None, phrases))
-        return out, _whole(reply.text, reply.logprobs), strings(json_list(reply.text, "unsupported"))[:WHOLE_PHRASES]
+        named = strings(json_list(reply.text, "unsupported"))[:WHOLE_PHRASES]
+        return (out, _whole(reply.text, reply.logprobs), named), reply.seconds
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -241,7 +253,7 @@ class Sentences:
         known = memo.of(self.name, Asked) if memo is not None else Asked()  # a stream's earlier checks' verdicts
         planned, lines = await in_thread(self._planned, rag, answer, known, size=rag.size(answer))
         record = await in_thread(about_record, rag, answer, size=rag.size(answer))
-        stage, calls = StageCost(), 0
+        stage = StageCost()
         while True:
             missing = [i for i, line in enumerate(lines) if line not in known.verdicts]
             theirs = {known.pending[lines[i]] for i in missing if lines[i] in known.pending}  # another check asks
@@ -257,7 +269,6 @@ class Sentences:
             batches = batches[:reserve_up_to(len(batches))]
             if not batches and not theirs:
                 break
-            calls += len(batches)
             if batches:
                 await self._ask(rag, answer, [[planned[i] for i in b] for b in batches],
                                 [[lines[i] for i in b] for b in batches], known, stage)
@@ -265,7 +276,7 @@ class Sentences:
                 await asyncio.wait(theirs)
         read = next((k for k, line in enumerate(lines) if line not in known.verdicts), len(lines))
         return await in_thread(self._detection, answer, planned[:read], known.read(lines[:read]), record, stage,
-                               calls, started, planned[read][0] if read < len(planned) else None, size=len(answer))
+                               started, planned[read][0] if read < len(planned) else None, size=len(answer))
 
     async def _ask(self, rag: RagInput, answer: str, batches: list[Batch], lines: list[list[str]], known: Asked,
                    stage: StageCost) -> None:
@@ -287,7 +298,7 @@ class Sentences:
                 future.set_result(None)
 
     def _detection(self, answer: str, chosen: Batch, judged: list[Judged], record: bool, stage: StageCost,
-                   calls: int, started: float, unchecked: int | None = None) -> Detection:
+                   started: float, unchecked: int | None = None) -> Detection:
         """The answer's detection from the judge's verdicts on its sentences (`chosen`: those read) and on the whole
         of it; `unchecked`: where the sentences left unread begin."""
         verdicts = [v for sentences, _, _ in judged for v in sentences]
@@ -301,6 +312,7 @@ class Sentences:
                                          in zip(chosen, verdicts, strict=True)], score)
         before = fused(parts, self.calibration.weight(self.settings.whole_weight))
         why = f"{kind} calibration ({self.source}) of the whole-answer and worst-sentence verdicts"
+        calls = stage.llm_calls + stage.cached_calls
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=claims, cost=Cost.of({"verify": stage} if calls else {}, time.perf_counter() - started),
@@ -366,6 +378,19 @@ def load_calibration(path: str) -> Calibration:
         return Calibration.model_validate(found)
     except (OSError, ValueError, TypeError, ValidationError) as exc:
         raise MorphguardError(f"sentences.calibration {path}: not a calibration file ({exc})") from None
+
+
+def _unread(judged: Judged) -> bool:
+    """Whether a reply left a sentence's verdict, or the whole answer's, unread."""
+    verdicts, whole, _ = judged
+    return whole is None or any(found is None for found, _ in verdicts)
+
+
+def _kept(first: Judged, again: Judged) -> Judged:
+    """The verdicts of a batch asked twice: each from the first reply, where that one gave none from the second."""
+    verdicts = [mine if mine[0] is not None else theirs for mine, theirs in zip(first[0], again[0], strict=True)]
+    whole, named = (first[1], first[2]) if first[1] is not None else (again[1], again[2])
+    return verdicts, whole, named
 
 
 def _entry_at(entries: list[dict[str, Any]], i: int, size: int) -> int | None:

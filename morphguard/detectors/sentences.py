@@ -7,7 +7,8 @@ and this check lets it decide. It sees the lexical evidence (each sentence's wor
 hint, never as a verdict.
 
 One round of calls: the sentences go in batches of `batch`, all sent at once, each with the whole context
-(beyond `context_budget` characters, the context focused on that batch). The judge gives a verdict on each
+(beyond `context_budget` characters, the context focused on that batch); a batch whose reply leaves a verdict
+unread (a refusal, a reply that is not the JSON asked for) is asked again once. The judge gives a verdict on each
 sentence and then on the answer as a whole; each verdict's score is its probability of UNSUPPORTED where the judge
 returns log-probabilities, else its word (1 or 0). Two readings of one answer, so that one wrong verdict among
 many sentences does not decide alone: the whole-answer verdict (the highest over batches) and the worst sentence's.
@@ -17,10 +18,13 @@ The answer's score is a probability, so that the policy's thresholds mean for th
 answers about a structured record and one for prose) reads the two readings. A team's own, written by `morphguard
 calibrate` for its judge, is named by `sentences.calibration`; without one the check reads the shipped
 `sentences.json`, fitted on the fit halves under the scripted judge of benchmarks/judge_quality.py that errs as real
-ones do (`--fit-calibration`). Every claim the check points at scores the answer's probability, so a claim is
-flagged exactly where its answer is. The claims are the phrases the judge names: those it names for the answer as a
+ones do (`--fit-calibration`). The claims are the phrases the judge names: those it names for the answer as a
 whole where its whole-answer verdict is UNSUPPORTED and they are found in the answer, else those it names in each
-sentence it judges UNSUPPORTED (the sentence itself where it names none found there). A sentence that addresses its
+sentence it judges UNSUPPORTED (the sentence itself where it names none found there). A claim scores its answer's
+probability, so that it is flagged where its answer is, with one exception: where the judge calls a sentence
+UNSUPPORTED and then the answer as a whole SUPPORTED, its last word overrules its claims, and they score no more
+than the share of such claims' words that were unsupported where the calibration was fitted (`overruled`); the
+answer may then be flagged on the doubt they raise with none of them flagged. A sentence that addresses its
 checker (`injection`) is pointed out to the judge as data, not an instruction; unlike the combined check, this one
 sets no floor for it: what such an answer states is still the judge's to weigh (the contrast sets append one to
 faithful answers too).
@@ -58,7 +62,7 @@ from morphguard.llm.client import LLMClient, reserve_up_to, together
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-VERSION = 5
+VERSION = 6
 LABELS = ("SUPPORTED", "UNSUPPORTED")
 # How near 0 or 1 a score's log-odds are read (`logistic.log_odds`): a verdict given as a word is a certain 0 or 1,
 # read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
@@ -139,12 +143,20 @@ class Calibration(BaseModel):
     whole_weight: float | None = None
     prose: Logistic
     records: Logistic | None = None
+    # By the logistic that reads the answer: the share of the words of overruled claims (`overruled`) found
+    # unsupported where it was fitted; none for a kind: such claims score their answer's probability.
+    overruled: dict[str, float] = {}
 
     def probability(self, parts: Mapping[str, float], record: bool, weight: float) -> tuple[float, str]:
         """The answer's probability from its readings (`Detection.features`; `weight` where the calibration sets no
         whole-answer weight of its own), and which logistic read it."""
         logistic, kind = (self.records, "records") if record and self.records is not None else (self.prose, "prose")
         return logistic.probability(inputs(parts, self.weight(weight))), kind
+
+    def claim(self, score: float, kind: str, parts: Mapping[str, float]) -> float:
+        """What each claim of an answer of probability `score` scores: that probability, but no more than the
+        `overruled` share where the claims are overruled."""
+        return min(score, self.overruled[kind]) if overruled(parts) and kind in self.overruled else score
 
     def weight(self, configured: float) -> float:
         return configured if self.whole_weight is None else self.whole_weight
@@ -309,7 +321,8 @@ class Sentences:
         score, kind = self.calibration.probability(parts, record, self.settings.whole_weight)
         named = [p for _, w, phrases in judged if w is not None and w >= 0.5 for p in phrases]
         claims = _claims(answer, named, [(s, e, found, phrases) for (s, e, _, _), (found, phrases)
-                                         in zip(chosen, verdicts, strict=True)], score)
+                                         in zip(chosen, verdicts, strict=True)],
+                         self.calibration.claim(score, kind, parts))
         before = fused(parts, self.calibration.weight(self.settings.whole_weight))
         why = f"{kind} calibration ({self.source}) of the whole-answer and worst-sentence verdicts"
         calls = stage.llm_calls + stage.cached_calls
@@ -330,6 +343,12 @@ def fused(parts: Mapping[str, float], weight: float) -> float:
     if "whole" not in parts:
         return parts.get("worst", 0.0)
     return weight * parts["whole"] + (1 - weight) * parts.get("worst", 0.0)
+
+
+def overruled(parts: Mapping[str, float]) -> bool:
+    """Whether the answer's claims are overruled: the judge names them in sentences it calls UNSUPPORTED, and then
+    calls the answer as a whole SUPPORTED. Its readings disagree; its last word passes the answer."""
+    return parts.get("whole", 1.0) < 0.5
 
 
 def score_log_odds(score: float) -> float:
@@ -426,7 +445,7 @@ def _whole(text: str, logprobs: Any) -> float | None:
 
 def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float | None, list[str]]],
             score: float) -> list[Factoid]:
-    """What the judge points at, each scoring the answer's probability: the phrases `named` for the whole answer
+    """What the judge points at, each scoring `score`: the phrases `named` for the whole answer
     where any is found in it; else, in each sentence judged UNSUPPORTED, the phrases named for it that are found in
     it, or the whole sentence where none is. A sentence passed, or with no readable verdict, is no claim."""
     placed = [(at, "the judge names this phrase of the answer as unsupported") for at in _within(answer, 0, len(answer),
@@ -462,6 +481,6 @@ def _fingerprint(settings: SentencesSettings) -> dict[str, Any]:
 
 register(DetectorSpec(
     name="sentences", settings=SentencesSettings, models=lambda settings: [settings.model],
-    prompts=lambda settings: ["sentences_system", "sentences_user"],
+    prompts=lambda settings: ["sentences_system", "sentences_user", "sentences_again"],
     fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Sentences(llm, settings, threshold)))

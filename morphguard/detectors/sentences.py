@@ -217,8 +217,8 @@ class Sentences:
         """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
         P(UNSUPPORTED) of the whole answer, with the phrases named for it. A reply that leaves a verdict unread (a
         refusal, prose, a sentence left out) is asked again once, within the check's budget of calls, with a note
-        that the first could not be read: an API judge's refusals and format slips are often not repeated. Each
-        verdict is read from the first reply that gives it."""
+        that the first could not be read: a judge's refusal or format slip need not come again. Each verdict is read
+        from the first reply that gives it; one neither gives stays unread (a half, `_detection`)."""
         judged, seconds = await self._reply(messages, len(batch), stage)
         if _unread(judged) and reserve_up_to(1):
             note = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{render('sentences_again')}"}
@@ -322,7 +322,7 @@ class Sentences:
         named = [p for _, w, phrases in judged if w is not None and w >= 0.5 for p in phrases]
         claims = _claims(answer, named, [(s, e, found, phrases) for (s, e, _, _), (found, phrases)
                                          in zip(chosen, verdicts, strict=True)],
-                         self.calibration.claim(score, kind, parts))
+                         self.calibration.claim(score, kind, parts), overruled(parts))
         before = fused(parts, self.calibration.weight(self.settings.whole_weight))
         why = f"{kind} calibration ({self.source}) of the whole-answer and worst-sentence verdicts"
         calls = stage.llm_calls + stage.cached_calls
@@ -444,10 +444,11 @@ def _whole(text: str, logprobs: Any) -> float | None:
 
 
 def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float | None, list[str]]],
-            score: float) -> list[Factoid]:
+            score: float, overruled: bool = False) -> list[Factoid]:
     """What the judge points at, each scoring `score`: the phrases `named` for the whole answer
     where any is found in it; else, in each sentence judged UNSUPPORTED, the phrases named for it that are found in
-    it, or the whole sentence where none is. A sentence passed, or with no readable verdict, is no claim."""
+    it, or the whole sentence where none is (`overruled`: the judge then passed the answer as a whole, as each
+    claim's reason says). A sentence passed, or with no readable verdict, is no claim."""
     placed = [(at, "the judge names this phrase of the answer as unsupported") for at in _within(answer, 0, len(answer),
                                                                                                  named)]
     if not placed:
@@ -456,7 +457,8 @@ def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float
                 inside = _within(answer, start, end, phrases)
                 placed += ([(at, "the judge names this phrase of the sentence as unsupported") for at in inside]
                            or [((start, end), "the judge finds this sentence unsupported and names no phrase in it")])
-    return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported", reason=reason)
+    then = "; it then finds the answer as a whole supported" if overruled else ""
+    return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported", reason=reason + then)
             for (s, e), reason in placed]
 
 

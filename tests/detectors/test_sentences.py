@@ -254,11 +254,13 @@ def test_claims_the_judge_overrules_score_no_more_than_the_share_of_such_claims_
     [claim] = overruled.factoids
     assert overruled.score == pytest.approx(probability(whole=False, sentence=True))
     assert claim.text == "Lyon is in France." and claim.score == pytest.approx(min(share, overruled.score))
+    assert claim.reason.endswith("it then finds the answer as a whole supported")
     assert claim.score < 0.175 <= overruled.score  # a sensitive topic's threshold flags the answer, not the claim
 
     with ScriptedLLM(by_label({"Lyon": []}, whole="UNSUPPORTED")) as server:  # the judge's readings agree
         agreed = asyncio.run(detector(server).detect(RAG, answer))
     assert [(f.text, f.score) for f in agreed.factoids] == [("Lyon is in France.", agreed.score)]
+    assert "as a whole supported" not in agreed.factoids[0].reason
 
     own = tmp_path / "own.json"  # a calibration with no share for overruled claims: they score their answer's
     own.write_text(json.dumps({"prose": {"coef": {"sentence_unsupported": 1.0}, "intercept": -1.0}}))

@@ -42,6 +42,16 @@ def detector(server: ScriptedLLM, **settings: object):
     return build_detector(config)
 
 
+def budgeted(check: Any, answer: str, limit: int) -> Any:
+    """`check.detect` of the answer within a budget of `limit` judge calls."""
+
+    async def run() -> Any:
+        with call_budget(limit):
+            return await check.detect(RAG, answer)
+
+    return asyncio.run(run())
+
+
 def test_the_text_work_of_a_check_runs_off_the_event_loop(monkeypatch):
     """Prompts (the focused context of every batch) and the spans of the verdicts grow with the answer and the
     context: none of it may run on the loop, where it would stall every other request."""
@@ -76,17 +86,12 @@ def test_a_check_past_its_judge_call_budget_reads_the_first_sentences_and_marks_
     answer = " ".join(said)
     with ScriptedLLM(by_label({"number 1": ["number 1"]})) as server:
         check = detector(server)
-
-        async def run(limit: int) -> Any:
-            with call_budget(limit):
-                return await check.detect(RAG, answer)
-
-        cut = asyncio.run(run(2))
+        cut = budgeted(check, answer, 2)
         assert len(server.requests) == 2 and cut.settings["calls"] == 2
         assert cut.unchecked_from == answer.index(said[4])  # the fifth sentence is left unread
         assert cut.flagged and [f.text for f in cut.factoids if f.label == "unsupported"] == ["number 1"]
         assert all(f.end is not None and f.end <= cut.unchecked_from for f in cut.factoids)
-        whole = asyncio.run(run(3))
+        whole = budgeted(check, answer, 3)
         assert whole.settings["calls"] == 3 and whole.unchecked_from is None
     assert len(server.requests) == 3  # the first two asked again are the judge cache's
 
@@ -336,13 +341,7 @@ def test_a_verdict_the_first_reply_gives_is_kept_and_the_second_fills_only_what_
 def test_a_reply_is_asked_again_only_within_the_checks_budget_of_calls():
     answer = "Paris is the capital of France. Nice is in Italy."
     with ScriptedLLM(lambda body: REFUSAL) as server:
-        check = detector(server)
-
-        async def run(limit: int) -> Any:
-            with call_budget(limit):
-                return await check.detect(RAG, answer)
-
-        spent = asyncio.run(run(1))
+        spent = budgeted(detector(server), answer, 1)
         assert len(server.requests) == 1 and spent.settings["calls"] == 1
         assert spent.stats.unparseable_verdicts == 2 and spent.unchecked_from is None
 

@@ -474,11 +474,11 @@ def _within(answer: str, start: int, end: int, phrases: list[str]) -> list[tuple
 
 
 def _fingerprint(settings: SentencesSettings) -> dict[str, Any]:
-    """What decides the check's score besides the judge: its options, its version, the calibration it reads (not the
+    """What decides the check's scores besides the judge: its options, its version, the calibration it reads (not the
     path alone: a refitted file makes earlier eval results stale) and the rules that say an answer is about a record."""
     calibration = load_calibration(settings.calibration) if settings.calibration else shipped()
-    return {**changed_options(settings), "version": VERSION,
-            "calibration": calibration.model_dump(include={"whole_weight", "prose", "records"}), **rules_fingerprint()}
+    read = calibration.model_dump(include={"whole_weight", "prose", "records", "overruled"})
+    return {**changed_options(settings), "version": VERSION, "calibration": read, **rules_fingerprint()}
 
 
 register(DetectorSpec(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from morphguard.config import Config
+from morphguard.config import Config, SentencesSettings
 from morphguard.detectors import build_detector, sentences
 from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import call_budget
@@ -272,6 +272,10 @@ def test_claims_the_judge_overrules_score_no_more_than_the_share_of_such_claims_
     with ScriptedLLM(by_label({"Lyon": []}, whole="SUPPORTED")) as server:
         mine = asyncio.run(detector(server, calibration=str(own)).detect(RAG, answer))
     assert [(f.text, f.score) for f in mine.factoids] == [("Lyon is in France.", mine.score)]
+    shared = tmp_path / "shared.json"  # the share decides claims' scores: eval results under another are stale
+    shared.write_text(json.dumps({**json.loads(own.read_text()), "overruled": {"prose": 0.1}}))
+    assert (sentences._fingerprint(SentencesSettings(calibration=str(own)))
+            != sentences._fingerprint(SentencesSettings(calibration=str(shared))))
 
 
 def test_the_whole_answer_verdict_is_the_worst_over_the_batches():

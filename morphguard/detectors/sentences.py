@@ -56,6 +56,7 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
+from morphguard.detectors.spans import occurrence
 from morphguard.detectors.text import sentences, vocabulary
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve_up_to, together
@@ -463,13 +464,12 @@ def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float
 
 
 def _within(answer: str, start: int, end: int, phrases: list[str]) -> list[tuple[int, int]]:
-    """Where the phrases occur in [start, end) of the answer, ignoring case; phrases not in it are left out."""
-    sentence = answer[start:end].lower()
+    """Where the phrases occur in [start, end) of the answer (`spans.occurrence`); phrases not in it are left out."""
     found = set()
     for phrase in phrases:
-        at = sentence.find(phrase.strip().lower())
-        if at >= 0:
-            found.add((start + at, start + at + len(phrase.strip())))
+        at = occurrence(phrase, answer[start:end])
+        if at is not None:
+            found.add((start + at[0], start + at[1]))
     return sorted(found)
 
 

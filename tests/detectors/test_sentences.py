@@ -156,6 +156,14 @@ def test_a_flagged_sentence_is_pointed_at_by_the_phrases_the_judge_names():
                for f in found.factoids)
 
 
+def test_a_named_phrase_is_found_whatever_its_case_and_its_runs_of_whitespace():
+    """A judge that quotes a line break or a double space as one space still quotes the phrase."""
+    answer = "Paris is the capital of France. Nice is in  Italy, near\tGenoa."
+    with ScriptedLLM(by_label({"Nice": ["IN ITALY", "near Genoa"]})) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert [f.text for f in found.factoids] == ["in  Italy", "near\tGenoa"]
+
+
 def test_a_flagged_sentence_whose_phrases_are_not_in_it_is_pointed_at_whole():
     answer = "Paris is the capital of France. Nice is in Italy."
     with ScriptedLLM(by_label({"Nice": ["Rome"]})) as server:

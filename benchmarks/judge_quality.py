@@ -76,6 +76,8 @@ HERE = Path(__file__).resolve().parent
 SETS = ("ragtruth-qa", "ragtruth-summary", "ragtruth-data2txt", "contrast-qa")
 DETECTORS = ("sentences", "direct", "spotcheck", "combined", "metarag:paper", "claims", "hierarchical")
 THRESHOLD = 0.3
+# A row's figures, in the order printed; with several draws (`--seeds`), each one's mean and spread too
+DRAWN = ("auroc", "f1_at_0.3", "f1_at_fit", "recall_at_0.175", "span_f1", "span_f1_at_fit")
 SENSITIVE = 0.175  # config.yaml's threshold for sensitive topics
 
 
@@ -460,13 +462,15 @@ async def run(items: list[Item], detector: str, base: str, concurrency: int,
 
 
 def measure(items: list[Item], fit_items: list[Item], detector: str, p: float, delay: float,
-            concurrency: int, realistic: bool = False) -> dict[str, Any]:
-    oracle = Oracle(items + fit_items, p, seed=0, delay=delay, realistic=Realistic() if realistic else None)
+            concurrency: int, realistic: bool = False, seed: int = 0) -> dict[str, Any]:
+    """The detector on the report half `items` under the judge's errors drawn with `seed`, its threshold fitted on
+    `fit_items` under another draw."""
+    oracle = Oracle(items + fit_items, p, seed=seed, delay=delay, realistic=Realistic() if realistic else None)
     base, server = serve(oracle)
     try:
         report = asyncio.run(run(items, detector, base, concurrency, realistic))
         faults = dict(oracle.faults)
-        oracle.seed = 1  # the fit half's threshold is chosen under other noise
+        oracle.seed = seed + 1  # the fit half's threshold is chosen under other noise
         fitted = asyncio.run(run(fit_items, detector, base, concurrency, realistic)) if fit_items else []
     finally:
         server.should_exit = True
@@ -526,7 +530,7 @@ def fit_calibration(names: list[str], out: Path, concurrency: int, data_dir: Pat
     half read under `DRAWS` draws of the judge's errors, fitted as `morphguard calibrate` fits a team's labels."""
     from morphguard.eval import calibrate
 
-    parts, labels, sources = [], [], []
+    parts, labels, sources, claims = [], [], [], []
     for name in names:
         fit_items = datasets.load_half(name, "fit", data_dir)
         oracle = Oracle(datasets.load_half(name, "report", data_dir) + fit_items, 0.0, seed=DRAWS[0], delay=0.0,
@@ -541,10 +545,12 @@ def fit_calibration(names: list[str], out: Path, concurrency: int, data_dir: Pat
                         parts.append(row[4])
                         labels.append(item.hallucinated)
                         sources.append(name)
+                        claims.append(([(s, e) for s, e, _ in row[1]],
+                                       None if item.spans is None else [(s.start, s.end) for s in item.spans]))
         finally:
             server.should_exit = True
     found = calibrate.calibration(parts, labels, sources, "the scripted judge of benchmarks/judge_quality.py "
-                                                          "(--judges realistic)")
+                                                          "(--judges realistic)", claims)
     fitted_on = {"datasets": names, "half": "fit", "draws": list(DRAWS), "answers": len(labels),
                  "hallucinated": sum(labels), "about_records": sum(p.get("record", 0.0) > 0 for p in parts),
                  "command": f"python benchmarks/judge_quality.py --fit-calibration {out} --datasets "
@@ -577,6 +583,12 @@ def weigh(path: Path) -> None:
           + ", ".join(f"{n}@{p} {auroc(parts['report'], best):.3f}" for n, p, parts in rows))
 
 
+def _line(name: str, detector: str, label: str, n: int, cells: list[float | None]) -> str:
+    """One printed row: the figures of `DRAWN`."""
+    shown = [f"{c:>{w}.3f}" if c is not None else f"{'-':>{w}}" for c, w in zip(cells, (6, 6, 6, 6, 7, 7), strict=True)]
+    return f"{name:<18} {detector:<10} {label:>4} {n:>4} " + " ".join(shown)
+
+
 def main() -> None:
     import litellm
 
@@ -595,6 +607,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--judges", default="uniform",
                         help="comma-separated: uniform (the --noise rates) and/or realistic (the error model above)")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated draws of the judge's errors; the first is the row's, and with more, "
+                             "each row also holds every draw's figures and their mean and spread")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "judge_quality.json")
     args = parser.parse_args()
@@ -605,6 +620,7 @@ def main() -> None:
         fit_calibration(args.datasets.split(","), args.fit_calibration, args.concurrency, args.data_dir)
         return
     noise = [float(p) for p in args.noise.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, Any] = {"noise": noise, "delay_s": args.delay, "threshold": THRESHOLD}
     print(f"{'set':<18} {'detector':<10} {'p':>4} {'n':>4} {'AUROC':>6} {'F1@.3':>6} {'F1@fit':>6} {'R@.175':>6} "
           f"{'span@.3':>7} {'span@fit':>7} {'calls':>5} {'p50 s':>6}")
@@ -618,13 +634,16 @@ def main() -> None:
             runs = [(str(p), p, False) for p in noise if "uniform" in judges]
             runs += [("realistic", 0.0, True)] if "realistic" in judges else []
             for key, p, realistic in runs:
-                row = rows[key] = measure(report, fit_items, detector, p, args.delay, args.concurrency, realistic)
-                cells = [row["auroc"], row["f1_at_0.3"], row["f1_at_fit"], row["recall_at_0.175"], row["span_f1"],
-                         row["span_f1_at_fit"]]
-                print(f"{name:<18} {detector:<10} {key[:4]:>4} {row['n']:>4} "
-                      + " ".join(f"{c:>6.3f}" if c is not None else f"{'-':>6}" for c in cells[:4]) + " "
-                      + " ".join(f"{c:>7.3f}" if c is not None else f"{'-':>7}" for c in cells[4:])
+                draws = [measure(report, fit_items, detector, p, args.delay, args.concurrency, realistic, seed)
+                         for seed in seeds]
+                row = rows[key] = draws[0]
+                if len(draws) > 1:
+                    row["draws"] = {"seeds": seeds, **{m: {"values": [d[m] for d in draws],
+                                                           **metrics.spread(d[m] for d in draws)} for m in DRAWN}}
+                print(_line(name, detector, key[:4], row["n"], [row[m] for m in DRAWN])
                       + f" {row['calls_per_check']:>5.1f} {row['p50_s']:>6.2f}", flush=True)
+                for label in ("mean", "std") if len(draws) > 1 else ():
+                    print(_line(name, detector, label, row["n"], [row["draws"][m][label] for m in DRAWN]), flush=True)
     args.out.write_text(json.dumps(results, separators=(",", ":")) + "\n")
     if "uniform" in args.judges.split(","):
         plot({k: v for k, v in results.items() if k in args.datasets.split(",")}, noise, args.out.with_suffix(".png"))

@@ -7,7 +7,8 @@ and this check lets it decide. It sees the lexical evidence (each sentence's wor
 hint, never as a verdict.
 
 One round of calls: the sentences go in batches of `batch`, all sent at once, each with the whole context
-(beyond `context_budget` characters, the context focused on that batch). The judge gives a verdict on each
+(beyond `context_budget` characters, the context focused on that batch); a batch whose reply leaves a verdict
+unread (a refusal, a reply that is not the JSON asked for) is asked again once. The judge gives a verdict on each
 sentence and then on the answer as a whole; each verdict's score is its probability of UNSUPPORTED where the judge
 returns log-probabilities, else its word (1 or 0). Two readings of one answer, so that one wrong verdict among
 many sentences does not decide alone: the whole-answer verdict (the highest over batches) and the worst sentence's.
@@ -17,10 +18,13 @@ The answer's score is a probability, so that the policy's thresholds mean for th
 answers about a structured record and one for prose) reads the two readings. A team's own, written by `morphguard
 calibrate` for its judge, is named by `sentences.calibration`; without one the check reads the shipped
 `sentences.json`, fitted on the fit halves under the scripted judge of benchmarks/judge_quality.py that errs as real
-ones do (`--fit-calibration`). Every claim the check points at scores the answer's probability, so a claim is
-flagged exactly where its answer is. The claims are the phrases the judge names: those it names for the answer as a
+ones do (`--fit-calibration`). The claims are the phrases the judge names: those it names for the answer as a
 whole where its whole-answer verdict is UNSUPPORTED and they are found in the answer, else those it names in each
-sentence it judges UNSUPPORTED (the sentence itself where it names none found there). A sentence that addresses its
+sentence it judges UNSUPPORTED (the sentence itself where it names none found there). A claim scores its answer's
+probability, so that it is flagged where its answer is, with one exception: where the judge calls a sentence
+UNSUPPORTED and then the answer as a whole SUPPORTED, its last word overrules its claims, and they score no more
+than the share of such claims' words that were unsupported where the calibration was fitted (`overruled`); the
+answer may then be flagged on the doubt they raise with none of them flagged. A sentence that addresses its
 checker (`injection`) is pointed out to the judge as data, not an instruction; unlike the combined check, this one
 sets no floor for it: what such an answer states is still the judge's to weigh (the contrast sets append one to
 faithful answers too).
@@ -52,13 +56,14 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
+from morphguard.detectors.spans import occurrence
 from morphguard.detectors.text import sentences, vocabulary
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve_up_to, together
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
-VERSION = 5
+VERSION = 6
 LABELS = ("SUPPORTED", "UNSUPPORTED")
 # How near 0 or 1 a score's log-odds are read (`logistic.log_odds`): a verdict given as a word is a certain 0 or 1,
 # read as ±9.2. A calibration file holds a logistic fitted over log-odds read so, and is read the same way.
@@ -139,12 +144,20 @@ class Calibration(BaseModel):
     whole_weight: float | None = None
     prose: Logistic
     records: Logistic | None = None
+    # By the logistic that reads the answer: the share of the words of overruled claims (`overruled`) found
+    # unsupported where it was fitted; none for a kind: such claims score their answer's probability.
+    overruled: dict[str, float] = {}
 
     def probability(self, parts: Mapping[str, float], record: bool, weight: float) -> tuple[float, str]:
         """The answer's probability from its readings (`Detection.features`; `weight` where the calibration sets no
         whole-answer weight of its own), and which logistic read it."""
         logistic, kind = (self.records, "records") if record and self.records is not None else (self.prose, "prose")
         return logistic.probability(inputs(parts, self.weight(weight))), kind
+
+    def claim(self, score: float, kind: str, parts: Mapping[str, float]) -> float:
+        """What each claim of an answer of probability `score` scores: that probability, but no more than the
+        `overruled` share where the claims are overruled."""
+        return min(score, self.overruled[kind]) if overruled(parts) and kind in self.overruled else score
 
     def weight(self, configured: float) -> float:
         return configured if self.whole_weight is None else self.whole_weight
@@ -201,10 +214,22 @@ class Sentences:
         """How many characters of the user message every call of the check opens with: all but the sentences."""
         return messages[-1]["content"].index("<answer>") + len("<answer>\n")
 
-    async def _judge(self, messages: list[dict[str, str]], batch: Batch,
-                     stage: StageCost) -> Judged:
+    async def _judge(self, messages: list[dict[str, str]], batch: Batch, stage: StageCost) -> Judged:
         """Per sentence of `batch`, P(UNSUPPORTED) (None where the reply is unreadable) and the phrases named; and
-        P(UNSUPPORTED) of the whole answer, with the phrases named for it."""
+        P(UNSUPPORTED) of the whole answer, with the phrases named for it. A reply that leaves a verdict unread (a
+        refusal, prose, a sentence left out) is asked again once, within the check's budget of calls, with a note
+        that the first could not be read: a judge's refusal or format slip need not come again. Each verdict is read
+        from the first reply that gives it; one neither gives stays unread (a half, `_detection`)."""
+        judged, seconds = await self._reply(messages, len(batch), stage)
+        if _unread(judged) and reserve_up_to(1):
+            note = {**messages[-1], "content": f"{messages[-1]['content']}\n\n{render('sentences_again')}"}
+            again, more = await self._reply([*messages[:-1], note], len(batch), stage)
+            judged, seconds = _kept(judged, again), seconds + more
+        stage.seconds = max(stage.seconds, seconds)  # the batches are asked at once
+        return judged
+
+    async def _reply(self, messages: list[dict[str, str]], size: int, stage: StageCost) -> tuple[Judged, float]:
+        """One call about `size` sentences, read, and its seconds."""
         schema = {"type": "object", "required": ["sentences", "answer"], "properties": {"sentences": {
             "type": "array", "items": {"type": "object", "required": ["id", "verdict", "phrases"], "properties": {
                 "id": {"type": "integer"}, "verdict": {"type": "string", "enum": list(LABELS)},
@@ -212,14 +237,13 @@ class Sentences:
             "answer": {"type": "string", "enum": list(LABELS)},
             "unsupported": {"type": "array", "items": {"type": "string"}, "maxItems": WHOLE_PHRASES}}}
         reply = await self.llm.complete(messages, model=self.settings.model,
-                                        max_tokens=48 * len(batch) + 64, json_schema=schema, top_logprobs=5,
+                                        max_tokens=48 * size + 64, json_schema=schema, top_logprobs=5,
                                         shared=self.shared(messages))
         stage.count(reply)
-        stage.seconds = max(stage.seconds, reply.seconds)  # the batches are asked at once
         entries = [e for e in json_list(reply.text, "sentences") or [] if isinstance(e, dict)]
         out: list[tuple[float | None, list[str]]] = []
-        for i in range(len(batch)):
-            at = _entry_at(entries, i, len(batch))  # log-probabilities are read by the verdict's place in the reply
+        for i in range(size):
+            at = _entry_at(entries, i, size)  # log-probabilities are read by the verdict's place in the reply
             entry: dict[str, Any] = entries[at] if at is not None else {}
             verdict = str(entry.get("verdict", "")).strip().upper()
             phrases = [p for p in entry.get("phrases") or [] if isinstance(p, str) and p.strip()]
@@ -231,7 +255,8 @@ class Sentences:
                 out.append((1.0 if verdict == "UNSUPPORTED" else 0.0, phrases))
             else:
                 out.append((None, phrases))
-        return out, _whole(reply.text, reply.logprobs), strings(json_list(reply.text, "unsupported"))[:WHOLE_PHRASES]
+        named = strings(json_list(reply.text, "unsupported"))[:WHOLE_PHRASES]
+        return (out, _whole(reply.text, reply.logprobs), named), reply.seconds
 
     async def detect(self, rag: RagInput, answer: str) -> Detection:
         started = time.perf_counter()
@@ -241,7 +266,7 @@ class Sentences:
         known = memo.of(self.name, Asked) if memo is not None else Asked()  # a stream's earlier checks' verdicts
         planned, lines = await in_thread(self._planned, rag, answer, known, size=rag.size(answer))
         record = await in_thread(about_record, rag, answer, size=rag.size(answer))
-        stage, calls = StageCost(), 0
+        stage = StageCost()
         while True:
             missing = [i for i, line in enumerate(lines) if line not in known.verdicts]
             theirs = {known.pending[lines[i]] for i in missing if lines[i] in known.pending}  # another check asks
@@ -257,7 +282,6 @@ class Sentences:
             batches = batches[:reserve_up_to(len(batches))]
             if not batches and not theirs:
                 break
-            calls += len(batches)
             if batches:
                 await self._ask(rag, answer, [[planned[i] for i in b] for b in batches],
                                 [[lines[i] for i in b] for b in batches], known, stage)
@@ -265,7 +289,7 @@ class Sentences:
                 await asyncio.wait(theirs)
         read = next((k for k, line in enumerate(lines) if line not in known.verdicts), len(lines))
         return await in_thread(self._detection, answer, planned[:read], known.read(lines[:read]), record, stage,
-                               calls, started, planned[read][0] if read < len(planned) else None, size=len(answer))
+                               started, planned[read][0] if read < len(planned) else None, size=len(answer))
 
     async def _ask(self, rag: RagInput, answer: str, batches: list[Batch], lines: list[list[str]], known: Asked,
                    stage: StageCost) -> None:
@@ -287,7 +311,7 @@ class Sentences:
                 future.set_result(None)
 
     def _detection(self, answer: str, chosen: Batch, judged: list[Judged], record: bool, stage: StageCost,
-                   calls: int, started: float, unchecked: int | None = None) -> Detection:
+                   started: float, unchecked: int | None = None) -> Detection:
         """The answer's detection from the judge's verdicts on its sentences (`chosen`: those read) and on the whole
         of it; `unchecked`: where the sentences left unread begin."""
         verdicts = [v for sentences, _, _ in judged for v in sentences]
@@ -298,9 +322,11 @@ class Sentences:
         score, kind = self.calibration.probability(parts, record, self.settings.whole_weight)
         named = [p for _, w, phrases in judged if w is not None and w >= 0.5 for p in phrases]
         claims = _claims(answer, named, [(s, e, found, phrases) for (s, e, _, _), (found, phrases)
-                                         in zip(chosen, verdicts, strict=True)], score)
+                                         in zip(chosen, verdicts, strict=True)],
+                         self.calibration.claim(score, kind, parts), overruled(parts))
         before = fused(parts, self.calibration.weight(self.settings.whole_weight))
         why = f"{kind} calibration ({self.source}) of the whole-answer and worst-sentence verdicts"
+        calls = stage.llm_calls + stage.cached_calls
         return Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=claims, cost=Cost.of({"verify": stage} if calls else {}, time.perf_counter() - started),
@@ -318,6 +344,12 @@ def fused(parts: Mapping[str, float], weight: float) -> float:
     if "whole" not in parts:
         return parts.get("worst", 0.0)
     return weight * parts["whole"] + (1 - weight) * parts.get("worst", 0.0)
+
+
+def overruled(parts: Mapping[str, float]) -> bool:
+    """Whether the answer's claims are overruled: the judge names them in sentences it calls UNSUPPORTED, and then
+    calls the answer as a whole SUPPORTED. Its readings disagree; its last word passes the answer."""
+    return parts.get("whole", 1.0) < 0.5
 
 
 def score_log_odds(score: float) -> float:
@@ -368,6 +400,19 @@ def load_calibration(path: str) -> Calibration:
         raise MorphguardError(f"sentences.calibration {path}: not a calibration file ({exc})") from None
 
 
+def _unread(judged: Judged) -> bool:
+    """Whether a reply left a sentence's verdict, or the whole answer's, unread."""
+    verdicts, whole, _ = judged
+    return whole is None or any(found is None for found, _ in verdicts)
+
+
+def _kept(first: Judged, again: Judged) -> Judged:
+    """The verdicts of a batch asked twice: each from the first reply, where that one gave none from the second."""
+    verdicts = [mine if mine[0] is not None else theirs for mine, theirs in zip(first[0], again[0], strict=True)]
+    whole, named = (first[1], first[2]) if first[1] is not None else (again[1], again[2])
+    return verdicts, whole, named
+
+
 def _entry_at(entries: list[dict[str, Any]], i: int, size: int) -> int | None:
     """The place in `entries` of the verdict on sentence `i` (0-based) of a batch of `size`: the entry carrying its
     id, else the one in its place if that one names no sentence of the batch. An entry naming another sentence is
@@ -400,10 +445,11 @@ def _whole(text: str, logprobs: Any) -> float | None:
 
 
 def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float | None, list[str]]],
-            score: float) -> list[Factoid]:
-    """What the judge points at, each scoring the answer's probability: the phrases `named` for the whole answer
+            score: float, overruled: bool = False) -> list[Factoid]:
+    """What the judge points at, each scoring `score`: the phrases `named` for the whole answer
     where any is found in it; else, in each sentence judged UNSUPPORTED, the phrases named for it that are found in
-    it, or the whole sentence where none is. A sentence passed, or with no readable verdict, is no claim."""
+    it, or the whole sentence where none is (`overruled`: the judge then passed the answer as a whole, as each
+    claim's reason says). A sentence passed, or with no readable verdict, is no claim."""
     placed = [(at, "the judge names this phrase of the answer as unsupported") for at in _within(answer, 0, len(answer),
                                                                                                  named)]
     if not placed:
@@ -412,31 +458,31 @@ def _claims(answer: str, named: list[str], sentences: list[tuple[int, int, float
                 inside = _within(answer, start, end, phrases)
                 placed += ([(at, "the judge names this phrase of the sentence as unsupported") for at in inside]
                            or [((start, end), "the judge finds this sentence unsupported and names no phrase in it")])
-    return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported", reason=reason)
+    then = "; it then finds the answer as a whole supported" if overruled else ""
+    return [Factoid(text=answer[s:e], start=s, end=e, score=score, label="unsupported", reason=reason + then)
             for (s, e), reason in placed]
 
 
 def _within(answer: str, start: int, end: int, phrases: list[str]) -> list[tuple[int, int]]:
-    """Where the phrases occur in [start, end) of the answer, ignoring case; phrases not in it are left out."""
-    sentence = answer[start:end].lower()
+    """Where the phrases occur in [start, end) of the answer (`spans.occurrence`); phrases not in it are left out."""
     found = set()
     for phrase in phrases:
-        at = sentence.find(phrase.strip().lower())
-        if at >= 0:
-            found.add((start + at, start + at + len(phrase.strip())))
+        at = occurrence(phrase, answer[start:end])
+        if at is not None:
+            found.add((start + at[0], start + at[1]))
     return sorted(found)
 
 
 def _fingerprint(settings: SentencesSettings) -> dict[str, Any]:
-    """What decides the check's score besides the judge: its options, its version, the calibration it reads (not the
+    """What decides the check's scores besides the judge: its options, its version, the calibration it reads (not the
     path alone: a refitted file makes earlier eval results stale) and the rules that say an answer is about a record."""
     calibration = load_calibration(settings.calibration) if settings.calibration else shipped()
-    return {**changed_options(settings), "version": VERSION,
-            "calibration": calibration.model_dump(include={"whole_weight", "prose", "records"}), **rules_fingerprint()}
+    read = calibration.model_dump(include={"whole_weight", "prose", "records", "overruled"})
+    return {**changed_options(settings), "version": VERSION, "calibration": read, **rules_fingerprint()}
 
 
 register(DetectorSpec(
     name="sentences", settings=SentencesSettings, models=lambda settings: [settings.model],
-    prompts=lambda settings: ["sentences_system", "sentences_user"],
+    prompts=lambda settings: ["sentences_system", "sentences_user", "sentences_again"],
     fingerprint=_fingerprint,
     build=lambda settings, threshold, llm: Sentences(llm, settings, threshold)))

@@ -62,12 +62,19 @@ def evidence_for(statements: Sequence[str], passages: Sequence[str]) -> list[Evi
 
 def find_phrase(phrase: str, passages: list[str]) -> Evidence | None:
     """Where a quoted phrase occurs in the context, ignoring case and runs of whitespace; None if nowhere."""
+    for number, passage in enumerate(passages, 1):
+        found = occurrence(phrase, passage)
+        if found:
+            start, end = found
+            return Evidence(passage=number, start=start, end=end, text=passage[start:end])
+    return None
+
+
+def occurrence(phrase: str, text: str) -> tuple[int, int] | None:
+    """The (start, end) of the first place a quoted phrase occurs in the text, ignoring case and runs of whitespace
+    (a judge that quotes a line break as a space still quotes it); None if nowhere or the phrase is blank."""
     words = phrase.split()
     if not words:
         return None
-    pattern = re.compile(r"\s+".join(re.escape(w) for w in words), re.I)
-    for number, passage in enumerate(passages, 1):
-        match = pattern.search(passage)
-        if match:
-            return Evidence(passage=number, start=match.start(), end=match.end(), text=match.group())
-    return None
+    match = re.search(r"\s+".join(re.escape(w) for w in words), text, re.I)
+    return (match.start(), match.end()) if match else None

@@ -5,6 +5,7 @@ console's judgements).
 For `sentences`, each number from the labelled answers alone: the whole-answer verdict's weight in the fused score
 (the one of `WEIGHTS` with the best AUROC), the logistic that turns the check's readings (`sentences.inputs`) into a
 probability (one for prose, and one for answers about a structured record where there are labels enough of those),
+where the answers carry span labels how much of a claim the judge overrules is unsupported (`sentences.overruled`),
 and per-topic thresholds at a target recall over those probabilities. benchmarks/judge_quality.py fits the calibration
 shipped beside the check with the same function (`calibration`). For `verifier`, whose score is its worst sentence's,
 a logistic over that score's log-odds, and the thresholds. Either is written to a file with the judge or model it was
@@ -30,6 +31,7 @@ from morphguard.detectors.sentences import (
     calibrated,
     fused,
     inputs,
+    overruled,
     score_log_odds,
 )
 from morphguard.detectors.verifier import identity as verifier_identity
@@ -41,14 +43,19 @@ from morphguard.eval.runner import Outcome
 WEIGHTS = (0.0, 0.25, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 MIN_LABELS = 5  # of each kind, below which a calibration says nothing
 CALIBRATED = ("sentences", "verifier")
+Spans = Sequence[tuple[int, int]]
+Claimed = tuple[Spans, Spans | None]  # an answer's claims, and its labelled spans (None: not labelled)
 
 
 def calibration(parts: Sequence[Mapping[str, float]], labels: list[bool], sources: list[str],
-                judge: Any) -> Calibration:
+                judge: Any, claims: Sequence[Claimed] = ()) -> Calibration:
     """The calibration of the `sentences` check from its readings (`Detection.features`) of answers labelled
     `labels`, every source weighing the same: the whole-answer weight with the best AUROC, then a logistic over
     `sentences.inputs` for the answers about a structured record, where there are `MIN_LABELS` of each label among
-    them, and one for the others (for all of them where the records have none of their own)."""
+    them, and one for the others (for all of them where the records have none of their own). With `claims` (per
+    answer, what the check pointed at and the unsupported spans labelled, None where the answer has no span labels),
+    also the share of the characters of overruled claims (`sentences.overruled`) that lie in a labelled span, by
+    logistic, where `MIN_LABELS` answers with span labels have such claims."""
     if min(labels.count(True), labels.count(False)) < MIN_LABELS:
         raise MorphguardError(f"calibrating needs at least {MIN_LABELS} hallucinated and {MIN_LABELS} faithful "
                               f"answers checked; these have {labels.count(True)} and {labels.count(False)}")
@@ -72,8 +79,23 @@ def calibration(parts: Sequence[Mapping[str, float]], labels: list[bool], source
         return min(sum(labels[i] for i in chosen), sum(not labels[i] for i in chosen)) >= MIN_LABELS
 
     apart = enough(record) and enough(prose)
-    return Calibration(judge=judge, whole_weight=weight, prose=fitted(prose if apart else list(range(len(parts)))),
-                       records=fitted(record) if apart else None)
+    kinds = {"records": record, "prose": prose} if apart else {"prose": list(range(len(parts)))}
+    return Calibration(judge=judge, whole_weight=weight, prose=fitted(kinds["prose"]),
+                       records=fitted(record) if apart else None, overruled=_overruled(parts, claims, kinds))
+
+
+def _overruled(parts: Sequence[Mapping[str, float]], claims: Sequence[Claimed],
+               kinds: Mapping[str, list[int]]) -> dict[str, float]:
+    """By kind of answer, the share of the characters of overruled claims that lie in a labelled span."""
+    out = {}
+    for kind, chosen in kinds.items():
+        found = [claims[i] for i in chosen if i < len(claims) and overruled(parts[i]) and claims[i][0]
+                 and claims[i][1] is not None]
+        if len(found) >= MIN_LABELS:
+            share = metrics.span_scores([gold or [] for _, gold in found], [said for said, _ in found]).precision
+            if share is not None:
+                out[kind] = share
+    return out
 
 
 def fitted(items: list[Item], outcomes: list[Outcome], config: Config, *,
@@ -89,7 +111,10 @@ def fitted(items: list[Item], outcomes: list[Outcome], config: Config, *,
     else:
         settings = config.section("sentences", SentencesSettings)
         found = calibration([o.features for _, o in labelled], labels, [item.task for item, _ in labelled],
-                            judge_identity(config, settings.model))
+                            judge_identity(config, settings.model),
+                            [([(s.start, s.end) for s in o.factoid_spans],
+                              None if item.spans is None else [(s.start, s.end) for s in item.spans])
+                             for item, o in labelled])
         probability = {o.item_id: found.probability(o.features, o.features.get("record", 0.0) > 0,
                                                     settings.whole_weight)[0] for _, o in labelled}
         result = found.model_dump()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from morphguard.config import Config
+from morphguard.config import Config, SentencesSettings
 from morphguard.detectors import build_detector, sentences
 from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import call_budget
@@ -40,6 +40,16 @@ def detector(server: ScriptedLLM, **settings: object):
                   "max_attempts": 1},
         "detector": {"name": "sentences"}, "sentences": {"batch": 2, **settings}})
     return build_detector(config)
+
+
+def budgeted(check: Any, answer: str, limit: int) -> Any:
+    """`check.detect` of the answer within a budget of `limit` judge calls."""
+
+    async def run() -> Any:
+        with call_budget(limit):
+            return await check.detect(RAG, answer)
+
+    return asyncio.run(run())
 
 
 def test_the_text_work_of_a_check_runs_off_the_event_loop(monkeypatch):
@@ -76,17 +86,12 @@ def test_a_check_past_its_judge_call_budget_reads_the_first_sentences_and_marks_
     answer = " ".join(said)
     with ScriptedLLM(by_label({"number 1": ["number 1"]})) as server:
         check = detector(server)
-
-        async def run(limit: int) -> Any:
-            with call_budget(limit):
-                return await check.detect(RAG, answer)
-
-        cut = asyncio.run(run(2))
+        cut = budgeted(check, answer, 2)
         assert len(server.requests) == 2 and cut.settings["calls"] == 2
         assert cut.unchecked_from == answer.index(said[4])  # the fifth sentence is left unread
         assert cut.flagged and [f.text for f in cut.factoids if f.label == "unsupported"] == ["number 1"]
         assert all(f.end is not None and f.end <= cut.unchecked_from for f in cut.factoids)
-        whole = asyncio.run(run(3))
+        whole = budgeted(check, answer, 3)
         assert whole.settings["calls"] == 3 and whole.unchecked_from is None
     assert len(server.requests) == 3  # the first two asked again are the judge cache's
 
@@ -149,6 +154,14 @@ def test_a_flagged_sentence_is_pointed_at_by_the_phrases_the_judge_names():
     # a claim scores its answer's probability: it is flagged at a threshold exactly where its answer is
     assert all(f.score == found.score and f.label == "unsupported" and "names this phrase of the sentence" in f.reason
                for f in found.factoids)
+
+
+def test_a_named_phrase_is_found_whatever_its_case_and_its_runs_of_whitespace():
+    """A judge that quotes a line break or a double space as one space still quotes the phrase."""
+    answer = "Paris is the capital of France. Nice is in  Italy, near\tGenoa."
+    with ScriptedLLM(by_label({"Nice": ["IN ITALY", "near Genoa"]})) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert [f.text for f in found.factoids] == ["in  Italy", "near\tGenoa"]
 
 
 def test_a_flagged_sentence_whose_phrases_are_not_in_it_is_pointed_at_whole():
@@ -240,8 +253,37 @@ def test_the_whole_answer_verdict_weighs_against_the_worst_sentence():
         worst = asyncio.run(detector(server, batch=12).detect(RAG, answer))
     assert worst.score == pytest.approx(probability(whole=False, sentence=True))
     assert worst.score < worst.threshold and not worst.flagged
-    # the claim scores its answer's probability: not flagged in an answer that is not
-    assert [(f.text, f.score) for f in worst.factoids] == [("Lyon is in France.", worst.score)]
+    assert [f.text for f in worst.factoids] == ["Lyon is in France."]
+
+
+def test_claims_the_judge_overrules_score_no_more_than_the_share_of_such_claims_found_unsupported(tmp_path):
+    """A sentence called UNSUPPORTED in an answer then called SUPPORTED as a whole: the judge's last word overrules
+    the claim, which scores no more than the calibration's share for such claims. The answer's probability is the
+    calibration's as ever, so a threshold below it flags the answer with the claim left unflagged."""
+    answer = "Paris is the capital of France. Lyon is in France."
+    share = sentences.shipped().overruled["prose"]
+    with ScriptedLLM(by_label({"Lyon": []}, whole="SUPPORTED")) as server:
+        overruled = asyncio.run(detector(server).detect(RAG, answer))
+    [claim] = overruled.factoids
+    assert overruled.score == pytest.approx(probability(whole=False, sentence=True))
+    assert claim.text == "Lyon is in France." and claim.score == pytest.approx(min(share, overruled.score))
+    assert claim.reason.endswith("it then finds the answer as a whole supported")
+    assert claim.score < 0.175 <= overruled.score  # a sensitive topic's threshold flags the answer, not the claim
+
+    with ScriptedLLM(by_label({"Lyon": []}, whole="UNSUPPORTED")) as server:  # the judge's readings agree
+        agreed = asyncio.run(detector(server).detect(RAG, answer))
+    assert [(f.text, f.score) for f in agreed.factoids] == [("Lyon is in France.", agreed.score)]
+    assert "as a whole supported" not in agreed.factoids[0].reason
+
+    own = tmp_path / "own.json"  # a calibration with no share for overruled claims: they score their answer's
+    own.write_text(json.dumps({"prose": {"coef": {"sentence_unsupported": 1.0}, "intercept": -1.0}}))
+    with ScriptedLLM(by_label({"Lyon": []}, whole="SUPPORTED")) as server:
+        mine = asyncio.run(detector(server, calibration=str(own)).detect(RAG, answer))
+    assert [(f.text, f.score) for f in mine.factoids] == [("Lyon is in France.", mine.score)]
+    shared = tmp_path / "shared.json"  # the share decides claims' scores: eval results under another are stale
+    shared.write_text(json.dumps({**json.loads(own.read_text()), "overruled": {"prose": 0.1}}))
+    assert (sentences._fingerprint(SentencesSettings(calibration=str(own)))
+            != sentences._fingerprint(SentencesSettings(calibration=str(shared))))
 
 
 def test_the_whole_answer_verdict_is_the_worst_over_the_batches():
@@ -268,6 +310,7 @@ def test_an_unreadable_verdict_counts_as_one_and_scores_a_half(reply, unreadable
     answer = "Paris is the capital of France. Lyon is in France."
     with ScriptedLLM(lambda body: reply) as server:
         found = asyncio.run(detector(server).detect(RAG, answer))
+    assert len(server.requests) == 2 and found.settings["calls"] == 2  # asked again once, unread again
     assert found.stats.unparseable_verdicts == unreadable
     # no verdict: a half, read as a doubt (the calibration counts it as a sentence called UNSUPPORTED)
     assert found.features["worst"] == 0.5
@@ -275,6 +318,44 @@ def test_an_unreadable_verdict_counts_as_one_and_scores_a_half(reply, unreadable
     assert sentences.inputs(found.features, 0.6)["sentence_unsupported"] == 1.0
     assert found.score == pytest.approx(probability("whole" not in found.features, True))
     assert found.factoids == []  # a sentence with no verdict is pointed at by none
+
+
+REFUSAL = "I'm sorry, but I can't help with that."
+
+
+def test_a_batch_whose_reply_cannot_be_read_is_asked_again_once_with_a_note_and_read_from_that_reply():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    judge = by_label({"Nice": ["in Italy"]})
+    with ScriptedLLM(lambda body: judge(body) if "could not be read" in body_user(body) else REFUSAL) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    first, again = (body_user(b) for b in server.requests)
+    # the same prompt with the note after it: a provider's prompt cache serves the second call as the first
+    assert again.startswith(first) and "Reply with the JSON object only" in again[len(first):]
+    assert server.requests[1]["messages"][:-1] == server.requests[0]["messages"][:-1]
+    assert found.stats.unparseable_verdicts == 0 and found.settings["calls"] == 2 and found.cost.llm_calls == 2
+    assert found.score == pytest.approx(probability(whole=True, sentence=True))
+    assert [f.text for f in found.factoids] == ["in Italy"]
+
+
+def test_a_verdict_the_first_reply_gives_is_kept_and_the_second_fills_only_what_it_left_unread():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    first = json.dumps({"sentences": [{"id": 2, "verdict": "UNSUPPORTED", "phrases": ["Italy"]}]})  # no whole, no 1
+    second = json.dumps({"sentences": [{"id": 1, "verdict": "SUPPORTED", "phrases": []},
+                                       {"id": 2, "verdict": "SUPPORTED", "phrases": []}],
+                         "answer": "UNSUPPORTED", "unsupported": ["Nice"]})
+    with ScriptedLLM(lambda body: second if "could not be read" in body_user(body) else first) as server:
+        found = asyncio.run(detector(server).detect(RAG, answer))
+    assert len(server.requests) == 2 and found.stats.unparseable_verdicts == 0
+    assert (found.features["worst"], found.features["whole"]) == (1.0, 1.0)  # sentence 2 as first said
+    assert [f.text for f in found.factoids] == ["Nice"]  # the whole answer's verdict and phrases: the second's
+
+
+def test_a_reply_is_asked_again_only_within_the_checks_budget_of_calls():
+    answer = "Paris is the capital of France. Nice is in Italy."
+    with ScriptedLLM(lambda body: REFUSAL) as server:
+        spent = budgeted(detector(server), answer, 1)
+        assert len(server.requests) == 1 and spent.settings["calls"] == 1
+        assert spent.stats.unparseable_verdicts == 2 and spent.unchecked_from is None
 
 
 def test_entries_without_ids_are_read_by_their_place():

@@ -7,8 +7,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
+from morphguard.eval import calibrate
 from tests.commands import morphguard
 from tests.scripted_llm import ScriptedLLM
 
@@ -104,3 +106,21 @@ def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(
     flagged, passed = checked_with(config, tmp_path)
     assert flagged["detector"] == "verifier" and 0 < passed["score"] < flagged["score"] < 1
     assert flagged["settings"]["explanation"][-1]["step"] == "calibration"
+
+
+def test_the_share_of_overruled_claims_found_unsupported_is_fitted_from_the_answers_with_span_labels():
+    """Overruled claims (a sentence called UNSUPPORTED in an answer then passed as a whole) score no more than the
+    share of their characters in a labelled span: fitted from the answers that carry span labels, and only where
+    `MIN_LABELS` of them have such claims."""
+    agreed, passed, overruled = ({"whole": 1.0, "worst": 1.0}, {"whole": 0.0, "worst": 0.0},
+                                 {"whole": 0.0, "worst": 1.0})
+    parts = [agreed] * 5 + [passed] * 5 + [overruled] * 7
+    labels = [True] * 5 + [False] * 5 + [True, True, False, False, False, False, True]
+    claims = ([([(0, 10)], [(0, 10)])] * 5 + [([], [])] * 5  # agreed claims, all unsupported: not counted
+              + [([(0, 10)], [(0, 5)])] * 2 + [([(0, 10)], [])] * 4  # 10 of 60 characters unsupported
+              + [([(0, 100)], None)])  # no span labels: not counted
+    found = calibrate.calibration(parts, labels, ["qa"] * len(parts), "a judge", claims)
+    assert found.records is None and found.overruled == {"prose": pytest.approx(10 / 60)}
+    few = calibrate.calibration(parts[:-3], labels[:-3], ["qa"] * 14, "a judge", claims[:-3])  # 4 such answers
+    assert few.overruled == {}
+    assert calibrate.calibration(parts, labels, ["qa"] * len(parts), "a judge").overruled == {}  # no claims given

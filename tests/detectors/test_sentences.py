@@ -373,12 +373,13 @@ def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_
 
     check = sentences.Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
     said = " ".join(FRANCE)
+    ends = (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said))  # three checks, the answer growing
+    alone = [check.plan(RAG, said[:end]) for end in ends]
     read_sentences, read_contexts = [], []
     report, vocabulary = sentences.sentence_report, sentences.vocabulary
     monkeypatch.setattr(sentences, "sentence_report", lambda a, s, e, k: read_sentences.append(a[s:e]) or report(
         a, s, e, k))
     monkeypatch.setattr(sentences, "vocabulary", lambda texts: read_contexts.append(1) or vocabulary(texts))
     known = sentences.Asked()
-    for end in (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said)):  # three checks, the answer growing
-        assert check.plan(RAG, said[:end], known) == check.plan(RAG, said[:end])
-    assert read_contexts == [1] and sorted(read_sentences) == sorted(FRANCE)
+    assert [check.plan(RAG, said[:end], known) for end in ends] == alone
+    assert read_contexts == [1] and read_sentences == FRANCE

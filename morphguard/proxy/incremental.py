@@ -46,7 +46,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from opentelemetry import trace
 
 from morphguard.config import Action
-from morphguard.detectors.text import sentence_ends, sentences
+from morphguard.detectors.text import GrowingText, sentences
 from morphguard.policy.actions import claims
 from morphguard.policy.engine import Reach
 from morphguard.policy.record import DecisionRecord, Released
@@ -151,9 +151,7 @@ def sentence_verdicts(text: str, check: PrefixCheck, start: int = 0) -> list[dic
     """The sentences of `text` from `start` on, each with the verdict of the claims `check` placed in it:
     flagged where one is, scored as its most suspicious one (no score where the check placed none there)."""
     out = []
-    for first, last in sentences(text):
-        if first < start:
-            continue
+    for first, last in sentences(text, start):
         inside = [c for c in check.claims if c.start < last and c.end > first]
         entry: dict[str, Any] = {"start": first, "end": last, "flagged": any(c.flagged for c in inside)}
         if inside:
@@ -174,19 +172,22 @@ class Incremental(Generic[E]):
     # (the judge's batch: each call full), unless a finished sentence has waited `hold_s` for companions.
     fill: int = 1
     hold_s: float = 0.0
-    text: str = ""  # the answer read so far
+    answer: GrowingText = field(default_factory=GrowingText)  # the answer read so far, cut into sentences as it comes
     checked: list[Checked] = field(default_factory=list)  # every prefix check that finished, in order
     _held: deque[tuple[E, int]] = field(default_factory=deque)  # (event, where its text ends)
     _sent: list[E] = field(default_factory=list)
     _ends: list[int] = field(default_factory=list)  # ends of finished sentences not yet given to a check
     _ends_at: list[float] = field(default_factory=list)  # when each of them was read
-    _scanned: int = 0  # where the next finished sentence begins
     _passed: int = 0  # the answer up to here has passed the check
     _passing: PrefixCheck | None = None  # the check it passed
     _verdicts: list[dict[str, Any]] = field(default_factory=list)  # each passed sentence's, from the check it passed
     _released: int = 0  # the answer text the client has: up to here
     sent: int = 0  # the answer text handed on to the client (each event counted once the consumer took it)
     _announced: int = 0  # how many of `_verdicts` went out on an event
+
+    @property
+    def text(self) -> str:
+        return str(self.answer)
 
     @property
     def released(self) -> int:
@@ -274,13 +275,11 @@ class Incremental(Generic[E]):
                     await close()
 
     def _take(self, event: E) -> None:
-        self.text += self.stream.delta(event)
-        self._held.append((event, _AT_VERDICT if self.stream.opaque(event) else len(self.text)))
-        ends = sentence_ends(self.text, self._scanned)
+        ends = self.answer.add(self.stream.delta(event))
+        self._held.append((event, _AT_VERDICT if self.stream.opaque(event) else len(self.answer)))
         if ends:
             self._ends += ends
             self._ends_at += [time.monotonic()] * len(ends)
-            self._scanned = ends[-1]
 
     def _taken(self) -> tuple[int, float]:
         """How many of the finished sentences the next prefix check takes (0: none yet), and else how long until
@@ -306,9 +305,7 @@ class Incremental(Generic[E]):
         """The held events whose text lies in the prefix that passed (with the white space after it), each with
         where its text ends; the last of them carries that prefix's verdict and those of the sentences it let out."""
         out: list[tuple[E, int]] = []
-        upto = self._passed
-        while upto < len(self.text) and self.text[upto].isspace():
-            upto += 1
+        upto = self.answer.spaces_to(self._passed)
         while self._held and self._held[0][1] <= upto:
             event, end = self._held.popleft()
             out.append((event, end))

@@ -383,3 +383,53 @@ def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_
     known = sentences.Asked()
     assert [check.plan(RAG, said[:end], known) for end in ends] == alone
     assert read_contexts == [1] and read_sentences == FRANCE
+
+
+class Reading:
+    """A compiled pattern that counts the characters it is asked to scan (from `pos` to `endpos`)."""
+
+    def __init__(self, pattern: re.Pattern[str], counts: dict[str, int], name: str) -> None:
+        self.pattern, self.counts, self.name = pattern, counts, name
+
+    def finditer(self, text: str, pos: int = 0, endpos: int | None = None):  # noqa: ANN201
+        self.counts[self.name] += min(len(text), len(text) if endpos is None else endpos) - pos
+        return self.pattern.finditer(text, pos, len(text) if endpos is None else endpos)
+
+
+def test_a_streams_checks_read_the_answer_about_once_however_many_checks_read_it(monkeypatch):
+    """Thirty prefix checks of a growing 300-sentence answer and its whole, sharing one memo as a stream's do: the
+    sentence splitter, the instruction scan, the words' reading and the judge's lines each read the answer's
+    characters about once in all, not once per check (which would be fifteen times the answer)."""
+    from morphguard.detectors import injection, text
+
+    counts = dict.fromkeys(("split", "instructions", "words", "lines"), 0)
+    monkeypatch.setattr(text, "_SENTENCE_END", Reading(text._SENTENCE_END, counts, "split"))
+    monkeypatch.setattr(injection, "_PATTERNS", tuple(Reading(p, counts, "instructions")
+                                                      for p in injection._PATTERNS))
+    report, as_data = sentences.sentence_report, sentences.as_data
+
+    def words(answer: str, start: int, end: int, known: set[str]) -> Any:
+        counts["words"] += end - start
+        return report(answer, start, end, known)
+
+    def lines(said: str) -> str:
+        counts["lines"] += len(said)
+        return as_data(said)
+
+    monkeypatch.setattr(sentences, "sentence_report", words)
+    monkeypatch.setattr(sentences, "as_data", lines)
+    ends = [LONG.index(f"Town number {i} ") - 1 for i in range(10, 300, 10)] + [len(LONG)]
+
+    async def stream(checker: Checker) -> list[Any]:
+        request = check_request()
+        memo = checker.memo(request)
+        return [await checker.find(request, Answer.of_text(LONG[:end]), memo) for end in ends]
+
+    with ScriptedLLM(by_label({})) as server:
+        found = asyncio.run(stream(long_checker(server.base_url)))
+    assert all(f.finding.detection is not None and f.finding.detection.unchecked_from is None for f in found)
+    assert len(server.requests) == len(ends)  # a judge call per check: each sentence asked once
+    question = len(RAG.question) * len(server.requests)  # each call shows the judge the question
+    # once, and the last sentence of each prefix again when the next check finds it finished (each check whole: 15 times)
+    assert counts["split"] <= 1.5 * len(LONG) and counts["instructions"] <= 3 * 1.5 * len(LONG)  # three patterns
+    assert counts["words"] <= 1.5 * len(LONG) and counts["lines"] <= 2.5 * len(LONG) + question  # + what is asked

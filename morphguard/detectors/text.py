@@ -244,7 +244,7 @@ class GrowingText:
         self.ends += found
         trailing = part[len(part.rstrip(_END_MARKS)):]
         run = self._marks + trailing if len(trailing) == len(part) else trailing
-        last = max(run.rfind(mark) for mark in ".!?")
+        last = max(run.rfind(mark) for mark in ".!?") if run else -1
         self._marks = "" if last < 0 else "." if last == len(run) - 1 else ".)"
         return found
 

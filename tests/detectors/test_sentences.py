@@ -21,6 +21,7 @@ from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
 from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
 from morphguard.proxy.checker import Checker
+from tests.reads import Reading
 from tests.scripted_llm import ScriptedLLM, asked_sentences, error, sentences_reply
 from tests.scripted_llm import sentences_score as probability
 
@@ -385,17 +386,6 @@ def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_
     assert read_contexts == [1] and read_sentences == FRANCE
 
 
-class Reading:
-    """A compiled pattern that counts the characters it is asked to scan (from `pos` to `endpos`)."""
-
-    def __init__(self, pattern: re.Pattern[str], counts: dict[str, int], name: str) -> None:
-        self.pattern, self.counts, self.name = pattern, counts, name
-
-    def finditer(self, text: str, pos: int = 0, endpos: int | None = None):  # noqa: ANN201
-        self.counts[self.name] += min(len(text), len(text) if endpos is None else endpos) - pos
-        return self.pattern.finditer(text, pos, len(text) if endpos is None else endpos)
-
-
 def test_a_streams_checks_read_the_answer_about_once_however_many_checks_read_it(monkeypatch):
     """Thirty prefix checks of a growing 300-sentence answer and its whole, sharing one memo as a stream's do: the
     sentence splitter, the instruction scan, the words' reading and the judge's lines each read the answer's
@@ -430,6 +420,6 @@ def test_a_streams_checks_read_the_answer_about_once_however_many_checks_read_it
     assert all(f.finding.detection is not None and f.finding.detection.unchecked_from is None for f in found)
     assert len(server.requests) == len(ends)  # a judge call per check: each sentence asked once
     question = len(RAG.question) * len(server.requests)  # each call shows the judge the question
-    # once, and the last sentence of each prefix again when the next check finds it finished (each check whole: 15 times)
+    # once, and the last sentence of each prefix again when the next check finds it finished (all of it: 15 times)
     assert counts["split"] <= 1.5 * len(LONG) and counts["instructions"] <= 3 * 1.5 * len(LONG)  # three patterns
     assert counts["words"] <= 1.5 * len(LONG) and counts["lines"] <= 2.5 * len(LONG) + question  # + what is asked

@@ -155,7 +155,6 @@ LIST_MARKER = re.compile(rf"\s*{MARKER}\s+")
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)|\n")
 _MARKER_ALONE = re.compile(rf"\s*{MARKER}\s*")
 _BULLET = re.compile(rf"^{LIST_MARKER.pattern}")
-_SPACES = re.compile(r"\s*")
 T = TypeVar("T")
 
 
@@ -252,10 +251,9 @@ class GrowingText:
         """Where the white space that begins at `at` ends (`at` itself where none does)."""
         k = bisect_right(self._at, at) - 1
         while 0 <= k < len(self._parts):
-            part = self._parts[k]
-            inside = _SPACES.match(part, at - self._at[k]).end()
-            at = self._at[k] + inside
-            if inside < len(part):
+            rest = self._parts[k][at - self._at[k]:]
+            at += len(rest) - len(rest.lstrip())
+            if rest.strip():
                 break
             k += 1
         return at

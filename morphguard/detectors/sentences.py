@@ -81,8 +81,8 @@ class Asked:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     wholes: list[tuple[frozenset[str], float, list[str]]] = field(default_factory=list)  # and the phrases it named
     pending: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # lines a check is asking about now
-    _vocabulary: tuple[int, set[str]] | None = None  # the context's words, read once for all the checks
-    _read: GrowingSentences[tuple[Planned, str]] = field(default_factory=GrowingSentences)  # each sentence's
+    # the context's words, read once for all the checks, and each sentence's reading against them
+    _vocabulary: tuple[int, set[str], GrowingSentences[tuple[Planned, str]]] | None = None
 
     def reading(self, rag: RagInput, answer: str,
                 each: Callable[[int, int, set[str]], tuple[Planned, str]]) -> list[tuple[Planned, str]]:
@@ -91,10 +91,9 @@ class Asked:
         answer split from its last finished sentence on, and each sentence once, as the answer grows at its end."""
         key = hash((rag.question, *rag.passages))
         if self._vocabulary is None or self._vocabulary[0] != key:
-            self._vocabulary = key, vocabulary([*rag.passages, rag.question])
-            self._read = GrowingSentences()
-        known = self._vocabulary[1]
-        return [read for _, read in self._read.read(answer, lambda start, end: each(start, end, known))]
+            self._vocabulary = key, vocabulary([*rag.passages, rag.question]), GrowingSentences()
+        _, known, growing = self._vocabulary
+        return [read for _, read in growing.read(answer, lambda start, end: each(start, end, known))]
 
     def add(self, lines: list[str], judged: Judged) -> None:
         verdicts, whole, phrases = judged

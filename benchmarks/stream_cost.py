@@ -205,7 +205,8 @@ def reading(n: int) -> dict:
 def engine(said: list[str]) -> dict:
     """CPU seconds of the stream engine (`proxy.incremental`) over an answer streamed word by word, each prefix check
     passing at once: cutting, holding and releasing, without the check's own work; and how many checks it ran."""
-    from morphguard.proxy.incremental import Closing, Incremental, PrefixCheck
+    from morphguard.proxy.incremental import Closing, Incremental
+    from tests.passing_checks import Passing
 
     class Words:  # the stream's events are its words
         def delta(self, event: str) -> str:
@@ -219,19 +220,6 @@ def engine(said: list[str]) -> dict:
 
         def ending(self, sent: list[str], closing: Closing) -> list[str]:
             return []
-
-    class Passing:  # every check passes at once
-        fill = 1
-        closed = False
-
-        async def prefix(self, text: str) -> PrefixCheck:
-            return PrefixCheck(flagged=False, blocks=False)
-
-        async def whole(self, text: str) -> PrefixCheck:
-            return PrefixCheck(flagged=False, blocks=False, whole=True)
-
-        async def close(self, text: str, deciding: PrefixCheck, released: object) -> Closing:
-            return Closing({})
 
     words = re.findall(r"\S+\s*", " ".join(said))
 

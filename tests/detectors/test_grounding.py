@@ -171,7 +171,6 @@ def test_a_growing_answers_checks_read_the_context_and_each_sentence_once(monkey
     from morphguard.config import GroundingSettings
     from morphguard.detectors import grounding
     from morphguard.detectors.memo import Memo, remembering
-
     from morphguard.detectors.text import sentences
 
     read: dict[str, list[object]] = {"vocabulary": [], "aligned": [], "quotable": [], "sentences": []}

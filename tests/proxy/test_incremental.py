@@ -18,6 +18,7 @@ from morphguard.policy.record import Released
 from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.incremental import Claim, Closing, GuardChecks, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
+from tests.passing_checks import Passing
 from tests.reads import Reading
 
 
@@ -643,22 +644,6 @@ def test_a_whole_answer_whose_text_passed_as_a_prefix_is_still_decided_on_what_e
         await guard.close()
 
     asyncio.run(run())
-
-
-class Passing:
-    """Checks that pass every prefix and the whole at once, reading none of the text."""
-
-    fill = 1
-    closed = False
-
-    async def prefix(self, text: str) -> PrefixCheck:
-        return PrefixCheck(flagged=False, blocks=False)
-
-    async def whole(self, text: str) -> PrefixCheck:
-        return PrefixCheck(flagged=False, blocks=False, whole=True)
-
-    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
-        return Closing({"action": "pass"})
 
 
 def test_a_stream_is_cut_into_sentences_reading_its_text_about_once_however_many_checks_pass_it(monkeypatch):

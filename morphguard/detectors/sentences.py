@@ -95,6 +95,30 @@ class Asked:
         _, known, growing = self._vocabulary
         return [read for _, read in growing.read(answer, lambda start, end: each(start, end, known))]
 
+    def carried(self, beyond: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The verdicts as JSON (`memo.Carried`), less those in `beyond`: what a fleet's worker checking the answer
+        takes along and brings back."""
+        before = Asked()
+        before.take(beyond or {})
+        return {"verdicts": [[line, *verdict] for line, verdict in self.verdicts.items()
+                             if line not in before.verdicts],
+                "wholes": [[sorted(lines), whole, phrases] for lines, whole, phrases in self.wholes
+                           if (lines, whole, phrases) not in before.wholes]}
+
+    def take(self, found: dict[str, Any]) -> None:
+        """Add the verdicts another process's notes of the answer hold (their `carried`)."""
+        for entry in found.get("verdicts") or []:
+            match entry:
+                case [str(line), float() | int() | None as score, list(phrases)]:
+                    self.verdicts.setdefault(line, (score, [p for p in phrases if isinstance(p, str)]))
+        for entry in found.get("wholes") or []:
+            match entry:
+                case [list(lines), float() | int() as whole, list(phrases)]:
+                    asked = (frozenset(line for line in lines if isinstance(line, str)), whole,
+                             [p for p in phrases if isinstance(p, str)])
+                    if asked not in self.wholes:
+                        self.wholes.append(asked)
+
     def add(self, lines: list[str], judged: Judged) -> None:
         verdicts, whole, phrases = judged
         self.verdicts.update(zip(lines, verdicts, strict=True))

@@ -423,3 +423,27 @@ def test_a_streams_checks_read_the_answer_about_once_however_many_checks_read_it
     # once, and the last sentence of each prefix again when the next check finds it finished (all of it: 15 times)
     assert counts["split"] <= 1.5 * len(LONG) and counts["instructions"] <= 3 * 1.5 * len(LONG)  # three patterns
     assert counts["words"] <= 1.5 * len(LONG) and counts["lines"] <= 2.5 * len(LONG) + question  # + what is asked
+
+
+def test_a_streams_memo_goes_to_another_process_and_brings_back_only_what_it_learnt():
+    """As JSON, the way a fleet's worker gets it in a sealed job and answers: the verdicts known go along, the worker's
+    check adds to them, and only what it added (with the judge calls it made) comes back to the stream's memo."""
+    from morphguard.detectors.memo import Memo
+    from morphguard.llm.client import CallBudget
+
+    def wire(value: dict[str, Any]) -> dict[str, Any]:
+        return json.loads(json.dumps(value))
+
+    stream = Memo(CallBudget(10))
+    away = Memo.arriving(wire(stream.carried()))
+    away.of("sentences", sentences.Asked).add(["one", "two"], ([(0.0, []), (1.0, ["two"])], 0.25, ["two"]))
+    away.budget.used += 1  # type: ignore[union-attr]  # the call it made
+    stream.take(wire(away.learnt()))
+    again = Memo.arriving(wire(stream.carried()))
+    assert again.budget is not None and again.budget.limit == 9
+    notes = again.of("sentences", sentences.Asked)
+    assert notes.verdicts == {"one": (0.0, []), "two": (1.0, ["two"])}
+    assert notes.read(["one", "two"]) == [([(0.0, []), (1.0, ["two"])], None, []), ([], 0.25, ["two"])]
+    notes.add(["three"], ([(0.0, [])], 0.0, []))
+    assert wire(again.learnt())["notes"]["sentences"] == {"verdicts": [["three", 0.0, []]],
+                                                         "wholes": [[["three"], 0.0, []]]}

@@ -203,9 +203,9 @@ def reading(n: int) -> dict:
 
 
 def engine(said: list[str]) -> dict:
-    """CPU seconds of the stream engine (`proxy.incremental`) over an answer streamed word by word, each prefix check
+    """CPU seconds of the stream engine (`settle.incremental`) over an answer streamed word by word, each prefix check
     passing at once: cutting, holding and releasing, without the check's own work; and how many checks it ran."""
-    from morphguard.proxy.incremental import Closing, Incremental
+    from morphguard.settle.incremental import Closing, Incremental
     from tests.passing_checks import Passing
 
     class Words:  # the stream's events are its words

@@ -1,10 +1,10 @@
-"""Checks for the stream engine (`proxy.incremental.Checks`) that read none of the text: every prefix and the
+"""Checks for the stream engine (`settle.incremental.Checks`) that read none of the text: every prefix and the
 whole answer pass at once, so that what a stream costs the engine itself can be counted or timed."""
 
 from __future__ import annotations
 
 from morphguard.policy.record import Released
-from morphguard.proxy.incremental import Closing, PrefixCheck
+from morphguard.settle.incremental import Closing, PrefixCheck
 
 
 class Passing:

@@ -250,9 +250,11 @@ def test_a_stream_checked_by_the_workers_asks_the_judge_about_each_sentence_once
     config = fleet_config(provider, redis_url, postgres_url, judge="judge-100ms", mode="inline")
     config["detector"] = {"name": "sentences"}
     config["policy"]["profiles"]["general"] = {"action": "block", "topics": {}}
+    replica_folder, worker_folder = folders(tmp_path, 2, "node")
+    # the streams under way are journaled beside the audit trail: in the replica's folder
+    config["policy"]["audit"] = {"path": str(replica_folder / "audit.db")}
     replica = {**config, "judge": {**config["judge"], "api_base": "http://127.0.0.1:9/v1"},
                "proxy": {**config["proxy"], "inline_via": "workers"}}
-    replica_folder, worker_folder = folders(tmp_path, 2, "node")
     worker = start_worker(config, worker_folder)
     base, process = serve(replica, replica_folder)
     marker = uuid.uuid4().hex[:8]

@@ -11,8 +11,11 @@ the proxy's CPU time per stream (user + system, from /proc). The context is the 
 `sentences.context_budget` (24,000 characters: the 600-sentence answer) the passages are cut.
 
 `--reading N,N,...` measures, without a proxy or a judge, the CPU of the `sentences` check's reading of the text
-(sentences, their hints, the context's vocabulary) over the checks of a stream of N sentences, one every 12, on a
-context of about 200,000 characters: each check reading all of it, and the stream's checks sharing one memo.
+(sentences, their hints and instructions to the checker, the judge's lines, the context's vocabulary) over the checks
+of a stream of N sentences, one every 12, on a context of about 200,000 characters: each check reading all of it, and
+the stream's checks sharing one memo; and the CPU of the stream engine cutting, holding and releasing the answer
+streamed word by word (each check passing at once, so it runs about as many checks as the answer has sentences). The
+reading imports `morphguard` from the path (`PYTHONPATH=/tmp/base` measures another checkout).
 
 `--code PATH` runs the proxy from another checkout (`git worktree add --detach /tmp/base main`), so that the same
 figures of another version are measured by the same scripts; each is written under its `--label`. Scenarios:
@@ -173,9 +176,10 @@ async def measure(proxy: str, pid: int, judge: str, n: int, seconds: float, stre
 
 
 def reading(n: int) -> dict:
-    """CPU seconds of the `sentences` check's reading over a stream's checks of an N-sentence answer."""
+    """CPU seconds of the `sentences` check's reading over a stream's checks of an N-sentence answer, and of the
+    stream engine's over the whole stream (`engine`)."""
     from morphguard.config import SentencesSettings
-    from morphguard.detectors.sentences import Judged, Sentences
+    from morphguard.detectors.sentences import Asked, Sentences
     from morphguard.models import RagInput
 
     said = answer_of(n, "reading")
@@ -186,15 +190,51 @@ def reading(n: int) -> dict:
     check = Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
     ends = [len(" ".join(said[:k])) for k in range(12, n, 12)] + [len(answer)]
     out = {"checks": len(ends), "context_chars": sum(map(len, context))}
-    for name, known in (("each_check_alone_s", None), ("shared_memo_s", Judged())):
+    shared = Asked()
+    for name, known in (("each_check_alone_s", Asked), ("shared_memo_s", lambda: shared)):
         started = time.process_time()
         for end in ends:
-            check.plan(rag, answer[:end], known)
+            check._planned(rag, answer[:end], known())  # its sentences, their hints and the judge's lines
         out[name] = round(time.process_time() - started, 3)
     started = time.process_time()
-    check.plan(rag, answer)
+    check._planned(rag, answer, Asked())
     out["one_buffered_check_s"] = round(time.process_time() - started, 3)
-    return out
+    return {**out, **engine(said)}
+
+
+def engine(said: list[str]) -> dict:
+    """CPU seconds of the stream engine (`settle.incremental`) over an answer streamed word by word, each prefix check
+    passing at once: cutting, holding and releasing, without the check's own work; and how many checks it ran."""
+    from morphguard.settle.incremental import Closing, Incremental
+    from tests.passing_checks import Passing
+
+    class Words:  # the stream's events are its words
+        def delta(self, event: str) -> str:
+            return event
+
+        def opaque(self, event: str) -> bool:
+            return False
+
+        def marked(self, event: str, verdict: dict) -> str:
+            return event
+
+        def ending(self, sent: list[str], closing: Closing) -> list[str]:
+            return []
+
+    words = re.findall(r"\S+\s*", " ".join(said))
+
+    async def stream() -> tuple[int, int]:
+        async def events():  # noqa: ANN202
+            for word in words:
+                yield word
+        run = Incremental(Words(), Passing())  # type: ignore[arg-type]
+        out = [event async for event in run.run(events())]
+        return len(out), len(run.checked)
+
+    started = time.process_time()
+    sent, checks = asyncio.run(stream())
+    assert sent == len(words)
+    return {"engine_s": round(time.process_time() - started, 3), "engine_checks": checks}
 
 
 def main() -> None:

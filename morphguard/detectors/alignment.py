@@ -11,6 +11,7 @@ are mostly rewording, yields nothing. No LLM call.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import re
@@ -298,6 +299,13 @@ class Context:
                 self.frequency[k] += repeats[text]
                 self.holding.setdefault(k, []).append(i)
 
+    def fresh(self) -> Context:
+        """This context with no comparison counted yet: the index is shared, the count (`MAX_COMPARED`) is a check's
+        own (the checks of one growing answer read one index)."""
+        counted = copy.copy(self)
+        counted.compared = 0
+        return counted
+
     def copied(self, text: str) -> tuple[int, float] | None:
         """The context sentence `text` copies most of (its index), and the weighted share of `text`'s content it
         holds; None where they share no content word. On a tie, the first such sentence.
@@ -338,10 +346,11 @@ class Context:
         return -best[1], best[0]
 
 
-def conflicts(answer: str, passages: list[str], min_copy: float = 0.4) -> list[Conflict]:
+def conflicts(answer: str, passages: list[str], min_copy: float = 0.4,
+              context: Context | None = None) -> list[Conflict]:
     """Every change of the kinds in `KINDS` between an answer sentence and the context sentence it copies
-    (at least `min_copy` of its weighted content)."""
-    context = Context(passages)
+    (at least `min_copy` of its weighted content). `context`: these passages' `Context`, built already."""
+    context = Context(passages) if context is None else context.fresh()
     if not any(context.held):
         return []
     texts, evidence, frequency = context.texts, context.evidence, context.frequency
@@ -434,13 +443,19 @@ def _stretch(piece: _Words, source: _Source) -> tuple[int, int] | None:
     return lo + start, lo + end
 
 
-def quotes_context(answer: str, passages: list[str]) -> bool:
+def quotable(passages: list[str]) -> set[str]:
+    """The context's sentences as quotes are compared (`quotes_context`)."""
+    return {_as_quoted(passage[a:b]) for passage in passages for a, b in sentences(passage)}
+
+
+def quotes_context(answer: str, passages: list[str], context: set[str] | None = None) -> bool:
     """Whether every sentence of the answer is a whole sentence of the context as written (case, spacing,
     punctuation and a list item's marker aside), or only talks about the sources ("Based on the passages:"). Such an
     answer claims only what its context claims, whatever the question: a fragment ("Steven Spielberg") is no quote,
     since whether it answers rightly depends on the question, and neither is a verdict set before a quote ("Yes.",
-    "It is safe.", a claim that ends in a colon), which the check would otherwise never ask a judge about."""
-    context = {_as_quoted(passage[a:b]) for passage in passages for a, b in sentences(passage)}
+    "It is safe.", a claim that ends in a colon), which the check would otherwise never ask a judge about.
+    `context`: `quotable(passages)`, read already."""
+    context = quotable(passages) if context is None else context
     quoted = {text: _as_quoted(text) in context for text in pieces(answer)}
     return any(quoted.values()) and all(is_quote or about_the_sources(text) for text, is_quote in quoted.items())
 

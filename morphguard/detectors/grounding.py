@@ -18,20 +18,34 @@ record's yes/no field or its opening hours.
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from morphguard.config import GroundingSettings
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.alignment import Conflict, conflicts, quotes_context, strongest
+from morphguard.detectors.alignment import Conflict, Context, conflicts, quotable, quotes_context, strongest
 from morphguard.detectors.injection import instructions
+from morphguard.detectors.memo import current
 from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
-from morphguard.detectors.text import IGNORED, LIST_MARKER, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
+from morphguard.detectors.text import (
+    IGNORED,
+    LIST_MARKER,
+    NUMBER_WORDS,
+    TOKEN,
+    GrowingSentences,
+    keys,
+    sentences,
+    vocabulary,
+)
 from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,6 +91,37 @@ def changed_copy(found: list[Conflict]) -> str:
 REFERENCES = frozenset({"passage", "passages", "document", "documents", "source", "sources"})
 # Words an assistant addresses its user with ("Sure, I'd be happy to", "Unable to answer"): no claim about the world
 ADDRESS = frozenset("sure certainly happy glad hope i'd i'll i've here's unable".split())
+
+
+class Kept:
+    """What grounding keeps of the checks of one growing answer (a stream's, `memo.Memo`): what it read of the context
+    (read again only where a check reads other passages, cut to fit `max_text_chars`) and of each sentence of the
+    answer (its report and where it addresses its checker), so that each check reads only what the answer added."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: int | None = None
+        self._context: dict[str, Any] = {}
+
+    def context(self, rag: RagInput, name: str, read: Callable[[], T]) -> T:
+        """What `read` makes of the check's context (its passages and question), by `name`: read once."""
+        key = hash((rag.question, *rag.passages))
+        with self._lock:
+            if key != self._key:
+                self._key, self._context = key, {}
+            if name not in self._context:
+                self._context[name] = read()
+            found: T = self._context[name]
+            return found
+
+    def sentences(self, rag: RagInput, answer: str) -> list[tuple[SentenceReport, list[tuple[int, int]]]]:
+        """Each sentence's report (`ungrounded`) and the places in it where the answer addresses its checker."""
+        known = self.context(rag, "vocabulary", lambda: vocabulary([*rag.passages, rag.question]))
+        growing: GrowingSentences[tuple[SentenceReport, list[tuple[int, int]]]] = self.context(
+            rag, "sentences", GrowingSentences)  # read against that vocabulary
+        read = growing.read(answer, lambda start, end: (sentence_report(answer, start, end, known),
+                                                        instructions(answer, start, end)))
+        return [found for _, found in read]
 
 
 def ungrounded(answer: str, passages: list[str], question: str = "",
@@ -163,7 +208,10 @@ class Grounding:
     def read(self, rag: RagInput, answer: str) -> tuple[Detection, Reading]:
         """The detection (`measure`) and what it read on the way (`Reading`)."""
         started = time.perf_counter()
-        reports = ungrounded(answer, rag.passages, rag.question)
+        memo = current()
+        kept = memo.of(self.name, Kept) if memo is not None else Kept()
+        read = kept.sentences(rag, answer)
+        reports = [report for report, _ in read]
         ruled = read_all(answer, rag.passages)
         misread = ruled.conflicts
         # An answer about a record is read against its fields, not sentence by sentence: the record's
@@ -174,8 +222,9 @@ class Grounding:
         # Records alone, not a record beside prose (`rules.Reading.facts`): one JSON passage slipped into a context
         # of prose must not change how the prose is read (nor, in `combined`, keep the judge from reading it).
         about_record = ruled.about_facts
-        changed = [] if about_record else conflicts(answer, rag.passages)
-        planted = instructions(answer)
+        changed = [] if about_record else conflicts(answer, rag.passages, context=kept.context(
+            rag, "aligned", lambda: Context(rag.passages)))
+        planted = [place for _, places in read for place in places]
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
         score = self._score(self.weight(missing, changed) + self.settings.conflict_weight * len(misread)
@@ -214,7 +263,8 @@ class Grounding:
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
             # every stating sentence is a context sentence as written: the combined check asks no judge about it
-            "quoted": float(not about_record and not changed and quotes_context(answer, rag.passages)),
+            "quoted": float(not about_record and not changed and quotes_context(
+                answer, rag.passages, kept.context(rag, "quotable", lambda: quotable(rag.passages)))),
         }
         detection = Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,

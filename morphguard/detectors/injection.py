@@ -28,9 +28,12 @@ _PATTERNS = (
 )
 
 
-def instructions(answer: str) -> list[tuple[int, int]]:
-    """(start, end) of each place where the answer addresses its checker, in order, not overlapping."""
-    found = sorted({(m.start(), m.end()) for pattern in _PATTERNS for m in pattern.finditer(answer)})
+def instructions(answer: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """(start, end) of each place in `answer[start:end]` where the answer addresses its checker, in order, not
+    overlapping. No place spans a sentence end (`text.sentences`: a pattern crosses no . ! ? or line break but the
+    point of "0.0"), so the places of an answer are those of its sentences, each read alone."""
+    end = len(answer) if end is None else end
+    found = sorted({(m.start(), m.end()) for pattern in _PATTERNS for m in pattern.finditer(answer, start, end)})
     merged: list[tuple[int, int]] = []
     for start, end in found:
         if merged and start <= merged[-1][1]:

@@ -36,7 +36,7 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from morphguard.config import SentencesSettings
 from morphguard.detectors.focus import Focus
-from morphguard.detectors.grounding import SentenceReport, sentence_report, ungrounded
+from morphguard.detectors.grounding import sentence_report
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.logistic import log_odds, sigmoid
@@ -57,7 +57,7 @@ from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
 from morphguard.detectors.spans import occurrence
-from morphguard.detectors.text import sentences, vocabulary
+from morphguard.detectors.text import GrowingSentences, vocabulary
 from morphguard.errors import MorphguardError
 from morphguard.llm.client import LLMClient, reserve_up_to, together
 from morphguard.llm.fair import in_thread
@@ -70,7 +70,8 @@ LABELS = ("SUPPORTED", "UNSUPPORTED")
 SCORE_CLIP = 1e-4
 SHIPPED = "sentences.json"  # the calibration read where `sentences.calibration` names none
 WHOLE_PHRASES = 8  # phrases the judge may name for the answer as a whole, as `direct` asks
-Batch = list[tuple[int, int, list[str], bool]]  # sentences: start, end, words the context never uses, addresses
+Planned = tuple[int, int, list[str], bool]  # a sentence: start, end, words the context never uses, addresses
+Batch = list[Planned]
 # One batch's reply: per sentence P(UNSUPPORTED) (None: unreadable) and the phrases named; P(UNSUPPORTED) of the whole
 # answer (None: no verdict) and the phrases named for it
 Verdict = tuple[float | None, list[str]]  # a sentence's P(UNSUPPORTED) (None: the reply had none) and phrases named
@@ -85,25 +86,43 @@ class Asked:
     verdicts: dict[str, Verdict] = field(default_factory=dict)
     wholes: list[tuple[frozenset[str], float, list[str]]] = field(default_factory=list)  # and the phrases it named
     pending: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # lines a check is asking about now
-    _vocabulary: tuple[int, set[str]] | None = None  # the context's words, read once for all the checks
-    _reports: dict[tuple[int, str], SentenceReport] = field(default_factory=dict)  # by a sentence's start and text
+    # the context's words, read once for all the checks, and each sentence's reading against them
+    _vocabulary: tuple[int, set[str], GrowingSentences[tuple[Planned, str]]] | None = None
 
-    def reports_of(self, rag: RagInput, answer: str) -> list[SentenceReport]:
-        """`grounding.ungrounded` of the answer, reading only what earlier checks did not: the context once (again
-        only where a check reads other passages, cut to fit `max_text_chars`), and each sentence once, as the answer
-        grows at its end."""
+    def reading(self, rag: RagInput, answer: str,
+                each: Callable[[int, int, set[str]], tuple[Planned, str]]) -> list[tuple[Planned, str]]:
+        """`each` of every sentence of the answer (given the context's vocabulary), reading only what earlier checks
+        did not: the context once (again only where a check reads other passages, cut to fit `max_text_chars`), the
+        answer split from its last finished sentence on, and each sentence once, as the answer grows at its end."""
         key = hash((rag.question, *rag.passages))
         if self._vocabulary is None or self._vocabulary[0] != key:
-            self._vocabulary = key, vocabulary([*rag.passages, rag.question])
-            self._reports = {}
-        known = self._vocabulary[1]
-        out = []
-        for start, end in sentences(answer):
-            at = (start, answer[start:end])
-            if at not in self._reports:
-                self._reports[at] = sentence_report(answer, start, end, known)
-            out.append(self._reports[at])
-        return out
+            self._vocabulary = key, vocabulary([*rag.passages, rag.question]), GrowingSentences()
+        _, known, growing = self._vocabulary
+        return [read for _, read in growing.read(answer, lambda start, end: each(start, end, known))]
+
+    def carried(self, beyond: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The verdicts as JSON (`memo.Carried`), less those in `beyond`: what a fleet's worker checking the answer
+        takes along and brings back."""
+        before = Asked()
+        before.take(beyond or {})
+        return {"verdicts": [[line, *verdict] for line, verdict in self.verdicts.items()
+                             if line not in before.verdicts],
+                "wholes": [[sorted(lines), whole, phrases] for lines, whole, phrases in self.wholes
+                           if (lines, whole, phrases) not in before.wholes]}
+
+    def take(self, found: dict[str, Any]) -> None:
+        """Add the verdicts another process's notes of the answer hold (their `carried`)."""
+        for entry in found.get("verdicts") or []:
+            match entry:
+                case [str(line), float() | int() | None as score, list(phrases)]:
+                    self.verdicts.setdefault(line, (score, [p for p in phrases if isinstance(p, str)]))
+        for entry in found.get("wholes") or []:
+            match entry:
+                case [list(lines), float() | int() as whole, list(phrases)]:
+                    asked = (frozenset(line for line in lines if isinstance(line, str)), whole,
+                             [p for p in phrases if isinstance(p, str)])
+                    if asked not in self.wholes:
+                        self.wholes.append(asked)
 
     def add(self, lines: list[str], judged: Judged) -> None:
         verdicts, whole, phrases = judged
@@ -176,18 +195,22 @@ class Sentences:
     def plan(self, rag: RagInput, answer: str, known: Asked | None = None) -> Batch:
         """Every sentence, with the words of it the context never uses and whether it addresses its checker.
         Even "Yes." is one: a short sentence can carry the whole claim, and the judge is told that one stating
-        nothing is supported. `known`: the answer's earlier checks, whose reading of the context is reused."""
-        planted = instructions(answer)
-        reports = ungrounded(answer, rag.passages, rag.question) if known is None else known.reports_of(rag, answer)
-        return [(r.start, r.end, [w.text for w in r.unsupported], any(s < r.end and r.start < e for s, e in planted))
-                for r in reports]
+        nothing is supported. `known`: the answer's earlier checks, whose reading of the context and of the
+        sentences they finished is reused."""
+        return self._planned(rag, answer, Asked() if known is None else known)[0]
 
     def _planned(self, rag: RagInput, answer: str, known: Asked) -> tuple[Batch, list[str]]:
         """`plan`, and each sentence's line as the judge is shown it (what a stream's checks remember it by)."""
-        planned = self.plan(rag, answer, known)
-        return planned, [self._line(answer, sentence) for sentence in planned]
 
-    def _line(self, answer: str, sentence: tuple[int, int, list[str], bool]) -> str:
+        def each(start: int, end: int, vocabulary: set[str]) -> tuple[Planned, str]:
+            report = sentence_report(answer, start, end, vocabulary)
+            sentence = (start, end, [w.text for w in report.unsupported], bool(instructions(answer, start, end)))
+            return sentence, self._line(answer, sentence)
+
+        read = known.reading(rag, answer, each)
+        return [sentence for sentence, _ in read], [line for _, line in read]
+
+    def _line(self, answer: str, sentence: Planned) -> str:
         """How the judge is shown one sentence (after its number): its text, then its hints."""
         start, end, words, addresses = sentence
         hint = f"   [words the documents never use: {', '.join(words)}]" if self.settings.hints and words else ""

@@ -10,7 +10,11 @@ part by part. (Folding look-alike letters for topic keywords, and model names, i
 from __future__ import annotations
 
 import re
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Generic, TypeVar
 
 TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:[-'’][^\W\d_]+)*", re.UNICODE)
 
@@ -151,12 +155,14 @@ LIST_MARKER = re.compile(rf"\s*{MARKER}\s+")
 _SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)|\n")
 _MARKER_ALONE = re.compile(rf"\s*{MARKER}\s*")
 _BULLET = re.compile(rf"^{LIST_MARKER.pattern}")
+T = TypeVar("T")
 
 
 def sentence_ends(text: str, start: int = 0) -> list[int]:
     """Where each finished sentence of `text[start:]` ends (a sentence begins at `start`). An end needs the white
     space after it, so the ends found in a text are still its ends once more text is appended: a stream can be cut
-    into sentences as it arrives."""
+    into sentences as it arrives (`GrowingText`), and a text read again once it has grown split only from its last
+    finished sentence (`GrowingSentences`)."""
     ends = []
     for match in _SENTENCE_END.finditer(text, start):
         if not _MARKER_ALONE.fullmatch(text, start, match.end()):
@@ -165,18 +171,149 @@ def sentence_ends(text: str, start: int = 0) -> list[int]:
     return ends
 
 
-def sentences(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each sentence of `text`, stripped of surrounding spaces."""
-    bounds = [0, *sentence_ends(text)]
-    cuts = list(zip(bounds, bounds[1:], strict=False))
-    cuts.append((bounds[-1], len(text)))
-    out = []
-    for start, end in cuts:
-        raw = text[start:end]
-        start, end = start + len(raw) - len(raw.lstrip()), end - (len(raw) - len(raw.rstrip()))
-        if end > start:
-            out.append((start, end))
-    return out
+def sentences(text: str, start: int = 0) -> list[tuple[int, int]]:
+    """(start, end) of each sentence of `text[start:]` (a sentence begins at `start`), stripped of surrounding
+    spaces."""
+    return _stripped(text, [start, *sentence_ends(text, start)])
+
+
+def _stripped(text: str, bounds: list[int]) -> list[tuple[int, int]]:
+    """The sentences between `bounds` (and from the last to the end of `text`), stripped, the empty left out."""
+    cuts = [*zip(bounds, bounds[1:], strict=False), (bounds[-1], len(text))]
+    return [at for start, end in cuts if (at := _strip(text, start, end)) is not None]
+
+
+def _strip(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """`text[start:end]` without the spaces around it, as offsets into `text` (None: nothing is left)."""
+    raw = text[start:end]
+    start, end = start + len(raw) - len(raw.lstrip()), end - (len(raw) - len(raw.rstrip()))
+    return (start, end) if end > start else None
+
+
+# What a sentence end can begin with before the white space after it: . ! ? and the closing marks after them.
+_END_MARKS = ".!?\"')]"
+
+
+class GrowingText:
+    """A text that grows at its end, part by part (a streamed answer): the ends of its sentences found as the parts
+    arrive, each part read once with at most two characters before it (what of the marks it ends with a sentence end
+    can begin with) and the sentence still open when a mark may end it; the parts joined only when the whole is read.
+    `ends` is always `sentence_ends` of the text so far."""
+
+    def __init__(self) -> None:
+        self.ends: list[int] = []
+        self._parts: list[str] = []
+        self._at: list[int] = []  # where each part begins
+        self._length = 0
+        self._joined = ""  # the parts joined, as far as the last reading of the whole
+        self._open: list[str] = []  # the text after the last end, in parts
+        self._marks = ""  # the marks the text ends with, as a sentence end can begin with them: "", "." or ".)"
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __str__(self) -> str:
+        if len(self._joined) < self._length:
+            at = bisect_left(self._at, len(self._joined))  # the first part not joined
+            self._joined += "".join(self._parts[at:])
+        return self._joined
+
+    def add(self, part: str) -> list[int]:
+        """Append `part`; the ends of the sentences it finishes."""
+        if not part:
+            return []
+        window = self._marks + part
+        offset = self._length - len(self._marks)  # where the window begins in the text
+        self._parts.append(part)
+        self._at.append(self._length)
+        self._length += len(part)
+        self._open.append(part)
+        found: list[int] = []
+        start = base = self.ends[-1] if self.ends else 0
+        opened: str | None = None  # the open sentence (the text from `base` on), once a mark may end it
+        for match in _SENTENCE_END.finditer(window):
+            end = offset + match.end()
+            if opened is None:
+                opened = "".join(self._open)
+            if not _MARKER_ALONE.fullmatch(opened, start - base, end - base):
+                found.append(end)
+                start = end
+        if opened is not None:
+            self._open = [opened[start - base:]]
+        self.ends += found
+        trailing = part[len(part.rstrip(_END_MARKS)):]
+        run = self._marks + trailing if len(trailing) == len(part) else trailing
+        last = max(run.rfind(mark) for mark in ".!?") if run else -1
+        self._marks = "" if last < 0 else "." if last == len(run) - 1 else ".)"
+        return found
+
+    def spaces_to(self, at: int) -> int:
+        """Where the white space that begins at `at` ends (`at` itself where none does)."""
+        k = bisect_right(self._at, at) - 1
+        while 0 <= k < len(self._parts):
+            rest = self._parts[k][at - self._at[k]:]
+            at += len(rest) - len(rest.lstrip())
+            if rest.strip():
+                break
+            k += 1
+        return at
+
+
+class GrowingSentences(Generic[T]):
+    """The sentences of a text read again each time it has grown at its end (the checks of one streamed answer),
+    with what `each` reads of each of them: a reading splits the text only from its last finished sentence and reads
+    only the sentences not finished before, the finished ones kept with what was read of them. A text that does not
+    extend the longest one read (the same answer cut shorter, or another one) reuses what the two share. The checks
+    of one answer may read it at once, from several threads."""
+
+    def __init__(self) -> None:
+        self._text = ""  # the longest text read
+        self._ends: list[int] = []  # its sentence ends
+        self._read: list[tuple[tuple[int, int], T] | None] = []  # per end, the sentence before it (None: empty)
+        self._open: tuple[tuple[int, int], str, T] | None = None  # the last sentence read unfinished, its text
+        self._lock = threading.Lock()
+
+    def read(self, text: str, each: Callable[[int, int], T]) -> list[tuple[tuple[int, int], T]]:
+        """Each sentence of `text`, (start, end) as `sentences` gives it, with `each(start, end)` of it."""
+        with self._lock:
+            if text.startswith(self._text):
+                kept = len(self._ends)
+            elif self._text.startswith(text):  # the same text cut shorter: its ends before the cut
+                kept = bisect_left(self._ends, len(text))
+            else:  # an end of the other text is one of this text where the two agree as far as the space after it
+                kept = bisect_left(self._ends, _shared(text, self._text))
+            ends, read = self._ends[:kept], self._read[:kept]
+            last = ends[-1] if ends else 0
+            more = sentence_ends(text, last)
+            for start, end in zip([last, *more], more, strict=False):
+                ends.append(end)
+                at = _strip(text, start, end)
+                read.append(None if at is None else (at, self._each(text, at, each)))
+            out = [entry for entry in read if entry is not None]
+            for at in _stripped(text, [ends[-1] if ends else 0]):  # the sentence still open, if any
+                out.append((at, self._each(text, at, each)))
+                self._open = at, text[at[0]:at[1]], out[-1][1]
+            if len(text) >= len(self._text):
+                self._text, self._ends, self._read = text, ends, read
+            return out
+
+    def _each(self, text: str, at: tuple[int, int], each: Callable[[int, int], T]) -> T:
+        """`each` of one sentence; the sentence read last while it was open is not read again once finished."""
+        if self._open is not None and self._open[0] == at and self._open[1] == text[at[0]:at[1]]:
+            return self._open[2]
+        return each(*at)
+
+
+def _shared(a: str, b: str) -> int:
+    """How many characters `a` and `b` open with alike."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 # A clause as `spans.locate` narrows a factoid's place to: up to . ! ? ; or a line break, wherever they stand. Finer

@@ -139,7 +139,7 @@ class Checker:
         """The detection, here or by the workers, within what is left of the latency budget since `begun`."""
         left = None if budget is None else max(0.001, budget - (time.perf_counter() - begun))
         if self.pool is not None:
-            return await self._detect_by_workers(request, answer, left)
+            return await self._detect_by_workers(request, answer, left, memo)
         detector = await self.detector_for(request.detector)
         return await asyncio.wait_for(self._detect(detector, request, answer, memo), left)
 
@@ -186,11 +186,25 @@ class Checker:
             await self.cache.put(key, detection.model_dump(mode="json"))
         return detection
 
-    async def _detect_by_workers(self, request: CheckRequest, answer: str, budget: float | None) -> Detection:
-        """The detection, computed by whichever worker takes the job; failures raise as a local check's would."""
+    async def _detect_by_workers(self, request: CheckRequest, answer: str, budget: float | None,
+                                 memo: Memo | None = None) -> Detection:
+        """The detection, computed by whichever worker takes the job; failures raise as a local check's would. A
+        stream's check takes its memo along and adds what the worker learnt (each sentence asked once per stream)."""
         assert self.pool is not None
-        job = {"detect": {"request": request.to_dict(), "answer": answer, "trace": telemetry.carrier()}}
-        reply = await self.pool.call(request.request_id, job, budget or self.config.judge.timeout_s)
+        if memo is None:
+            return await self._detected_by_workers(request, answer, budget or self.config.judge.timeout_s)
+        started = time.perf_counter()
+        async with memo.away:
+            left = (budget or self.config.judge.timeout_s) - (time.perf_counter() - started)
+            return await self._detected_by_workers(request, answer, max(0.001, left), memo)
+
+    async def _detected_by_workers(self, request: CheckRequest, answer: str, timeout_s: float,
+                                   memo: Memo | None = None) -> Detection:
+        assert self.pool is not None
+        job: dict[str, Any] = {"request": request.to_dict(), "answer": answer, "trace": telemetry.carrier()}
+        if memo is not None:
+            job["memo"] = memo.carried()
+        reply = await self.pool.call(request.request_id, {"detect": job}, timeout_s)
         if reply is None:
             raise TimeoutError("no worker answered within the latency budget")
         error = reply.get("error")
@@ -206,6 +220,8 @@ class Checker:
             raise UnsealedReplyError("replies came without the fleet key's seal, none from a worker of the fleet")
         if error:
             raise LLMError(f"the worker could not check: {error}")
+        if memo is not None and isinstance(reply.get("memo"), dict):
+            memo.take(reply["memo"])
         return Detection.model_validate(reply["detection"])
 
     async def detect_for_caller(self, entry: Entry) -> dict[str, Any]:
@@ -217,16 +233,17 @@ class Checker:
         remaining = entry.payload["deadline"] - time.time()
         if remaining <= 0:
             return {"error": "expired"}  # the caller has given up waiting: spend no judge time on it
+        memo = Memo.arriving(job["memo"]) if isinstance(job.get("memo"), dict) else None  # a stream's
         with telemetry.continued(job.get("trace"), names.SPAN_REMOTE_CHECK, request.request_id):
             try:
                 detector = await self.detector_for(request.detector)
-                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"], None), remaining)
+                detection = await asyncio.wait_for(self._detect(detector, request, job["answer"], memo), remaining)
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
                 if isinstance(exc, CheckTooLargeError) and exc.read is not None:
                     return {"error": _reason(exc), "read": exc.read}
                 return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
-        return {"detection": detection.model_dump(mode="json")}
+        return {"detection": detection.model_dump(mode="json"), **({"memo": memo.learnt()} if memo is not None else {})}
 
     async def aclose(self) -> None:
         """Close what the detectors hold open (a served verifier's connections)."""

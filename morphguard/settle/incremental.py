@@ -43,7 +43,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from morphguard.detectors.text import sentence_ends, sentences
+from morphguard.detectors.text import GrowingText, sentences
 from morphguard.policy.record import Released
 
 E = TypeVar("E")
@@ -143,9 +143,7 @@ def sentence_verdicts(text: str, check: PrefixCheck, start: int = 0) -> list[dic
     """The sentences of `text` from `start` on, each with the verdict of the claims `check` placed in it:
     flagged where one is, scored as its most suspicious one (no score where the check placed none there)."""
     out = []
-    for first, last in sentences(text):
-        if first < start:
-            continue
+    for first, last in sentences(text, start):
         inside = [c for c in check.claims if c.start < last and c.end > first]
         entry: dict[str, Any] = {"start": first, "end": last, "flagged": any(c.flagged for c in inside)}
         if inside:
@@ -166,13 +164,12 @@ class Incremental(Generic[E]):
     # (the judge's batch: each call full), unless a finished sentence has waited `hold_s` for companions.
     fill: int = 1
     hold_s: float = 0.0
-    text: str = ""  # the answer read so far
+    answer: GrowingText = field(default_factory=GrowingText)  # the answer read so far, cut into sentences as it comes
     checked: list[Checked] = field(default_factory=list)  # every prefix check that finished, in order
     _held: deque[tuple[E, int]] = field(default_factory=deque)  # (event, where its text ends)
     _sent: list[E] = field(default_factory=list)
     _ends: list[int] = field(default_factory=list)  # ends of finished sentences not yet given to a check
     _ends_at: list[float] = field(default_factory=list)  # when each of them was read
-    _scanned: int = 0  # where the next finished sentence begins
     _passed: int = 0  # the answer up to here has passed the check
     _passing: PrefixCheck | None = None  # the check it passed
     _verdicts: list[dict[str, Any]] = field(default_factory=list)  # each passed sentence's, from the check it passed
@@ -183,6 +180,10 @@ class Incremental(Generic[E]):
     _ended: asyncio.Event = field(default_factory=asyncio.Event)  # the upstream has ended
     _checking: bool = False  # a prefix check is under way
     _idle: asyncio.Event = field(default_factory=asyncio.Event)  # no events let out are on their way to the client
+
+    @property
+    def text(self) -> str:
+        return str(self.answer)
 
     @property
     def released(self) -> int:
@@ -314,13 +315,11 @@ class Incremental(Generic[E]):
         return None
 
     def _take(self, event: E) -> None:
-        self.text += self.stream.delta(event)
-        self._held.append((event, _AT_VERDICT if self.stream.opaque(event) else len(self.text)))
-        ends = sentence_ends(self.text, self._scanned)
+        ends = self.answer.add(self.stream.delta(event))
+        self._held.append((event, _AT_VERDICT if self.stream.opaque(event) else len(self.answer)))
         if ends:
             self._ends += ends
             self._ends_at += [time.monotonic()] * len(ends)
-            self._scanned = ends[-1]
 
     def _taken(self) -> tuple[int, float]:
         """How many of the finished sentences the next prefix check takes (0: none yet), and else how long until
@@ -346,9 +345,7 @@ class Incremental(Generic[E]):
         """The held events whose text lies in the prefix that passed (with the white space after it), each with
         where its text ends; the last of them carries that prefix's verdict and those of the sentences it let out."""
         out: list[tuple[E, int]] = []
-        upto = self._passed
-        while upto < len(self.text) and self.text[upto].isspace():
-            upto += 1
+        upto = self.answer.spaces_to(self._passed)
         while self._held and self._held[0][1] <= upto:
             event, end = self._held.popleft()
             out.append((event, end))

@@ -355,7 +355,7 @@ def test_one_check_reads_the_text_once_and_its_parts_find_what_they_find_alone(s
     unsupported words) rather than reading the whole context again, and find what they find on their own."""
     from morphguard.detectors import alignment, grounding, restatement, spotcheck
 
-    reads = {"conflicts": 0, "ungrounded": 0}
+    reads = {"conflicts": 0, "ungrounded": 0, "sentences": 0}
 
     def counted(module, name):
         original = getattr(module, name)
@@ -370,6 +370,7 @@ def test_one_check_reads_the_text_once_and_its_parts_find_what_they_find_alone(s
         counted(module, "conflicts")
     for module in (grounding, spotcheck):
         counted(module, "ungrounded")
+    counted(grounding.Kept, "sentences")  # grounding's reading of the answer's sentences
     assert alignment.conflicts is not grounding.conflicts  # both copies counted, whichever module calls
 
     def reply(body):
@@ -382,7 +383,7 @@ def test_one_check_reads_the_text_once_and_its_parts_find_what_they_find_alone(s
         detector = build_detector(config, name="combined")
         assert isinstance(detector, Combined) and detector.restatement and detector.spotcheck
         combined = run(detector, answer)
-        assert reads == {"conflicts": 1, "ungrounded": 1}
+        assert reads == {"conflicts": 1, "ungrounded": 0, "sentences": 1}
         alone = {"restatement": run(detector.restatement, answer), "spotcheck": run(detector.spotcheck, answer)}
     assert alone["restatement"].factoids and alone["spotcheck"].factoids
     pointed = {(f.start, f.end, f.reason) for f in combined.factoids}

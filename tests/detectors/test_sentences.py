@@ -21,6 +21,7 @@ from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
 from morphguard.settle.check import Checker
 from morphguard.settle.values import Answer, CheckOutcome, CheckRequest
+from tests.reads import Reading
 from tests.scripted_llm import ScriptedLLM, asked_sentences, error, sentences_reply
 from tests.scripted_llm import sentences_score as probability
 
@@ -454,12 +455,76 @@ def test_the_checks_of_a_growing_answer_read_the_context_and_each_sentence_once_
 
     check = sentences.Sentences(llm=None, settings=SentencesSettings())  # type: ignore[arg-type]
     said = " ".join(FRANCE)
+    ends = (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said))  # three checks, the answer growing
+    alone = [check.plan(RAG, said[:end]) for end in ends]
     read_sentences, read_contexts = [], []
     report, vocabulary = sentences.sentence_report, sentences.vocabulary
     monkeypatch.setattr(sentences, "sentence_report", lambda a, s, e, k: read_sentences.append(a[s:e]) or report(
         a, s, e, k))
     monkeypatch.setattr(sentences, "vocabulary", lambda texts: read_contexts.append(1) or vocabulary(texts))
     known = sentences.Asked()
-    for end in (len(FRANCE[0]), said.index(FRANCE[3]) - 1, len(said)):  # three checks, the answer growing
-        assert check.plan(RAG, said[:end], known) == check.plan(RAG, said[:end])
-    assert read_contexts == [1] and sorted(read_sentences) == sorted(FRANCE)
+    assert [check.plan(RAG, said[:end], known) for end in ends] == alone
+    assert read_contexts == [1] and read_sentences == FRANCE
+
+
+def test_a_streams_checks_read_the_answer_about_once_however_many_checks_read_it(monkeypatch):
+    """Thirty prefix checks of a growing 300-sentence answer and its whole, sharing one memo as a stream's do: the
+    sentence splitter, the instruction scan, the words' reading and the judge's lines each read the answer's
+    characters about once in all, not once per check (which would be fifteen times the answer)."""
+    from morphguard.detectors import injection, text
+
+    counts = dict.fromkeys(("split", "instructions", "words", "lines"), 0)
+    monkeypatch.setattr(text, "_SENTENCE_END", Reading(text._SENTENCE_END, counts, "split"))
+    monkeypatch.setattr(injection, "_PATTERNS", tuple(Reading(p, counts, "instructions")
+                                                      for p in injection._PATTERNS))
+    report, as_data = sentences.sentence_report, sentences.as_data
+
+    def words(answer: str, start: int, end: int, known: set[str]) -> Any:
+        counts["words"] += end - start
+        return report(answer, start, end, known)
+
+    def lines(said: str) -> str:
+        counts["lines"] += len(said)
+        return as_data(said)
+
+    monkeypatch.setattr(sentences, "sentence_report", words)
+    monkeypatch.setattr(sentences, "as_data", lines)
+    ends = [LONG.index(f"Town number {i} ") - 1 for i in range(10, 300, 10)] + [len(LONG)]
+
+    async def stream(checker: Checker) -> list[Any]:
+        request = check_request()
+        memo = checker.memo(request)
+        return [await checker.find(request, Answer.of_text(LONG[:end]), memo) for end in ends]
+
+    with ScriptedLLM(by_label({})) as server:
+        found = asyncio.run(stream(long_checker(server.base_url)))
+    assert all(f.finding.detection is not None and f.finding.detection.unchecked_from is None for f in found)
+    assert len(server.requests) == len(ends)  # a judge call per check: each sentence asked once
+    question = len(RAG.question) * len(server.requests)  # each call shows the judge the question
+    # once, and the last sentence of each prefix again when the next check finds it finished (all of it: 15 times)
+    assert counts["split"] <= 1.5 * len(LONG) and counts["instructions"] <= 3 * 1.5 * len(LONG)  # three patterns
+    assert counts["words"] <= 1.5 * len(LONG) and counts["lines"] <= 2.5 * len(LONG) + question  # + what is asked
+
+
+def test_a_streams_memo_goes_to_another_process_and_brings_back_only_what_it_learnt():
+    """As JSON, the way a fleet's worker gets it in a sealed job and answers: the verdicts known go along, the worker's
+    check adds to them, and only what it added (with the judge calls it made) comes back to the stream's memo."""
+    from morphguard.detectors.memo import Memo
+    from morphguard.llm.client import CallBudget
+
+    def wire(value: dict[str, Any]) -> dict[str, Any]:
+        return json.loads(json.dumps(value))
+
+    stream = Memo(CallBudget(10))
+    away = Memo.arriving(wire(stream.carried()))
+    away.of("sentences", sentences.Asked).add(["one", "two"], ([(0.0, []), (1.0, ["two"])], 0.25, ["two"]))
+    away.budget.used += 1  # type: ignore[union-attr]  # the call it made
+    stream.take(wire(away.learnt()))
+    again = Memo.arriving(wire(stream.carried()))
+    assert again.budget is not None and again.budget.limit == 9
+    notes = again.of("sentences", sentences.Asked)
+    assert notes.verdicts == {"one": (0.0, []), "two": (1.0, ["two"])}
+    assert notes.read(["one", "two"]) == [([(0.0, []), (1.0, ["two"])], None, []), ([], 0.25, ["two"])]
+    notes.add(["three"], ([(0.0, [])], 0.0, []))
+    assert wire(again.learnt())["notes"]["sentences"] == {"verdicts": [["three", 0.0, []]],
+                                                         "wholes": [[["three"], 0.0, []]]}

@@ -240,6 +240,47 @@ def test_inline_checks_by_the_worker_pool_stay_in_the_callers_trace(provider, re
     assert len(instances) == 1  # the worker's metrics say which worker
 
 
+def test_a_stream_checked_by_the_workers_asks_the_judge_about_each_sentence_once(provider, redis_url, postgres_url,
+                                                                                 tmp_path):
+    """A stream checked as it flows by a replica whose checks go to a worker (`inline_via: workers`): each prefix
+    check takes the stream's memo along and brings back the worker's verdicts, so the worker asks the judge only
+    about sentences no earlier check of the stream asked. The replica's own judge is unreachable."""
+    from tests.scripted_llm import asked_sentences
+
+    config = fleet_config(provider, redis_url, postgres_url, judge="judge-100ms", mode="inline")
+    config["detector"] = {"name": "sentences"}
+    config["policy"]["profiles"]["general"] = {"action": "block", "topics": {}}
+    replica_folder, worker_folder = folders(tmp_path, 2, "node")
+    # the streams under way are journaled beside the audit trail: in the replica's folder
+    config["policy"]["audit"] = {"path": str(replica_folder / "audit.db")}
+    replica = {**config, "judge": {**config["judge"], "api_base": "http://127.0.0.1:9/v1"},
+               "proxy": {**config["proxy"], "inline_via": "workers"}}
+    worker = start_worker(config, worker_folder)
+    base, process = serve(replica, replica_folder)
+    marker = uuid.uuid4().hex[:8]
+    said = [f"Depot {marker} number {n} ships parcels to {town} on weekdays." for n, town in enumerate(
+        ("Aldgate", "Bermondsey", "Clapham", "Dalston", "Euston", "Fulham", "Greenwich", "Hackney", "Islington",
+         "Kennington", "Lambeth", "Marylebone"))]
+    answer = " ".join(said)
+    try:
+        body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": answer}],
+                "morphguard": {"context": [answer]}}
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=60) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: {")]
+    finally:
+        for running in (process, worker):
+            stop(running)
+    chunks = [json.loads(line[6:]) for line in lines]
+    text = "".join((c.get("choices") or [{}])[0].get("delta", {}).get("content") or "" for c in chunks)
+    assert text == answer and chunks[-1]["morphguard"]["action"] == "pass"
+    calls = [r["body"] for r in httpx.get(provider.removesuffix("/v1") + "/_requests", timeout=10).json()
+             if "sentences are numbered" in str(r["body"]["messages"][0]["content"])
+             and marker in str(r["body"]["messages"][-1]["content"])]
+    asked = [sentence for call in calls for _, sentence in asked_sentences(call["messages"][-1]["content"])]
+    assert len(calls) >= 3  # checked as it flowed, in several checks, each by the worker
+    assert sorted(asked) == sorted(said)  # each sentence asked once
+
+
 def _verdict(base: str, i: int) -> dict:
     body = {"model": "hallucinated", "messages": [{"role": "user", "content": f"{QUESTION} ({i})"}],
             "morphguard": {"context": PASSAGE}}

@@ -4,6 +4,7 @@ holds back, what it never lets out, what runs at once, and how it ends when the 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,6 +18,8 @@ from morphguard.policy.record import Released
 from morphguard.proxy.stream_modes import stream_mode
 from morphguard.settle.incremental import Claim, Closing, Incremental, PrefixCheck
 from morphguard.settle.values import Answer, CheckRequest
+from tests.passing_checks import Passing
+from tests.reads import Reading
 
 
 @dataclass(frozen=True)
@@ -642,3 +645,27 @@ def test_a_whole_answer_whose_text_passed_as_a_prefix_is_still_decided_on_what_e
         await guard.close()
 
     asyncio.run(run())
+
+
+def test_a_stream_is_cut_into_sentences_reading_its_text_about_once_however_many_checks_pass_it(monkeypatch):
+    """A word an event and a check passing each sentence as it finishes: cutting the stream and giving each sentence
+    let out its verdict read each character about once, not the prefix again at each event or check."""
+    from morphguard.detectors import text
+
+    answer = " ".join(f"Claim {i} holds, e.g. 3.5 kg (\"net\")." for i in range(300))
+    said = sentences(answer)
+    counts = {"split": 0}
+    monkeypatch.setattr(text, "_SENTENCE_END", Reading(text._SENTENCE_END, counts, "split"))
+    engine = Incremental(Plain(), Passing())
+
+    async def run() -> list[Ev]:
+        upstream = Upstream()
+        upstream.push(*deltas(*re.findall(r"\S+\s*", answer)), None)
+        return await collect(engine, upstream)
+
+    out = asyncio.run(run())
+    assert text_of(out) == answer and len(out[-1].verdict["sentences"]) == len(said)
+    assert len(engine.checked) >= 100  # many checks...
+    # ...and each character read about three times: as it comes, for the verdicts of the sentences each check lets
+    # out, and for those of the whole answer at the end
+    assert counts["split"] <= 3.5 * len(answer)

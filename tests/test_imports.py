@@ -116,13 +116,29 @@ def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
                                                                "backend"}
 
 
+def test_integrations_sit_above_the_proxy_which_serves_only_portkeys_webhook_of_them():
+    """What runs inside or beside other frameworks may use the request path; the proxy imports of it only Portkey's
+    webhook, which its check API routes, and that module imports nothing that routes or serves it. The client helpers
+    run in apps behind the proxy and import nothing of morphguard but each other."""
+    graph = _graph()
+    into = {(module, imported) for module, imports in graph.items() if not module.startswith("morphguard.integrations")
+            for imported in imports if imported.startswith("morphguard.integrations")}
+    assert into == {("morphguard.proxy.check_api", "morphguard.integrations.portkey")}
+    assert not graph["morphguard.integrations.portkey"] & {"morphguard.proxy.app", "morphguard.proxy.check_api",
+                                                            "morphguard.proxy.server"}
+    helpers = [module for module in graph if module.startswith("morphguard.integrations.clients")]
+    assert len(helpers) == 3
+    for module in helpers:
+        assert all(imported.startswith("morphguard.integrations.clients") for imported in graph[module]), module
+
+
 def test_policy_decides_and_the_proxy_does_not():
     """One decision: only the policy engine makes a `Decision` of a check, and the proxy's modules ask it
     (`decide`) rather than carry a rule of their own."""
     graph = _graph()
     assert "morphguard.proxy.guard" not in graph["morphguard.proxy.checker"]
     for module in ("morphguard.proxy.checker", "morphguard.proxy.stream_modes", "morphguard.proxy.incremental",
-                   "morphguard.proxy.flow", "morphguard.proxy.choices", "morphguard.proxy.portkey",
+                   "morphguard.proxy.flow", "morphguard.proxy.choices", "morphguard.integrations.portkey",
                    "morphguard.proxy.check_api", "morphguard.integrations.litellm"):
         path = _modules()[module]
         calls = {node.func.id for node in ast.walk(ast.parse(path.read_text(), str(path)))

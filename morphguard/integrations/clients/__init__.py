@@ -4,6 +4,6 @@
 wire for clients that drop it; `agents.verdict_guardrail` puts it on the Agents SDK's `RunResult`. They use
 only the clients' public hooks, and import nothing of the proxy."""
 
-from morphguard.clients.capture import VerdictCapture, verdict_of
+from morphguard.integrations.clients.capture import VerdictCapture, verdict_of
 
 __all__ = ["VerdictCapture", "verdict_of"]

@@ -132,6 +132,14 @@ def test_integrations_sit_above_the_proxy_which_serves_only_portkeys_webhook_of_
         assert all(imported.startswith("morphguard.integrations.clients") for imported in graph[module]), module
 
 
+def test_fair_shares_and_thread_lanes_sit_on_the_lowest_floor():
+    """The detectors, the judge's client and the proxy share them for reasons of their own: they import nothing of
+    morphguard but each other (the lanes take their turns from the fair shares)."""
+    graph = _graph()
+    assert graph["morphguard.fairness"] == set()
+    assert graph["morphguard.lanes"] == {"morphguard.fairness"}
+
+
 def test_policy_decides_and_the_proxy_does_not():
     """One decision: only the policy engine makes a `Decision` of a check, and the proxy's modules ask it
     (`decide`) rather than carry a rule of their own."""

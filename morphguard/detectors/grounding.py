@@ -30,7 +30,7 @@ from morphguard.detectors.registry import DetectorSpec, register
 from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
 from morphguard.detectors.text import IGNORED, LIST_MARKER, NUMBER_WORDS, TOKEN, keys, sentences, vocabulary
-from morphguard.llm.fair import in_thread
+from morphguard.lanes import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 

@@ -54,8 +54,8 @@ from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.rules import read_all
 from morphguard.detectors.text import sentences, vocabulary
 from morphguard.errors import MorphguardError
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient, reserve_up_to, together
-from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 VERSION = 5

@@ -35,7 +35,7 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.sentences import calibrated
 from morphguard.detectors.text import sentences
 from morphguard.errors import MorphguardError
-from morphguard.llm.fair import in_thread
+from morphguard.lanes import in_thread
 from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches
 from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, RagInput, StageCost
 

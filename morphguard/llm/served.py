@@ -12,7 +12,7 @@
 
 Requests follow the judge's rules (`llm.client.retried`): tried `verifier.max_attempts` times on a timeout
 (`verifier.timeout_s` per try), a dropped connection, 408, 429 or a 5xx, with a random exponential backoff; at most
-`verifier.concurrency` at once, the places taken by the checks' clients in turn (`llm.fair.FairLimit`); each request
+`verifier.concurrency` at once, the places taken by the checks' clients in turn (`fairness.FairLimit`); each request
 draws one call on the check's budget. A server counts tokens itself: windows are sized here by an estimate of four
 characters a token, and the server is asked to truncate what still runs over.
 """
@@ -27,8 +27,8 @@ import httpx
 
 from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError
+from morphguard.fairness import FairLimit
 from morphguard.llm.client import TransientLLMError, reserve, retried, spend, together
-from morphguard.llm.fair import FairLimit
 from morphguard.llm.verifiers import Text, TokenScore, label_index
 
 CHARS_PER_TOKEN = 4

@@ -28,8 +28,9 @@ from morphguard.errors import (
     MorphguardError,
     UnsealedReplyError,
 )
+from morphguard.fairness import on_behalf_of
+from morphguard.lanes import in_thread
 from morphguard.llm.client import CallBudget, call_budget
-from morphguard.llm.fair import in_thread, on_behalf_of
 from morphguard.models import Detection, utf8
 from morphguard.policy import answers
 from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from morphguard.config import Config
-from morphguard.llm.fair import client_id
+from morphguard.fairness import client_id
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
 from morphguard.policy.record import Released

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -43,6 +43,7 @@ class Lane:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._of: tuple[asyncio.AbstractEventLoop, FairLimit, anyio.CapacityLimiter] | None = None
+        self._running: set[asyncio.Future[Any]] = set()  # the threads' tasks until done (a caller that left holds none)
 
     async def run(self, func: Callable[..., T], *args: object) -> T:
         """`func(*args)` in one of the lane's threads, once the current client's turn comes."""
@@ -54,6 +55,8 @@ class Lane:
         except BaseException:
             turns.release(client)
             raise
+        self._running.add(thread)
+        thread.add_done_callback(self._running.discard)
         return await asyncio.shield(thread)
 
     def _limits(self) -> tuple[FairLimit, anyio.CapacityLimiter]:

@@ -13,6 +13,22 @@ from morphguard.fairness import current_client, on_behalf_of
 from morphguard.lanes import in_thread
 
 
+class Held:
+    """Work that holds its thread until `finish` is set, then says `done` in `order`."""
+
+    def __init__(self, order: list[str], done: str) -> None:
+        self.order, self.done = order, done
+        self.started, self.finish = threading.Event(), threading.Event()
+
+    def __call__(self) -> None:
+        self.started.set()
+        self.finish.wait(5)
+        self.order.append(self.done)
+
+    async def running(self) -> None:
+        await asyncio.to_thread(self.started.wait, 5)
+
+
 def test_text_work_runs_in_a_thread_as_the_current_clients():
     async def run() -> tuple[str, int]:
         with on_behalf_of("abc"):
@@ -26,23 +42,17 @@ def test_a_client_that_stops_waiting_keeps_its_thread_place_until_the_thread_is_
     """A thread cannot be stopped: giving up on a check must not free a place for more of the same client's work."""
     async def run() -> list[str]:
         order: list[str] = []
-        started, finish = threading.Event(), threading.Event()
-
-        def long() -> None:
-            started.set()
-            finish.wait(5)
-            order.append("first done")
-
+        long = Held(order, "first done")
         with on_behalf_of("heavy"):
             first = asyncio.ensure_future(in_thread(long, size=10))
-            await asyncio.to_thread(started.wait, 5)
+            await long.running()
             first.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await first
             second = asyncio.ensure_future(in_thread(order.append, "second ran", size=10))
             await asyncio.sleep(0.05)
             assert not second.done()  # waits for the first thread, which still runs
-            finish.set()
+            long.finish.set()
             await second
         return order
 
@@ -52,22 +62,16 @@ def test_a_client_that_stops_waiting_keeps_its_thread_place_until_the_thread_is_
 def test_long_text_work_runs_one_at_a_time_and_short_work_goes_past_it():
     async def run() -> list[str]:
         order: list[str] = []
-        started, finish = threading.Event(), threading.Event()
-
-        def long_work() -> None:
-            started.set()
-            finish.wait(5)
-            order.append("long a")
-
+        long = Held(order, "long a")
         with on_behalf_of("a"):
-            first = asyncio.ensure_future(in_thread(long_work, size=lanes.SHORT_CHARS))
-        await asyncio.to_thread(started.wait, 5)
+            first = asyncio.ensure_future(in_thread(long, size=lanes.SHORT_CHARS))
+        await long.running()
         with on_behalf_of("b"):
             second = asyncio.ensure_future(in_thread(order.append, "long b", size=10 * lanes.SHORT_CHARS))
             await in_thread(order.append, "short b", size=100)  # not behind the long work of either client
         await asyncio.sleep(0.05)
         assert not second.done()  # the long lane is taken by a's work
-        finish.set()
+        long.finish.set()
         await asyncio.gather(first, second)
         return order
 
@@ -108,17 +112,12 @@ def test_a_cancelled_caller_returns_at_once_and_its_place_stays_taken_until_its_
     freed by it (another client's work waits for the thread, not for the caller)."""
     lane = lanes.Lane(1)
     order: list[str] = []
-    started, finish = threading.Event(), threading.Event()
-
-    def long() -> None:
-        started.set()
-        finish.wait(5)
-        order.append("a's thread done")
+    long = Held(order, "a's thread done")
 
     async def main() -> None:
         with on_behalf_of("a"):
             first = asyncio.ensure_future(lane.run(long))
-        await asyncio.to_thread(started.wait, 5)
+        await long.running()
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first  # at once: the thread still runs
@@ -127,7 +126,7 @@ def test_a_cancelled_caller_returns_at_once_and_its_place_stays_taken_until_its_
             second = asyncio.ensure_future(lane.run(order.append, "b ran"))
         await asyncio.sleep(0.05)
         assert not second.done()  # the one place is still a's
-        finish.set()
+        long.finish.set()
         await second
 
     asyncio.run(main())

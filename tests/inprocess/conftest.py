@@ -38,7 +38,10 @@ def anyio_backend() -> str:
 async def provider(anyio_backend: str) -> AsyncIterator[str]:
     """The scripted provider's base URL (`.../v1`), served in this loop."""
     socket = bound_socket()
-    server = uvicorn.Server(uvicorn.Config(fake_provider.app, log_level="warning", lifespan="off"))
+    # An idle connection is left to the client to close (aiohttp's pool: after 15 s): closed by the server meanwhile,
+    # its end would wait behind the work of the loop the two share, and the proxy's next request on it would be reset.
+    server = uvicorn.Server(uvicorn.Config(fake_provider.app, log_level="warning", lifespan="off",
+                                           timeout_keep_alive=120))
     serving = asyncio.ensure_future(server.serve(sockets=[socket]))
     while not server.started:
         assert not serving.done(), "the scripted provider did not start"

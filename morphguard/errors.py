@@ -11,7 +11,15 @@
           └── JudgeCallCapError a check would make more judge calls than `detector.max_judge_calls`
 
 Callers catch `MorphguardError` for "something we know how to explain"; anything else is a bug.
+
+    ProxyError                  what a request of the proxy ends with: the OpenAI-shaped error its client gets
+                                (`proxy/errors.py` holds the tree of them; `store_unavailable` is here, since the
+                                audit trail below the HTTP edge raises it)
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 
 class MorphguardError(Exception):
@@ -54,3 +62,26 @@ class LLMTimeoutError(LLMError):
 
 class JudgeCallCapError(LLMError):
     """A check would make more judge calls than `detector.max_judge_calls` allows; none past the cap is sent."""
+
+
+class ProxyError(Exception):
+    """An error a client is answered with: status, message, type, param and code, the message with every secret
+    masked (`morphguard.masking.mask_secrets`)."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        from morphguard.masking import mask_secrets  # not at import: reading a config loads nothing else
+
+        message = mask_secrets(message)
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def store_unavailable(retry_after_s: float) -> ProxyError:
+    return ProxyError(503, "The audit trail cannot be written now, so the answer is withheld; try again later.",
+                      "server_error", None, "store_unavailable", {"retry-after": str(max(1, round(retry_after_s)))})

@@ -1,6 +1,7 @@
 """`morphguard worker`: a process that runs async checks from the shared queue and nothing else.
 
-It builds the same guard as the proxy (detector, policy, audit store, escalation outbox, verdict cache),
+It starts the same guard as the proxy (`settle.guard.start`: detector, policy, audit store, escalation outbox,
+verdict cache),
 so a check run here ends exactly as one run in a proxy would: an audit row, maybe an escalation. Run as
 many as the judge can serve, on any machine that reaches the queue, the store and the judge.
 
@@ -20,16 +21,11 @@ from collections.abc import Iterator
 import uvicorn
 
 from morphguard.config import Config
-from morphguard.detectors import build_detector
-from morphguard.detectors.judges import require_judges
 from morphguard.errors import MorphguardError
 from morphguard.masking import mask_config_secrets
-from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.consumer import Consumer
-from morphguard.proxy.guard import Guard, build_guard
 from morphguard.proxy.probes import probe_app
 from morphguard.proxy.server import HttpProtocol
-from morphguard.telemetry import setup as telemetry_setup
+from morphguard.settle.guard import Guard, start
 
 log = logging.getLogger(__name__)
 
@@ -45,30 +41,23 @@ async def run(config: Config, concurrency: int, ready: asyncio.Event | None = No
     # Bound first: a port in use ends the worker at once, before a judge starts or a check is taken.
     port = config.queue.worker_port
     listening = _listen(config.queue.worker_host, port) if port is not None else None
-    telemetry_setup.configure(config.telemetry)
-    detector = await asyncio.to_thread(build_detector, config)  # may start the embedded judge
-    await require_judges(config, getattr(detector, "llm", None))
-    guard = await asyncio.to_thread(build_guard, config, detector, PolicyEngine(config.policy))
+    guard = await start(config)  # the detector may start the embedded judge
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     probes = _serve_probes(guard, config, listening) if listening is not None else None
-    consumer = Consumer(guard)
-    await consumer.start()
-    log.warning("worker %s: %d checks at once from %s", getattr(guard.queue, "consumer", "?"), concurrency,
-                config.queue.stream)
+    log.warning("worker %s: %d checks at once from %s", guard.consumer_name, concurrency, config.queue.stream)
     if ready is not None:
         ready.set()
     try:
         await stopping.wait()
     finally:
-        await consumer.stop()
+        await guard.drain()
         if probes is not None:  # answering while checks under way finish
             probes.should_exit = True
             await probes.done
-        await guard.close()
-        telemetry_setup.shutdown()
+        await guard.stop()
 
 
 class _ProbeServer(uvicorn.Server):

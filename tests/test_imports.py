@@ -110,7 +110,7 @@ def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
     what the guard is made of, and reaches into no object for them."""
     graph = _graph()
     for module in ("morphguard.proxy.stream_modes", "morphguard.proxy.exchange"):
-        assert not graph[module] & {"morphguard.proxy.guard", "morphguard.proxy.checker",
+        assert not graph[module] & {"morphguard.settle.guard", "morphguard.settle.check", "morphguard.settle.trail",
                                     "morphguard.proxy.flow"}, module
     assert not _attributes("morphguard.proxy.stream_modes") & {"guard", "engine", "checker", "config", "settings",
                                                                "backend"}
@@ -140,20 +140,77 @@ def test_fair_shares_and_thread_lanes_sit_on_the_lowest_floor():
     assert graph["morphguard.lanes"] == {"morphguard.fairness"}
 
 
-def test_policy_decides_and_the_proxy_does_not():
-    """One decision: only the policy engine makes a `Decision` of a check, and the proxy's modules ask it
-    (`decide`) rather than carry a rule of their own."""
+# What the HTTP edge, a worker and the plug-ins may import of the settle side: its face, the values that cross it, and
+# for a stream mode, the engine it runs and what the face hands a stream (`Streaming`: the engine with its checks).
+SETTLE_FACE = {"morphguard.settle", "morphguard.settle.guard", "morphguard.settle.values",
+               "morphguard.settle.incremental", "morphguard.settle.stream_checks"}
+# The face's parts, which no caller reads off it.
+_PARTS = {"checker", "_settler", "_trail", "_later", "_consumer"}
+
+
+def _outside_settle() -> list[str]:
+    return [name for name in _modules() if name.startswith(("morphguard.proxy", "morphguard.integrations"))
+            or name == "morphguard.worker"]
+
+
+def _packages_imported(path: Path) -> set[str]:
+    """Every module `path` names in an import statement, as written (absolute imports only)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_edge_asks_the_settle_side_through_its_face_alone():
     graph = _graph()
-    assert "morphguard.proxy.guard" not in graph["morphguard.proxy.checker"]
-    for module in ("morphguard.proxy.checker", "morphguard.proxy.stream_modes", "morphguard.proxy.incremental",
-                   "morphguard.proxy.flow", "morphguard.proxy.choices", "morphguard.integrations.portkey",
-                   "morphguard.proxy.check_api", "morphguard.integrations.litellm"):
+    for module in _outside_settle():
+        reached = {m for m in graph[module] if m.startswith("morphguard.settle")}
+        assert reached <= SETTLE_FACE, f"{module} imports {sorted(reached - SETTLE_FACE)}"
+        assert not _attributes(module) & _PARTS, f"{module} reads {sorted(_attributes(module) & _PARTS)}"
+
+
+def test_the_settle_side_sits_below_the_http_edge():
+    graph = _graph()
+    settle = [name for name in _modules() if name.startswith("morphguard.settle")]
+    assert len(settle) > 5
+    for module in settle:
+        assert not {m for m in graph[module] if m.startswith(("morphguard.proxy", "morphguard.integrations"))
+                    or m in ("morphguard.worker", "morphguard.cli")}, module
+        assert not {m for m in _packages_imported(_modules()[module]) if m.split(".")[0] == "starlette"}, module
+
+
+def test_the_face_rules_fail_on_a_reach_past_the_face(tmp_path):
+    """The checks above can fail: a module of the edge that imports a part, or a settle module that imports Starlette,
+    is seen."""
+    edge = tmp_path / "edge.py"
+    edge.write_text("from morphguard.settle.trail import Trail\nfrom starlette.responses import Response\n"
+                    "def f(guard):\n    return guard.checker\n")
+    assert "morphguard.settle.trail" in _imports("morphguard.proxy.edge", edge, _modules())
+    assert "starlette.responses" in _packages_imported(edge)
+    assert "checker" in {node.attr for node in ast.walk(ast.parse(edge.read_text())) if isinstance(node, ast.Attribute)}
+
+
+def test_policy_decides_and_the_proxy_does_not():
+    """One decision: only the policy engine makes a `Decision` of a check, and the proxy's and the settle side's modules
+    ask it (`decide`) rather than carry a rule of their own; an answer of several choices is decided once (no module
+    that settles them asks the engine beside the settler and the trail)."""
+    graph = _graph()
+    assert "morphguard.settle.guard" not in graph["morphguard.settle.check"]
+    for module in ("morphguard.settle.check", "morphguard.proxy.stream_modes", "morphguard.settle.incremental",
+                   "morphguard.settle.stream_checks", "morphguard.proxy.flow", "morphguard.settle.choices",
+                   "morphguard.proxy.choices", "morphguard.integrations.portkey", "morphguard.proxy.check_api",
+                   "morphguard.integrations.litellm"):
         path = _modules()[module]
         calls = {node.func.id for node in ast.walk(ast.parse(path.read_text(), str(path)))
                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
         assert "Decision" not in calls, module  # no Decision is built outside the engine
         assert "rule" not in _attributes(module), module  # no rule read to act on, beside the engine's decision
-    assert not _attributes("morphguard.proxy.guard") & {"rule", "unreadable_output"}
+    for module in ("morphguard.settle.check", "morphguard.settle.trail"):
+        assert not _attributes(module) & {"rule", "unreadable_output"}, module
+    assert "engine" not in _attributes("morphguard.settle.choices")  # decided by the settler or the trail, once
     changed = [name for name in _modules() if name != "morphguard.policy.engine" and _changes_action(name)]
     assert changed == [], f"the action is changed after policy decided, in {changed}"
 

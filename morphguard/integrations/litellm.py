@@ -37,21 +37,19 @@ from litellm.types.llms.openai import ResponsesAPIResponse
 
 from morphguard.config import Config, load_config
 from morphguard.detectors import build_detector
-from morphguard.detectors.judges import require_judges
 from morphguard.masking import mask_config_secrets
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine
 from morphguard.policy.record import DecisionRecord
 from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
-from morphguard.proxy.check import CheckRequest
-from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.dialects.responses import Responses
 from morphguard.proxy.errors import ProxyError, json_bytes
 from morphguard.proxy.flow import accept, request_facts
-from morphguard.proxy.guard import Guard, build_guard
+from morphguard.settle.guard import Guard, start
+from morphguard.settle.values import FAILED, CheckRequest, Verdict, label
 from morphguard.telemetry import setup as telemetry_setup
 
 log = logging.getLogger(__name__)
@@ -75,25 +73,21 @@ class MorphguardGuardrail(CustomGuardrail):
         self.config: Config = load_config(path)
         mask_config_secrets(self.config)
         telemetry_setup.configure(self.config.telemetry)
-        self.engine = PolicyEngine(self.config.policy)
+        self.engine = PolicyEngine(self.config.policy)  # reads requests before the guard starts
         self.extractor = ContextExtractor(self.config.proxy.context)
-        self._detector = build_detector(self.config)  # may start the embedded judge
+        self._detector = build_detector(self.config)  # the embedded judge starts with LiteLLM, not at a first request
         self._guard: Guard | None = None
-        self._consumer: Consumer | None = None  # of the async check queue, for `proxy.mode: async` elsewhere
         self._starting = asyncio.Lock()
         self._pending: OrderedDict[str, CheckRequest] = OrderedDict()
         self._headers: OrderedDict[str, dict[str, str]] = OrderedDict()
 
     async def guard(self) -> Guard:
-        """The guard on the configured stores, started on the event loop of the first request."""
+        """The guard on the configured stores, with the consumer of the async check queue (for `proxy.mode: async`
+        elsewhere), started on the event loop of the first request."""
         if self._guard is None:
             async with self._starting:
                 if self._guard is None:
-                    await require_judges(self.config, getattr(self._detector, "llm", None))
-                    guard = await asyncio.to_thread(build_guard, self.config, self._detector, self.engine)
-                    self._consumer = Consumer(guard)
-                    await self._consumer.start()
-                    self._guard = guard
+                    self._guard = await start(self.config, self._detector)
         return self._guard
 
     # --- the request ----------------------------------------------------------------------------------------
@@ -142,17 +136,17 @@ class MorphguardGuardrail(CustomGuardrail):
     # --- the answer -------------------------------------------------------------------------------------------
 
     async def _review(self, data: dict[str, Any], answers: list[dict[str, Any]],
-                      call_type: str) -> choices.Verdict:
-        """Each answer (a choice of the response) checked as its own request, one audit row each (`choices.settle`);
-        a 400 when policy blocks any of them."""
+                      call_type: str) -> Verdict:
+        """Each answer (a choice of the response) checked as its own request, one audit row each
+        (`Guard.settle_choices`); a 400 when policy blocks any of them."""
         first = self._recall(data) or self._intake(data, strip=False, call_type=call_type)
-        verdict = await choices.settle(await self.guard(), first, answers, gateway=GATEWAY,
-                                       max_choices=self.config.proxy.max_choices)
+        verdict = await (await self.guard()).settle_choices(first, answers, gateway=GATEWAY,
+                                                            max_choices=self.config.proxy.max_choices)
         self._refuse(verdict)
         return verdict
 
     @staticmethod
-    def _refuse(verdict: choices.Verdict) -> None:
+    def _refuse(verdict: Verdict) -> None:
         if verdict.fails:
             raise _rejection(400, {"message": verdict.refusal or "", "type": "invalid_request_error", "param": None,
                                    "code": "morphguard_blocked"}, verdict.payload())
@@ -195,7 +189,7 @@ class MorphguardGuardrail(CustomGuardrail):
             # profile's `on_error` says, and audited, whether or not the request was read before the call.
             call_type = _stream_call_type(chunks)
             request = self._recall(request_data) or self._intake(request_data, strip=False, call_type=call_type)
-            self._refuse(await choices.unread(await self.guard(), request, "stream", gateway=GATEWAY))
+            self._refuse(await (await self.guard()).unread(request, "stream", gateway=GATEWAY))
             for chunk in chunks:
                 yield chunk
             return
@@ -220,7 +214,7 @@ class MorphguardGuardrail(CustomGuardrail):
                                            user_api_key_dict: Any, traceback_str: str | None = None) -> None:
         request = self._recall(request_data)
         if request is not None:  # read before the call, never answered: still one audit row
-            failed = dataclasses.replace(request, gateway=choices.label(GATEWAY, choices.FAILED))
+            failed = dataclasses.replace(request, gateway=label(GATEWAY, FAILED))
             await (await self.guard()).account(failed, "upstream_error")
 
     async def async_post_call_response_headers_hook(self, data: dict[str, Any], user_api_key_dict: Any,

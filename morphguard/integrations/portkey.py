@@ -5,8 +5,8 @@ checked or accepted) and after the model answered (`afterRequestHook`), with the
 relayed. What Portkey relays is read in the API it names (`requestType`): chat completions (`chatComplete`),
 Anthropic's Messages (`messages`) and text completions (`complete`), the only ones Portkey runs output guardrails
 on. Each choice of a chat or text completion is an answer of its own, checked as its own request (one audit row
-each, at most `proxy.max_choices` of them: `choices.settle`); the webhook's verdict is false when policy blocks any
-of them, or, with `proxy.portkey.flagged_is_failure`, when any is flagged. A stream reaches the webhook without its
+each, at most `proxy.max_choices` of them: `Guard.settle_choices`); the webhook's verdict is false when policy blocks
+any of them, or, with `proxy.portkey.flagged_is_failure`, when any is flagged. A stream reaches the webhook without its
 answer (`response.json` is null): it cannot be checked, and is decided as the profile's `on_error` says. A
 `requestType` morphguard cannot read is decided the same way. Every answer accepted leaves one audit row, its reason
 saying why it was not checked where it was not, and what Portkey was told (`portkey:deny` or `portkey:pass`; whether
@@ -28,11 +28,11 @@ from starlette.responses import Response
 from morphguard.policy.answers import prose
 from morphguard.proxy import choices
 from morphguard.proxy.body import parse_chat, str_or_none
-from morphguard.proxy.check import CheckRequest
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.errors import JSON, ProxyError, bad_request, json_bytes
 from morphguard.proxy.flow import Flow, accept, address_of, request_facts
+from morphguard.settle.values import CheckRequest, Verdict
 
 EVENTS = ("beforeRequestHook", "afterRequestHook")
 GATEWAY = "portkey"  # as the audit rows name it (`DecisionRecord.gateway`)
@@ -55,28 +55,28 @@ async def webhook(flow: Flow, request: Request, hook: dict[str, Any], flagged_is
     answer = received.get("json")
     if kind not in (CHAT, MESSAGES, TEXT):
         intake = _intake(flow, request, {}, metadata)
-        return _reply(await choices.unread(flow.guard, intake, "unsupported_request_type", gateway=GATEWAY,
-                                           flagged_fails=flagged_is_failure), None)
+        return _reply(await flow.guard.unread(intake, "unsupported_request_type", gateway=GATEWAY,
+                                              flagged_fails=flagged_is_failure), None)
     if not isinstance(sent_json, dict):
         raise bad_request("'request.json' must be an object.", "request.json")
     chat = _chat_view(kind, sent_json)
     if answer is None:  # a stream: Portkey calls the webhook without its answer
         intake = _intake(flow, request, chat, metadata)
-        return _reply(await choices.unread(flow.guard, intake, "stream", gateway=GATEWAY,
-                                           flagged_fails=flagged_is_failure), None)
+        return _reply(await flow.guard.unread(intake, "stream", gateway=GATEWAY,
+                                              flagged_fails=flagged_is_failure), None)
     if not isinstance(answer, dict):
         raise bad_request("'response.json' must be an object or null.", "response.json")
     answers = _answers(kind, answer)
     # One reading of the request for every choice; each choice is its own audited answer, under its own id.
-    verdict = await choices.settle(flow.guard, _intake(flow, request, chat, metadata), answers, gateway=GATEWAY,
-                                   max_choices=flow.settings.max_choices, flagged_fails=flagged_is_failure)
+    verdict = await flow.guard.settle_choices(_intake(flow, request, chat, metadata), answers, gateway=GATEWAY,
+                                              max_choices=flow.settings.max_choices, flagged_fails=flagged_is_failure)
     changed = None
     if any(r != a for r, a in zip(verdict.answers, answers, strict=True)):
         changed = _written(kind, answer, verdict.answers, any(r.action == "block" for r in verdict.records))
     return _reply(verdict, changed)
 
 
-def _reply(verdict: choices.Verdict, changed: dict[str, Any] | None) -> Response:
+def _reply(verdict: Verdict, changed: dict[str, Any] | None) -> Response:
     out: dict[str, Any] = {"verdict": not verdict.fails, "data": verdict.payload()}
     if changed is not None:
         out["transformedData"] = {"response": {"json": changed, "text": _text_of(changed)}}

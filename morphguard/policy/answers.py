@@ -19,6 +19,11 @@ _TEXT_PARTS = ("text", "output_text")  # the content parts whose `text` is the a
 _READ_PARTS = (*_TEXT_PARTS, "refusal")  # the content parts whose words the check reads
 
 
+def as_completion(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as the completion the guard reads and rewrites."""
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+
 def message_of(completion: Any) -> dict[str, Any]:
     """The first choice's message, or an empty one."""
     try:

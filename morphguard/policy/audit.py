@@ -112,7 +112,7 @@ revoked_sessions = sa.Table(
     sa.Column("expires_at", sa.Float, nullable=False),  # the session's own end (epoch seconds): the row may go then
 )
 shadow_verdicts = sa.Table(
-    "shadow_verdicts", metadata,  # what a shadow candidate made of a request (proxy.shadow), beside its decision
+    "shadow_verdicts", metadata,  # what a shadow candidate made of a request (settle.shadow), beside its decision
     sa.Column("request_id", sa.Text, primary_key=True),
     sa.Column("time", sa.Text, nullable=False),
     sa.Column("candidate", sa.Text, nullable=False),
@@ -329,7 +329,7 @@ class AuditStore:
                     text_kept_until=None))
         return len(rows)
 
-    # A shadow candidate's verdicts (proxy.shadow), beside the decisions they shadow.
+    # A shadow candidate's verdicts (settle.shadow), beside the decisions they shadow.
 
     def record_shadow(self, request_id: str, candidate: str, changed: bool, action: str | None,
                       outcome: dict[str, Any], texts: dict[str, str | None] | None = None) -> None:

@@ -1,5 +1,5 @@
 """A candidate's decisions beside the live ones, and the one report of them that a replay of stored traffic
-(`policy.replay`) and the shadow (`proxy.shadow`) both give: live action → candidate action, overall and by profile
+(`policy.replay`) and the shadow (`settle.shadow`) both give: live action → candidate action, overall and by profile
 and topic; flagging against the reviewers' labels for both; what the candidate's checks cost; the decisions that
 changed."""
 

@@ -42,6 +42,14 @@ NO_CONTEXT = "no_context"  # nothing to check the answer against: what it holds 
 ENDS_ANSWER = frozenset({"block", "regenerate"})
 # Actions that change what the client receives: an answer already sent can only be annotated.
 _CHANGES_CONTENT = frozenset({"highlight", "cite", "regenerate", "block"})
+
+
+def changes_answer(action: Action) -> bool:
+    """Whether a rule's action can change what the client receives (more than annotate it): the one answer to that,
+    for the engine (what an answer already sent can carry) and for choosing how a stream is checked."""
+    return action in _CHANGES_CONTENT
+
+
 _NAME = re.compile(r"[^\w.-]+")
 
 
@@ -222,7 +230,7 @@ def _within(decision: Decision, reach: Reach) -> Decision:
     """The decision with the action the answer's way out can carry: an answer already sent can only be annotated;
     where the API cannot be asked again, or the stream has partly gone out, `regenerate` withholds instead."""
     action = decision.action
-    if action in _CHANGES_CONTENT and (reach is Reach.NONE or reach is Reach.WITHHOLD and action != "block"
+    if changes_answer(action) and (reach is Reach.NONE or reach is Reach.WITHHOLD and action != "block"
                                        and action != "regenerate"):
         return decision.model_copy(update={"action": "annotate",
                                            "reason": f"{action} not possible: the answer was already sent"})

@@ -45,7 +45,7 @@ from morphguard.policy.reviews import text_kept
 Depth = Literal["decide", "check"]
 DEPTHS: tuple[Depth, ...] = ("decide", "check")
 PAGE = 500  # rows read per transaction
-PASSAGE_BREAK = "\n\n"  # how the audit row joins a request's passages (proxy.check.CheckRequest)
+PASSAGE_BREAK = "\n\n"  # how the audit row joins a request's passages (settle.values.CheckRequest)
 
 
 @dataclass(frozen=True)

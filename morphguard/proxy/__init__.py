@@ -1,1 +1,2 @@
-"""The OpenAI-compatible proxy: forward the chat completion, check the answer against its context."""
+"""The OpenAI-compatible proxy: the HTTP edge that forwards a request and has its answer settled
+(`morphguard.settle`)."""

@@ -9,7 +9,6 @@ Paths reach the routes in canonical form (`gate.Gate`), so there is one spelling
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -22,14 +21,11 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 
 from morphguard.config import Config
-from morphguard.detectors import Detector, build_detector
-from morphguard.detectors.judges import require_judges
-from morphguard.policy.engine import PolicyEngine
+from morphguard.detectors import Detector
 from morphguard.proxy import probes
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import Backend
 from morphguard.proxy.check_api import CheckApi
-from morphguard.proxy.consumer import Consumer
 from morphguard.proxy.dialects.chat import ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.dialects.responses import Responses
@@ -43,9 +39,8 @@ from morphguard.proxy.errors import (
 )
 from morphguard.proxy.flow import Flow
 from morphguard.proxy.gate import Gate
-from morphguard.proxy.guard import Guard, build_guard
 from morphguard.proxy.upstream import Upstream, response_headers
-from morphguard.telemetry import setup as telemetry_setup
+from morphguard.settle.guard import Guard, start
 from morphguard.telemetry.server import ServerSpans
 
 log = logging.getLogger(__name__)
@@ -63,7 +58,6 @@ class Proxy:
     def __init__(self, config: Config, detector: Detector | None = None) -> None:
         self.config = config
         self.settings = config.proxy
-        self.engine = PolicyEngine(config.policy)
         self._detector = detector
         self.upstream: Upstream
         self.anthropic: Upstream | None = None  # /v1/messages, when not the main upstream
@@ -72,32 +66,24 @@ class Proxy:
 
     @asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        telemetry_setup.configure(self.config.telemetry)
-        detector = self._detector if self._detector is not None else await asyncio.to_thread(
-            build_detector, self.config)  # may start the judge
-        if self.settings.inline_via == "process" or self.settings.workers:  # else the worker pool judges, not we
-            await require_judges(self.config, getattr(detector, "llm", None))
+        self.guard = await start(self.config, self._detector)
         self.upstream = Upstream(self.settings)
         self.anthropic = Upstream(self.settings.model_copy(update={"upstream": self.settings.anthropic})) \
             if self.settings.anthropic is not None else None
         adapter = LitellmAdapter(self.settings.litellm_routes, self.settings.upstream.timeout_s)
         backend = Backend(self.upstream, self.anthropic, adapter, self.config.telemetry.upstream_provider)
-        self.guard = await asyncio.to_thread(build_guard, self.config, detector, self.engine)
-        self.flow = Flow(self.config, self.engine, backend, self.guard)
-        consumer = Consumer(self.guard)
-        await consumer.start()
+        self.flow = Flow(self.config, self.guard.engine, backend, self.guard)
         # What is loaded by now (litellm, pydantic models, ~370k objects) lives as long as the process: out of
         # the collector's sight, a full collection no longer stalls every request in flight (~150-200 ms here).
         gc.freeze()
         try:
             yield
         finally:
-            await consumer.stop()
+            await self.guard.drain()
             await self.upstream.aclose()
             if self.anthropic is not None:
                 await self.anthropic.aclose()
-            await self.guard.close()
-            telemetry_setup.shutdown()
+            await self.guard.stop()
 
     def app(self) -> Gate:
         route_headers = frozenset(h for r in self.config.policy.routes for h in r.headers)

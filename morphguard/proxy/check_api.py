@@ -30,7 +30,6 @@ from morphguard.config import ProxySettings
 from morphguard.integrations import portkey
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
-from morphguard.proxy import choices
 from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key
@@ -79,8 +78,8 @@ class CheckApi:
                                       topic=_text(body, "topic"), address=address_of(request)), model_named=True)
         gateway = _gateway(body)
         intake = accept(flow.engine, flow.config, Extraction(chat, rag, "explicit"), facts)
-        verdict = await choices.settle(flow.guard, intake, [completion_of(answer, model)], gateway=gateway,
-                                       max_choices=1)
+        verdict = await flow.guard.settle_choices(intake, [completion_of(answer, model)], gateway=gateway,
+                                                  max_choices=1)
         return JSON({"object": "morphguard.check", **verdict.payload(), "answer": prose(verdict.answers[0])},
                     headers=verdict.deciding.headers())
 

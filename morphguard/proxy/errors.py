@@ -7,7 +7,8 @@ trail records for a request that ended in that error.
 A provider's error may echo the key it was sent ("Incorrect API key provided: sk-upst*****cret"), and
 litellm's exceptions carry the provider's message: every `ProxyError` message (so what the client gets, the log
 and the span's exception event) has every secret of the config and the current request's key masked
-(`morphguard.masking.mask_secrets`).
+(`morphguard.masking.mask_secrets`). `ProxyError` itself, and `store_unavailable`, live in `morphguard.errors`:
+the settle side (`morphguard.settle`), below this edge, raises them too.
 
     ProxyError (status, message, type, param, code)
     ├── 400 invalid_request      bad_request: the client's body, path or headers
@@ -33,25 +34,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from morphguard.masking import mask_secrets
+from morphguard.errors import ProxyError
+from morphguard.errors import store_unavailable as store_unavailable
 
 log = logging.getLogger(__name__)
-
-
-class ProxyError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        message = mask_secrets(message)
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-        self.headers = headers or {}
-
-    def payload(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> Response:
-        return JSON(self.payload(), self.status, headers=self.headers)
 
 
 def json_bytes(content: Any) -> bytes:
@@ -138,11 +124,6 @@ def upstream_stream_broken(detail: str) -> ProxyError:
                       "upstream_stream_broken")
 
 
-def store_unavailable(retry_after_s: float) -> ProxyError:
-    return ProxyError(503, "The audit trail cannot be written now, so the answer is withheld; try again later.",
-                      "server_error", None, "store_unavailable", {"retry-after": str(max(1, round(retry_after_s)))})
-
-
 def upstream_busy(waited_s: float) -> ProxyError:
     return ProxyError(503, f"Every connection to the upstream provider stayed busy for {waited_s:g} s "
                       "(proxy.upstream.max_connections); try again later.", "server_error", None, "upstream_busy",
@@ -161,16 +142,21 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
                            "code": "internal_error"}}, 500, headers={"connection": "close"})
 
 
+def answer(exc: ProxyError) -> Response:
+    """The error as the response its client gets."""
+    return JSON(exc.payload(), exc.status, headers=exc.headers)
+
+
 async def handle_proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
-    return exc.response()
+    return answer(exc)
 
 
 async def handle_http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404/405 as OpenAI-shaped errors."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return not_found(request.url.path).response()
+        return answer(not_found(request.url.path))
     code = "method_not_allowed" if exc.status_code == 405 else "http_error"
-    return ProxyError(exc.status_code, str(exc.detail), "invalid_request_error", None, code,
-                      dict(exc.headers or {})).response()
+    return answer(ProxyError(exc.status_code, str(exc.detail), "invalid_request_error", None, code,
+                             dict(exc.headers or {})))

@@ -3,7 +3,6 @@ path (`Steps`): `proxy.flow` hands both to the stream mode it chose for the requ
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -12,10 +11,9 @@ from starlette.responses import Response
 
 from morphguard.policy.engine import Reach
 from morphguard.proxy.backend import Call, Relay
-from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.dialects.base import Dialect
-from morphguard.proxy.incremental import Checks
-from morphguard.proxy.stream_journal import OpenStream
+from morphguard.settle.stream_checks import Streaming
+from morphguard.settle.values import Answer, CheckRequest, Settled
 
 
 @dataclass
@@ -31,9 +29,6 @@ class Steps(Protocol):
     """The steps of the request path a stream mode runs, and nothing else of it: a mode never sees the guard, the
     checker or the policy engine."""
 
-    window: int  # a stream checked as it flows: how many new sentences a prefix check waits for
-    hold_s: float  # ... and how long a finished sentence waits for others to fill a judge call
-
     def answered(self, exchange: Exchange, call: Call, answer: Answer) -> None:
         """What the provider answered, on its call's span (the moment it finished)."""
 
@@ -45,20 +40,9 @@ class Steps(Protocol):
         """The check queued (`proxy.mode: async`): the answer as it is, with the record that says so; or, where
         the queue sends it back (`proxy.on_queue_full: inline`), `check` now."""
 
-    def checks(self, exchange: Exchange, whole: Callable[[], Answer]) -> Checks:
-        """The checks of a stream checked as it flows (`proxy.incremental.Checks`); `whole`: the whole answer
-        once the upstream has ended, as the dialect reads it."""
-
-    async def account(self, exchange: Exchange, reason: str, text: str) -> None:
-        """The audit row of a stream that ends without a verdict (`reason`), with the text read so far."""
-
-    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None,
-                     stream: OpenStream | None = None) -> None:
-        """`account` from where awaiting is no longer possible (a client that left); `sent`: how many characters
-        of the answer's text the client was sent; `stream`: its journal entry, ended once the row is written."""
-
-    def open_stream(self, exchange: Exchange) -> OpenStream | None:
-        """Journal the stream before its first text goes out: a crash then leaves its row all the same."""
+    def stream(self, exchange: Exchange) -> Streaming:
+        """What the stream needs of the settle side, handed over once: the engine that checks it as it flows, its
+        journal entry once text goes out, its row where it ends without a verdict."""
 
 
 class StreamMode(Protocol):

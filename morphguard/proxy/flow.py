@@ -15,22 +15,21 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext, suppress
 from typing import Any
 
 from opentelemetry import trace
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from morphguard.config import Config
 from morphguard.fairness import client_id
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
-from morphguard.policy.record import Released
 from morphguard.proxy.backend import Backend, Call
 from morphguard.proxy.body import OFFLOAD_BYTES, str_or_none
-from morphguard.proxy.check import Answer, CheckRequest, Settled
 from morphguard.proxy.context import OUR_FIELD, ContextExtractor, Extraction
 from morphguard.proxy.credentials import presented_key
 from morphguard.proxy.dialects.base import Dialect
@@ -44,10 +43,10 @@ from morphguard.proxy.errors import (
     upstream_unavailable,
 )
 from morphguard.proxy.exchange import Exchange, StreamMode
-from morphguard.proxy.guard import Guard, Reask
-from morphguard.proxy.incremental import Checks, GuardChecks
-from morphguard.proxy.stream_journal import OpenStream
 from morphguard.proxy.stream_modes import STREAM_MODES, stream_mode
+from morphguard.settle.guard import Guard
+from morphguard.settle.stream_checks import Streaming
+from morphguard.settle.values import Answer, CheckRequest, Reask, Settled
 from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
@@ -65,8 +64,6 @@ class Flow:
         self.backend = backend
         self.guard = guard
         self.stream_modes = stream_modes
-        self.window = self.settings.stream_window
-        self.hold_s = self.settings.stream_hold_s
 
     async def handle(self, request: Request, dialect: Dialect) -> Response:
         headers = self.backend.headers_for(dialect, request.headers)
@@ -150,19 +147,26 @@ class Flow:
                     headers=reply.kept | settled.record.headers())
 
     async def _stream(self, exchange: Exchange) -> Response:
-        opened = AsyncExitStack()  # holds the provider's stream (and its span) open until the response is done
-        relay = await opened.enter_async_context(self.backend.stream(exchange.dialect, exchange.body,
-                                                                     exchange.headers, exchange.view["messages"]))
-        if relay.events is None:
+        """The stream in the mode chosen for it. The provider's stream and its span are opened here and ended here,
+        in a `finally`, however the response ends (sent, its client gone before or while it was sent, an error
+        before it was made); a mode may end them earlier, the moment the provider has finished."""
+        opened = AsyncExitStack()
+        try:
+            relay = await opened.enter_async_context(self.backend.stream(exchange.dialect, exchange.body,
+                                                                         exchange.headers, exchange.view["messages"]))
+            if relay.events is None:
+                await opened.aclose()
+                assert relay.refused is not None
+                await self.guard.account(exchange.intake, f"upstream_http_{relay.refused.status_code}")
+                return relay.refused
+            self._calls(exchange, relay)
+            intake = exchange.intake
+            name = stream_mode(self.settings, self.engine.strongest(intake.profile, intake.topic), intake,
+                               tool_calls_checked=self.config.policy.tool_calls == "check")
+            response = await self.stream_modes[name].respond(self, exchange, relay, opened)
+            return _Holding(response, opened.pop_all())  # ended once the response is sent, or abandoned
+        finally:
             await opened.aclose()
-            assert relay.refused is not None
-            await self.guard.account(exchange.intake, f"upstream_http_{relay.refused.status_code}")
-            return relay.refused
-        self._calls(exchange, relay)
-        intake = exchange.intake
-        name = stream_mode(self.settings, self.engine.strongest(intake.profile, intake.topic), intake,
-                           tool_calls_checked=self.config.policy.tool_calls == "check")
-        return await self.stream_modes[name].respond(self, exchange, relay, opened)
 
     @staticmethod
     def _calls(exchange: Exchange, call: Call) -> None:
@@ -193,18 +197,8 @@ class Flow:
             return Settled(answer, record)
         return await self.check(exchange, answer, reach)
 
-    def checks(self, exchange: Exchange, whole: Callable[[], Answer]) -> Checks:
-        return GuardChecks(self.guard, exchange.intake, whole)
-
-    async def account(self, exchange: Exchange, reason: str, text: str) -> None:
-        await self.guard.account(exchange.intake, reason, text)
-
-    def account_soon(self, exchange: Exchange, reason: str, text: str, sent: int | None = None,
-                     stream: OpenStream | None = None) -> None:
-        self.guard.account_soon(exchange.intake, reason, text, Released(sent) if sent is not None else None, stream)
-
-    def open_stream(self, exchange: Exchange) -> OpenStream | None:
-        return self.guard.open_stream(exchange.intake)
+    def stream(self, exchange: Exchange) -> Streaming:
+        return self.guard.stream(exchange.intake)
 
     def _reask(self, exchange: Exchange) -> Reask:
         async def reask(body: dict[str, Any]) -> dict[str, Any]:
@@ -279,6 +273,21 @@ async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, Resp
     with suppress(asyncio.CancelledError, Exception):  # what it was doing ends with it: the client is gone
         await answer
     raise client_left()
+
+
+class _Holding(Response):
+    """A stream's response holding the provider's stream open while it is sent, and ending it however the sending
+    ends (the whole stream sent, the client gone, an error)."""
+
+    def __init__(self, response: Response, opened: AsyncExitStack) -> None:
+        self.response, self.opened = response, opened
+        self.status_code, self.raw_headers, self.background = response.status_code, response.raw_headers, None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            await self.opened.aclose()
 
 
 async def _left(request: Request) -> None:

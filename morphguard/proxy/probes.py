@@ -29,7 +29,7 @@ from morphguard.proxy.errors import (
     not_found,
 )
 from morphguard.proxy.gate import Gate
-from morphguard.proxy.guard import Guard
+from morphguard.settle.guard import Guard
 from morphguard.telemetry import setup as telemetry_setup
 
 
@@ -50,11 +50,10 @@ async def readiness(guard: Guard, **checked: bool) -> tuple[bool, dict[str, Any]
     """Whether the process is ready, and the body /readyz answers with; `checked`: what the caller checked
     itself (the proxy: its upstream), reported first."""
     checks: dict[str, Any] = dict(checked)
-    llm = getattr(guard.checker.detector, "llm", None)
-    local = getattr(llm, "routes", {}).get("local")
-    if local is not None and local.api_base:
-        checks["judge"] = await _reachable(local.api_base.removesuffix("/v1") + "/health")
-    checks["queue"] = await guard.queue.reachable()
+    judge = guard.judge_base
+    if judge is not None:
+        checks["judge"] = await _reachable(judge.removesuffix("/v1") + "/health")
+    checks["queue"] = await guard.queue_reachable()
     if guard.audit is not None:
         # reachable, and writing: a full or read-only disk still answers a read
         checks["store"] = guard.store_writes and await asyncio.to_thread(guard.audit.reachable)

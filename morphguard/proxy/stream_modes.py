@@ -5,7 +5,7 @@
 - `buffer` (`Buffered`): the whole stream is collected and checked first; a changed answer goes out as the
   stream the dialect replays of it.
 - `incremental` (`AsItFlows`): events go out once the answer up to their text passed the whole-answer check
-  (`proxy.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
+  (`settle.incremental`); a check that blocks ends the stream, over text still held, as the dialect ends a refused
   answer.
 - `auto` is no mode of its own: `stream_mode` picks one of these per request (incremental where policy can change the
   answer, else passthrough, or async under `proxy.mode: async`).
@@ -25,14 +25,14 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from morphguard.config import Action, ProxySettings
-from morphguard.policy.engine import ACTIONS, Reach
+from morphguard.policy.engine import Reach, changes_answer
 from morphguard.proxy.backend import Relay
-from morphguard.proxy.check import Answer, CheckRequest
 from morphguard.proxy.context import OUR_FIELD
 from morphguard.proxy.dialects.base import Assembly, Dialect, Event, event_of
 from morphguard.proxy.errors import ProxyError, upstream_malformed
 from morphguard.proxy.exchange import Exchange, Steps, StreamMode
-from morphguard.proxy.incremental import Closing, Incremental
+from morphguard.settle.incremental import Closing
+from morphguard.settle.values import Answer, CheckRequest
 
 log = logging.getLogger(__name__)
 STREAM_HEADER = "x-morphguard-stream"  # the mode a stream ran in: passthrough, async, buffer or incremental
@@ -56,7 +56,7 @@ class Relayed:
         recorded = False  # a client that leaves mid-stream cancels us; its row is written all the same
         broken: ProxyError | None = None
         sent = 0  # characters of answer text the client was sent
-        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
+        streaming = steps.stream(exchange)
         try:
             try:
                 async for event in relay.events:
@@ -64,10 +64,7 @@ class Relayed:
                         last = event
                         break
                     chars = len(assembly.added)
-                    if journaled is None:
-                        journaled = steps.open_stream(exchange)
-                    elif journaled.due():
-                        journaled.released(sent)
+                    streaming.sending(sent)
                     yield event.encode()
                     sent += chars
                 assembly.finish()
@@ -78,7 +75,7 @@ class Relayed:
                 await opened.aclose()  # the provider's stream and its span: read to the end
             if broken is not None:  # the status line is sent: say it in the stream, the SDK raises it
                 log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, broken.message)
-                await steps.account(exchange, broken.code or "upstream_stream_broken", assembly.text)
+                await streaming.account(broken.code or "upstream_stream_broken", assembly.text)
                 recorded = True
                 yield dialect.stream_error(broken).encode()
                 return
@@ -91,9 +88,8 @@ class Relayed:
                 else:
                     settled = await steps.check(exchange, answer, Reach.NONE)
             except ProxyError as exc:  # the verdict cannot be given (its row cannot be written): say so, the SDK raises
-                # its row is owed, written once the store takes it: the journal keeps the stream open, so a crash
-                # before that leaves it to the next start (a row written twice is written once)
-                recorded, journaled = True, None
+                recorded = True
+                streaming.owed()
                 yield dialect.stream_error(exc).encode()
                 return
             recorded = True
@@ -101,9 +97,9 @@ class Relayed:
                 yield event.encode()
         finally:
             if not recorded:
-                steps.account_soon(exchange, "client_disconnected", assembly.text, sent, journaled)
-            elif journaled is not None:
-                journaled.ended()
+                streaming.left("client_disconnected", assembly.text, sent)
+            else:
+                streaming.ended()
 
 
 class Buffered:
@@ -144,7 +140,7 @@ class Buffered:
 
 class AsItFlows:
     """Checked as it flows (`incremental`): text released as the prefixes it lies in pass the check, what the check
-    cannot read held until the stream's verdict (`proxy.incremental`)."""
+    cannot read held until the stream's verdict (`settle.incremental`)."""
 
     name = "incremental"
 
@@ -166,39 +162,35 @@ class AsItFlows:
                 yield event
             steps.answered(exchange, relay, whole())
 
-        checks = steps.checks(exchange, whole)
-        engine = Incremental(stream, checks, steps.window, checks.fill, steps.hold_s)
+        streaming = steps.stream(exchange)
+        engine = streaming.flowing(stream, whole)
         unrecorded = "client_disconnected"  # the audit's reason if the stream ends before its verdict is recorded
-        journaled = None  # the stream's journal entry once text went out: a crash leaves its row to the next start
         try:
             try:
                 async with aclosing(engine.run(upstream(relay.events))) as events:
                     async for event in events:
-                        if journaled is None:
-                            journaled = steps.open_stream(exchange)
-                        elif journaled.due():
-                            journaled.released(engine.released)
+                        streaming.sending(engine.released)
                         yield event.encode()
             except ProxyError as exc:  # unchecked text never left; the dialect's error event ends it, the SDK raises
                 relay.failed(exc.code or "stream_error")
                 await opened.aclose()
                 log.warning("request %s: upstream stream failed: %s", exchange.intake.request_id, exc.message)
                 unrecorded = ""
-                await steps.account(exchange, exc.code or "upstream_stream_broken", stream.assembly.text)
+                await streaming.account(exc.code or "upstream_stream_broken", stream.assembly.text)
                 yield dialect.stream_error(exc).encode()
             except Exception:
                 unrecorded = "internal_error"
                 raise
         finally:
             await opened.aclose()
-            if unrecorded and not checks.closed:
-                steps.account_soon(exchange, unrecorded, stream.assembly.text, engine.sent, journaled)
-            elif journaled is not None:
-                journaled.ended()
+            if unrecorded and not streaming.closed:
+                streaming.left(unrecorded, stream.assembly.text, engine.sent)
+            else:
+                streaming.ended()
 
 
 class _DialectStream:
-    """A dialect's events as the engine reads them (`proxy.incremental.Stream`); the upstream's last event is
+    """A dialect's events as the engine reads them (`settle.incremental.Stream`); the upstream's last event is
     held here, for the ending."""
 
     def __init__(self, dialect: Dialect) -> None:
@@ -250,7 +242,7 @@ def stream_mode(settings: ProxySettings, action: Action, request: CheckRequest, 
     with no context has nothing to be checked against and passes through (recorded `no_context`)."""
     mode = settings.stream_mode
     if mode == "auto":
-        if ACTIONS.index(action) <= ACTIONS.index("annotate"):
+        if not changes_answer(action):
             return "async" if settings.mode == "async" else "passthrough"
         mode = "incremental"
     if mode == "incremental":

@@ -19,8 +19,8 @@ from morphguard.errors import LLMError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
-from morphguard.proxy.checker import Checker
+from morphguard.settle.check import Checker
+from morphguard.settle.values import Answer, CheckOutcome, CheckRequest
 from tests.scripted_llm import ScriptedLLM, asked_sentences, error, sentences_reply
 from tests.scripted_llm import sentences_score as probability
 

@@ -3,11 +3,15 @@ answer holds beside its text, and what its way to the client can still change; n
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from morphguard.config import PolicySettings
-from morphguard.models import Detection
-from morphguard.policy.engine import Finding, Holds, PolicyEngine, Reach
+from morphguard.config import PolicySettings, ProxySettings
+from morphguard.models import Detection, RagInput
+from morphguard.policy.engine import ACTIONS, Finding, Holds, PolicyEngine, Reach, changes_answer
+from morphguard.proxy.stream_modes import stream_mode
+from morphguard.settle.values import CheckRequest
 
 FLAGGED = Finding(Detection(detector="grounding", score=0.9, threshold=0.5, flagged=True))
 PASSED = Finding(Detection(detector="grounding", score=0.1, threshold=0.5, flagged=False))
@@ -109,3 +113,16 @@ def test_a_blocking_profile_that_says_fail_open_passes_a_failed_check_marked_unc
 def test_the_strongest_action_counts_what_unreadable_output_may_do():
     assert engine("annotate").strongest("general", "general") == "annotate"
     assert engine("annotate", unreadable_output="block").strongest("general", "general") == "block"
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_one_predicate_says_whether_a_rule_can_change_the_answer_and_every_caller_asks_it(action):
+    """What an answer already sent can carry (the engine) and whether a stream is checked as it flows
+    (`stream_mode`'s `auto`) are the same question: asked of `changes_answer` alone."""
+    changes = changes_answer(action)
+    assert changes == (action not in ("pass", "annotate"))
+    assert (decide(engine(action), FLAGGED, reach=Reach.NONE).action == action) == (not changes)
+    request = CheckRequest(body={}, rag=None, source=None, profile="general", topic="general")
+    chosen = stream_mode(ProxySettings(), action, replace(request, rag=RagInput(question="q", passages=["p"])),
+                         tool_calls_checked=True)
+    assert (chosen == "incremental") == changes

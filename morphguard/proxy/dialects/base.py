@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from morphguard.policy.answers import UNREADABLE, message_of, prose
+from morphguard.masking import mask_secrets
+from morphguard.policy.answers import UNREADABLE, as_completion, message_of, prose
 from morphguard.proxy.body import int_or_none, loads, parse_object
 from morphguard.proxy.context import OUR_FIELD
-from morphguard.proxy.errors import ProxyError, mask_secrets, upstream_malformed, upstream_stream_broken
+from morphguard.proxy.errors import ProxyError, upstream_malformed, upstream_stream_broken
 
 
 class Event(NamedTuple):
@@ -67,11 +68,6 @@ def _masked(event: Event) -> Event:
     if event.name in ("error", "response.failed") or '"error"' in event.data[:200]:
         return Event(event.name, mask_secrets(event.data))
     return event
-
-
-def as_completion(message: dict[str, Any]) -> dict[str, Any]:
-    """A chat message as the completion the guard reads and rewrites."""
-    return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from morphguard.config import AuditSettings, EscalationSettings
 from morphguard.policy.audit import AuditStore
 from morphguard.policy.record import DecisionRecord
-from morphguard.proxy.escalation import Escalator
+from morphguard.settle.escalation import Escalator
 from tests.servers import bound_socket
 
 

@@ -1,6 +1,11 @@
-"""Checking an answer: the detector within the profile's latency budget, through the verdict cache a fleet
-shares, here or by the fleet's workers (`proxy.inline_via: workers`, over `store.queue.WorkerPool`); what the
-check found (`Found`) is all it says: policy decides on it (`policy.engine`), and `proxy.guard` carries that out.
+"""Checking an answer and settling it: check → policy's one decision → carry it out (act, or regenerate).
+
+`Checker` finds: the detector within the profile's latency budget, through the verdict cache a fleet shares, here or
+by the fleet's workers (`proxy.inline_via: workers`, over `store.queue.WorkerPool`); what the check found (`Found`)
+is all it says. `Settler` has policy decide on it once (`policy.engine.PolicyEngine.decide`, given what the answer's
+way out can still change: `Reach`), carries that decision out (re-asking the upstream for `regenerate`,
+`policy.actions` for the rest) and hands the record to the audit trail (`settle.trail`); nothing here changes the
+action.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from morphguard import telemetry
 from morphguard.config import Config, SentencesSettings
@@ -31,11 +37,14 @@ from morphguard.errors import (
 from morphguard.fairness import on_behalf_of
 from morphguard.lanes import in_thread
 from morphguard.llm.client import CallBudget, call_budget
+from morphguard.masking import mask_secrets
 from morphguard.models import Detection, utf8
-from morphguard.policy import answers
-from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine
-from morphguard.proxy.check import Answer, CheckRequest, Found
-from morphguard.proxy.errors import mask_secrets
+from morphguard.policy import actions, answers
+from morphguard.policy.engine import NO_CONTEXT, Finding, PolicyEngine, Reach, flags
+from morphguard.policy.record import DecisionRecord, Released
+from morphguard.settle.shadow import Shadow
+from morphguard.settle.trail import Trail
+from morphguard.settle.values import Answer, CheckOutcome, CheckRequest, Found, Reask, Settled
 from morphguard.store import detections
 from morphguard.store.detections import DetectionCache
 from morphguard.store.queue import Entry, WorkerPool
@@ -43,8 +52,9 @@ from morphguard.telemetry import names
 
 log = logging.getLogger(__name__)
 
+
 # How often the interpreter hands its lock from one thread to another (Python's default: 5 ms). The checks read text
-# in threads (`llm.fair.in_thread`) beside the event loop; at every hand-over the loop may wait this long behind them.
+# in threads (`lanes.in_thread`) beside the event loop; at every hand-over the loop may wait this long behind them.
 # At 0.5 ms a small check's time while six clients' largest checks ran fell from 7.5-10 to 3.1 times its time alone
 # (benchmarks/isolation.py, 2 shared cores).
 SWITCH_INTERVAL_S = 0.0005
@@ -156,7 +166,7 @@ class Checker:
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str, memo: Memo | None) -> Detection:
         """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent; a stream's
         checks share one budget, `memo`'s), waiting for the judge and the text-reading threads in the client's turn
-        (`llm.fair`)."""
+        (`fairness`)."""
         with call_budget(self.config.detector.max_judge_calls, memo.budget if memo is not None else None), \
                 remembering(memo), on_behalf_of(request.client):
             return await self._detect_or_recall(detector, request, answer)
@@ -227,6 +237,132 @@ class Checker:
             llm = getattr(self.detector, "llm", None)
             self._named[name] = await asyncio.to_thread(build_detector, self.config, llm, name)
         return self._named[name]
+
+
+class Settler:
+    """Policy's one decision on what the checker found, carried out and handed to the trail."""
+
+    def __init__(self, checker: Checker, engine: PolicyEngine, config: Config, trail: Trail,
+                 shadow: Shadow | None = None) -> None:
+        self.checker = checker
+        self.engine = engine
+        self.config = config
+        self.trail = trail
+        self.shadow = shadow
+
+    async def find(self, request: CheckRequest, answer: Answer, memo: Memo | None = None) -> Found:
+        """The check of the answer's text (no decision, no side effects); `memo`: shared by the checks of one
+        stream (`Checker.memo`)."""
+        return await self.checker.find(request, answer, memo)
+
+    def decide(self, request: CheckRequest, answer: Answer, found: Found, reach: Reach) -> CheckOutcome:
+        """Policy's one decision on what the check found in this answer, as far as `reach` lets it act."""
+        decision = self.engine.decide(request.profile, request.topic, found.finding, answer.holds(), reach)
+        if found.finding.failed is not None:
+            log.warning("request %s %s unchecked (%s): %s", request.request_id,
+                        "passed" if decision.action == "pass" else "blocked", decision.reason, found.error)
+        return CheckOutcome(decision, found.finding.detection, found.latency_ms)
+
+    async def settle(self, request: CheckRequest, answer: Answer, reach: Reach, *,
+                     reask: Reask | None = None) -> Settled:
+        """Check the answer, decide, carry the decision out and audit it: the answer as the client gets it (in the
+        chat shape; writing it back into the API's is the caller's), and the record. `reask`: how to ask the
+        provider again, given where `reach` is `ASK_AGAIN`. The check's span is a child of the current (the
+        provider call's) span, and the evaluation event goes on that span while it is open."""
+        assert (reask is not None) == (reach is Reach.ASK_AGAIN), "regenerate needs a way to ask again"
+        with telemetry.guardrail_span(request.request_id, "inline") as span:
+            outcome = self.decide(request, answer, await self.find(request, answer), reach)
+            settled = await self._carry_out(span, request, answer, outcome, reask)
+        await self.trail.record(settled.record)
+        self._shadowed(request, settled.record)
+        return settled
+
+    async def settle_queued(self, request: CheckRequest, answer: Answer) -> Settled:
+        """`settle` of an answer that went out before its check (a queued check): its own trace, linked to the
+        request's, and returned only once its record is committed (the queue entry is acknowledged after that)."""
+        link = request.chat_span.get_span_context() if request.chat_span else None
+        with telemetry.guardrail_span(request.request_id, "async", link_to=link) as span:
+            outcome = self.decide(request, answer, await self.find(request, answer), Reach.NONE)
+            settled = await self._carry_out(span, request, answer, outcome, None)
+        await self.trail.record(settled.record, wait_for_store=True)
+        self._shadowed(request, settled.record)
+        return settled
+
+    async def carry_out(self, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
+                        released: Released | None = None) -> Settled:
+        """Carry out and audit a decision already made (a stream checked as it flows decides as it goes; a gateway's
+        choices are decided together before any is recorded); `released`: what of the answer the client has, where
+        some of it went out before the verdict."""
+        with telemetry.guardrail_span(request.request_id, "inline") as span:
+            settled = await self._carry_out(span, request, answer, outcome, None)
+        record = settled.record if released is None else settled.record.model_copy(update=released.fields())
+        await self.trail.record(record)
+        self._shadowed(request, record)
+        return Settled(settled.answer, record)
+
+    async def _carry_out(self, span: Span, request: CheckRequest, answer: Answer, outcome: CheckOutcome,
+                         reask: Reask | None) -> Settled:
+        """The action: a regeneration (the answer asked for again until one passes, the best kept), or what
+        `policy.actions` does to the answer; then the evaluation on the spans and the record. The action is the
+        decision's; for a regeneration the record's verdict is the regenerated answer's."""
+        decision, detection, attempts = outcome.decision, outcome.detection, 0
+        completion = answer.completion
+        if decision.action == "regenerate" and reask is not None and detection is not None:
+            completion, found, attempts = await self._regenerate(request, answer, outcome, reask)
+            if attempts:
+                detection = found.finding.detection
+                flagged = detection is not None and flags(decision, detection)
+                decision = decision.model_copy(update={"flagged": flagged, "escalate": decision.escalate and flagged})
+                outcome = CheckOutcome(decision, detection, found.latency_ms)
+        checked_answer = self.checker.answer_text(Answer(completion))  # the audit keeps what the model said
+        if decision.action != "regenerate" and actions.changes(decision, detection):
+            passages = request.rag.passages if request.rag else []
+            # pure Python over the answer and the context (`cite` looks up sources): off the event loop. An answer
+            # the action leaves as it is stays on the loop: a hand-over to a thread and back wakes both.
+            completion = await asyncio.to_thread(actions.apply, completion, decision, detection, passages,
+                                                 self.config.policy)
+        chat = request.chat_span
+        evaluated = chat if chat is not None and chat.is_recording() else span
+        telemetry.record_check(span, evaluated, decision=decision, detection=detection,
+                               question=request.rag.question if request.rag else None,
+                               context=request.rag.passages if request.rag else None, answer=checked_answer)
+        record = outcome.record(request, answer=checked_answer, regenerations=attempts,
+                                trace_id=telemetry.trace_id(span))
+        return Settled(Answer(completion, answer.response), record)
+
+    async def _regenerate(self, request: CheckRequest, answer: Answer, first: CheckOutcome,
+                          reask: Reask) -> tuple[dict[str, Any], Found, int]:
+        """Re-ask with the unsupported claims named, re-check, keep the best; stop once an answer passes. The
+        best answer, what the check found in it and how many times the provider was asked again."""
+        assert first.detection is not None
+        best, best_found, attempts = answer.completion, Found(Finding(detection=first.detection), first.latency_ms), 0
+        latest: Detection | None = first.detection
+        for _ in range(self.config.policy.regenerate.max_attempts):
+            if latest is None:
+                break
+            body = actions.regeneration_body(request.body, latest, first.decision.threshold, self.config.policy)
+            try:
+                candidate = await reask(body)
+            except Exception as exc:  # the upstream failed on the re-ask: keep what we have
+                log.warning("request %s: regeneration failed: %s", request.request_id, exc)
+                break
+            attempts += 1
+            found = await self.checker.find(request, Answer(candidate))
+            latest = found.finding.detection
+            best_detection = best_found.finding.detection
+            if latest is not None and (best_detection is None or latest.score < best_detection.score):
+                best, best_found = candidate, found
+            if latest is not None and not flags(first.decision, latest):
+                break
+        return best, best_found, attempts
+
+    def _shadowed(self, request: CheckRequest, record: DecisionRecord) -> None:
+        """A recorded request offered to the shadow candidate, which checks it after the answer has gone."""
+        if self.shadow is not None:
+            try:
+                self.shadow.offer(request, record)
+            except Exception:  # the shadow's failure is its own, never the request's
+                log.exception("shadow: request %s not offered", request.request_id)
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,16 +19,16 @@ if it blocks, what the prefix check under way passes still goes out, the rest is
 the API ends a refused answer. A prefix check that blocks mid-stream stops reading the upstream and ends the
 stream there. A check's score can exceed the scores of its sentences one by one (evidence adds up over an
 answer), which is why a prefix is gated by the whole-answer check and not by a check of its last sentence. The
-checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`): each
-sentence is asked about once. Past that budget a check reads the answer as far as it can and, where the profile
-withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it read and passed goes out
-first.
+checks of one stream share what the detector remembers and one budget of judge calls (`GuardChecks.memo`, in
+`settle.stream_checks`): each sentence is asked about once. Past that budget a check reads the answer as far as it
+can and, where the profile withholds what was not read, blocks for the rest (`PrefixCheck.read_to`): the text it
+read and passed goes out first.
 
 The stream's record says what was released apart from what was withheld (`Closing`, `Checks.close`): how many
 characters of answer text the client received and the verdict of the prefix they passed.
 
 What an API's stream looks like is the `Stream`'s business (`proxy.stream_modes` adapts any dialect to it);
-what a check is and what policy makes of it is the `Checks`' (`GuardChecks` over the proxy's guard). This
+what a check is and what policy makes of it is the `Checks`' (`settle.stream_checks.GuardChecks`, beside it). This
 module only cuts, holds, orders and releases.
 """
 
@@ -39,23 +39,15 @@ import contextlib
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from opentelemetry import trace
-
-from morphguard.config import Action
 from morphguard.detectors.text import sentence_ends, sentences
-from morphguard.policy.actions import claims
-from morphguard.policy.engine import Reach
-from morphguard.policy.record import DecisionRecord, Released
-from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest, Found
-from morphguard.proxy.guard import Guard
+from morphguard.policy.record import Released
 
 E = TypeVar("E")
-# Actions that end a stream at the prefix they flag: `regenerate` cannot ask again mid-stream, so it withholds.
-ENDS_STREAM: frozenset[Action] = frozenset({"block", "regenerate"})
+_Hand = Callable[[Sequence[tuple[E, int | None]]], Awaitable[None]]  # events let out, each with where its text ends
 
 
 @dataclass(frozen=True)
@@ -187,6 +179,10 @@ class Incremental(Generic[E]):
     _released: int = 0  # the answer text the client has: up to here
     sent: int = 0  # the answer text handed on to the client (each event counted once the consumer took it)
     _announced: int = 0  # how many of `_verdicts` went out on an event
+    _news: asyncio.Event = field(default_factory=asyncio.Event)  # the upstream said more (or ended)
+    _ended: asyncio.Event = field(default_factory=asyncio.Event)  # the upstream has ended
+    _checking: bool = False  # a prefix check is under way
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)  # no events let out are on their way to the client
 
     @property
     def released(self) -> int:
@@ -194,84 +190,128 @@ class Incremental(Generic[E]):
         return self._released
 
     async def run(self, events: AsyncIterator[E]) -> AsyncGenerator[E, None]:
+        """What the client may see, in order. The run's work (`_decided`) hands each batch of released events over
+        and waits until the client has taken them, as the events of one decision go out together; when the client
+        leaves, the work is cancelled (the upstream's reading and the check under way with it)."""
         reader = aiter(events)
-        read: asyncio.Task[Any] | None = asyncio.ensure_future(_next(reader))
-        prefix: asyncio.Task[PrefixCheck] | None = None  # the prefix check under way (at most one)
-        upto = 0  # the end of its prefix
-        whole: asyncio.Task[PrefixCheck] | None = None  # the whole answer's check, once the upstream has ended
-        decided: PrefixCheck | None = None  # the whole answer's verdict, when it blocks while a prefix is checked
-        holding: asyncio.Task[None] | None = None  # until the sentences held to fill a check are due
+        self._idle.set()
+        handed: asyncio.Queue[tuple[Sequence[tuple[E, int | None]], asyncio.Future[None]] | None] = asyncio.Queue()
+
+        async def hand(out: Sequence[tuple[E, int | None]]) -> None:
+            if out:
+                taken = asyncio.get_running_loop().create_future()
+                handed.put_nowait((out, taken))
+                self._idle.clear()
+                await taken
+
+        async def work() -> None:
+            try:
+                await hand([(event, None) for event in await self._closed(await self._decided(reader, hand))])
+            finally:
+                handed.put_nowait(None)
+
+        working = asyncio.ensure_future(work())
         try:
-            while True:
-                waiting: set[asyncio.Future[Any]] = {t for t in (read, prefix, whole, holding) if t is not None}
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if holding is not None and holding in done:
-                    holding = None
-                if prefix is not None and prefix in done:
-                    check = prefix.result()
-                    prefix = None
-                    self.checked.append(Checked(upto, check))
-                    if not check.blocks:
-                        self._pass(upto, check)
-                    if not check.blocks or self._passed_in_part(check):
-                        for out, end in self._release():
-                            yield out
-                            self.sent = max(self.sent, end)
-                    if decided is not None:  # the whole answer blocked: what this check passed went out
-                        for out in await self._closed(decided):
-                            yield out
-                        return
-                    if check.blocks:  # ends here: the upstream is not read further
-                        _cancel(read, whole)
-                        for out in await self._closed(check):
-                            yield out
-                        return
-                if whole is not None and whole in done:
-                    check = whole.result()
-                    whole = None
-                    if not check.blocks:
-                        _cancel(prefix)
-                        for out in await self._closed(check):
-                            yield out
-                        return
-                    if prefix is None:
-                        if self._passed_in_part(check):
-                            for out, end in self._release():
-                                yield out
-                                self.sent = max(self.sent, end)
-                        for out in await self._closed(check):
-                            yield out
-                        return
-                    decided = check  # the prefix check under way says how much of the answer still goes out
-                if read is not None and read in done:
-                    event = read.result()
-                    read = None
-                    if event is _END:
-                        whole = asyncio.ensure_future(self.checks.whole(self.text))
-                    else:
-                        self._take(event)
-                        read = asyncio.ensure_future(_next(reader))
-                        for out, end in self._release():  # events with no unchecked text before them
-                            yield out
-                            self.sent = max(self.sent, end)
-                if prefix is None and whole is None and decided is None and len(self._ends) >= self.window:
-                    taken, due = self._taken()
-                    if taken:
-                        _cancel(holding)
-                        holding = None
-                        upto = self._ends[taken - 1]
-                        del self._ends[:taken], self._ends_at[:taken]
-                        prefix = asyncio.ensure_future(self.checks.prefix(self.text[:upto]))
-                    elif holding is None:
-                        holding = asyncio.ensure_future(asyncio.sleep(due))
+            while (batch := await handed.get()) is not None:
+                out, taken = batch
+                for event, end in out:
+                    yield event
+                    if end is not None:
+                        self.sent = max(self.sent, end)
+                if not taken.done():  # (the work may have stopped waiting: a whole answer that passed decides at once)
+                    taken.set_result(None)
+                if handed.empty():
+                    self._idle.set()
+            await working  # its error, if any, is the stream's
         finally:
-            tasks = (read, prefix, whole, holding)
-            _cancel(*tasks)
-            await _settle(*tasks)
+            working.cancel()
+            with contextlib.suppress(BaseException):
+                await working
             close = getattr(reader, "aclose", None)
             if close is not None:  # stop reading the upstream now, not when the reader is collected
                 with contextlib.suppress(Exception):  # its error, if any, came out of a read already
                     await close()
+
+    async def _decided(self, reader: AsyncIterator[E], hand: _Hand[E]) -> PrefixCheck:
+        """The check that decides the stream, with what it let out handed on. Three activities: reading the upstream,
+        the prefix checks (one at a time, while the upstream flows) and, once the upstream has ended, the whole
+        answer's check beside the prefix check under way. A prefix check that blocks decides (the upstream is not
+        read further); a whole answer that passes decides at once (the prefix check under way is dropped); one that
+        blocks decides once the prefix check under way has said how much of the answer still goes out."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                reading = group.create_task(self._read(reader, hand))
+                gating = group.create_task(self._prefixes(hand))
+                whole = group.create_task(self._whole())
+                await asyncio.wait((gating, whole), return_when=asyncio.FIRST_COMPLETED)
+                blocked = gating.result() if gating.done() else None
+                if blocked is not None:
+                    reading.cancel()
+                    whole.cancel()
+                    return blocked
+                check = await whole
+                if not check.blocks:
+                    gating.cancel()
+                    return check
+                if self._checking:  # the prefix check under way says how much of the answer still goes out
+                    await gating
+                else:
+                    gating.cancel()
+                    if self._passed_in_part(check):
+                        await hand(self._release())
+                return check
+        except BaseExceptionGroup as failed:  # an activity failed (the upstream broke, a check raised): its error
+            raise failed.exceptions[0] from None
+
+    async def _read(self, reader: AsyncIterator[E], hand: _Hand[E]) -> None:
+        """Take the upstream's events as they come, handing on those with no unchecked text before them."""
+        async for event in reader:
+            await self._idle.wait()  # what was read meanwhile is taken once the events let out have gone
+            self._take(event)
+            self._news.set()
+            await hand(self._release())
+            await asyncio.sleep(0)  # the gate's turn: a check due on what this event finished starts before the next
+        await self._idle.wait()
+        self._ended.set()
+        self._news.set()
+
+    async def _prefixes(self, hand: _Hand[E]) -> PrefixCheck | None:
+        """Prefix checks, one at a time, while the upstream flows; what each passes handed on. The check that
+        blocks, or None once the upstream has ended (and the check under way then has finished)."""
+        while (upto := await self._due()) is not None:
+            self._checking = True
+            check = await self.checks.prefix(self.text[:upto])
+            self._checking = False
+            self.checked.append(Checked(upto, check))
+            if not check.blocks:
+                self._pass(upto, check)
+            if not check.blocks or self._passed_in_part(check):
+                await hand(self._release())
+            if check.blocks:
+                return check
+        return None
+
+    async def _whole(self) -> PrefixCheck:
+        """The whole answer's check, once the upstream has ended."""
+        await self._ended.wait()
+        return await self.checks.whole(self.text)
+
+    async def _due(self) -> int | None:
+        """Where the next prefix check ends, once it is due: `window` sentences finished since the last, and the
+        hold rules (`_taken`); None once the upstream has ended."""
+        while not self._ended.is_set():
+            wait: float | None = None
+            if len(self._ends) >= self.window:
+                taken, wait = self._taken()
+                if taken:
+                    upto = self._ends[taken - 1]
+                    del self._ends[:taken], self._ends_at[:taken]
+                    return upto
+            self._news.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._news.wait()
+        return None
 
     def _take(self, event: E) -> None:
         self.text += self.stream.delta(event)
@@ -355,89 +395,4 @@ def _summary(end: int, check: PrefixCheck) -> dict[str, Any]:
     return out
 
 
-_END: Any = object()
 _AT_VERDICT = sys.maxsize  # where an opaque event's text "ends": it leaves with the stream's verdict, or never
-
-
-async def _next(reader: AsyncIterator[Any]) -> Any:
-    """The next event, or `_END` (a task must not end in StopAsyncIteration)."""
-    return await anext(reader, _END)
-
-
-def _cancel(*tasks: asyncio.Future[Any] | None) -> None:
-    for task in tasks:
-        if task is not None and not task.done():
-            task.cancel()
-
-
-async def _settle(*tasks: asyncio.Future[Any] | None) -> None:
-    """Let cancelled tasks finish, so none is left pending (or its exception unretrieved) after the stream."""
-    for task in tasks:
-        if task is not None:
-            with contextlib.suppress(BaseException):
-                await task
-
-
-class GuardChecks:
-    """`Checks` by the proxy's guard: the configured detector on each prefix with the request's question and
-    context, policy deciding once on each check as a stream checked as it flows can act on it (`Reach.WITHHOLD`);
-    the stream's verdict carried out and audited by the guard. `whole` is the whole answer once the upstream has
-    ended, as its dialect reads it (tool calls and all); a prefix is read as an answer of its text alone."""
-
-    def __init__(self, guard: Guard, request: CheckRequest, whole: Callable[[], Answer]) -> None:
-        self.guard = guard
-        self.request = request
-        self.answer = whole
-        self.record: DecisionRecord | None = None  # the stream's settled verdict, once closed
-        self._cleared: tuple[str, Found] | None = None  # the last prefix that passed: what the check read, found
-        self.memo = guard.checker.memo(request)  # the stream's checks: each sentence asked once, within one budget
-        self.fill = guard.checker.sentences_per_call(request)
-
-    @property
-    def closed(self) -> bool:
-        return self.record is not None
-
-    async def prefix(self, text: str) -> PrefixCheck:
-        answer = Answer.of_text(text)
-        found = await self.guard.find(self.request, answer, self.memo)
-        check = _of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD))
-        if not check.blocks:
-            self._cleared = (self.guard.checked_text(answer), found)
-        return check
-
-    async def whole(self, text: str) -> PrefixCheck:
-        answer = self.answer()
-        cleared = self._cleared
-        if cleared is not None and cleared[0].strip() == self.guard.checked_text(answer).strip():
-            found = cleared[1]  # that very text was checked: what the check found stands, and policy decides anew
-        else:                  # on the whole answer, with all it holds beside that text
-            found = await self.guard.find(self.request, answer, self.memo)
-        check = replace(_of(self.guard.decide(self.request, answer, found, Reach.WITHHOLD)), whole=True)
-        # where the whole check read only part of the answer, its offset is in the text it read (the answer's fields
-        # in the check's order); it stands for the engine's text only where the two agree that far
-        read_to = check.read_to
-        if read_to is not None and self.guard.checked_text(answer)[:read_to] != text[:read_to]:
-            check = replace(check, read_to=None)
-        return check
-
-    async def close(self, text: str, deciding: PrefixCheck, released: Released) -> Closing:
-        outcome: CheckOutcome = deciding.outcome
-        span = self.request.chat_span
-        answer = self.answer() if deciding.whole else Answer.of_text(text)
-        with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
-            self.record = (await self.guard.carry_out(self.request, answer, outcome, released)).record
-        return Closing(self.record.payload(), deciding.blocks, outcome.decision.safe_message)
-
-
-def _of(outcome: CheckOutcome) -> PrefixCheck:
-    detection = outcome.detection
-    placed: tuple[Claim, ...] = ()
-    if detection is not None:
-        threshold = outcome.decision.threshold
-        placed = tuple(Claim(f.start, f.end, f.score, f.score >= threshold) for f in claims(detection.factoids)
-                       if f.start is not None and f.end is not None)
-    blocks = outcome.decision.action in ENDS_STREAM
-    read_to = detection.unchecked_from if detection is not None and blocks and not outcome.decision.flagged else None
-    return PrefixCheck(flagged=outcome.decision.flagged, blocks=blocks,
-                       score=detection.score if detection is not None else None, claims=placed, outcome=outcome,
-                       read_to=read_to)

@@ -1,10 +1,11 @@
 """What one check is about (`CheckRequest`), the answer it reads (`Answer`), what the check found (`Found`), policy's
-decision on it (`CheckOutcome`) and the answer as the guard leaves it (`Settled`): the typed values the request path
-hands from one step to the next."""
+decision on it (`CheckOutcome`), the answer as the guard leaves it (`Settled`) and what a gateway is told of an answer
+of several choices (`Verdict`): the typed values the request path hands to the settle side and gets back."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,9 +13,11 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
 
 from morphguard.models import Decision, Detection, RagInput
 from morphguard.policy import answers
+from morphguard.policy.answers import as_completion
 from morphguard.policy.engine import Finding, Holds
 from morphguard.policy.record import DecisionRecord
-from morphguard.proxy.dialects.base import as_completion
+
+Reask = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]  # how to ask the provider again (`regenerate`)
 
 
 @dataclass
@@ -31,7 +34,7 @@ class CheckRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
-    client: str = ""  # who asked, for fair shares of the judge and the threads (`llm.fair.client_id`: never the key)
+    client: str = ""  # who asked, for fair shares of the judge and the threads (`fairness.client_id`: never the key)
     gateway: str | None = None  # the gateway that asked and what it was told (`DecisionRecord.gateway`)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,3 +118,31 @@ class Settled:
 
     answer: Answer
     record: DecisionRecord
+
+
+# What a gateway is told of an answer (`DecisionRecord.gateway` records it as `<gateway>:<told>`).
+DENY, PASS, FAILED = "deny", "pass", "failed"
+TOO_MANY = "too_many_choices"  # the reason of the one row of the choices past `proxy.max_choices`
+
+
+@dataclass
+class Verdict:
+    """What a gateway is told of an answer: each checked choice as policy left it (`answers`), every record (one
+    per checked choice, and one for the choices past the cap), and whether the answer fails."""
+
+    answers: list[dict[str, Any]]
+    records: list[DecisionRecord]
+    fails: bool
+    deciding: DecisionRecord
+    refusal: str | None  # what a client is shown instead of a failing answer: the first blocked choice as withheld
+
+    def payload(self) -> dict[str, Any]:
+        """The decision shown: the deciding record's, with each record's under `choices` when there are several."""
+        data = self.deciding.payload()
+        if len(self.records) > 1:
+            data["choices"] = [r.payload() for r in self.records]
+        return data
+
+
+def label(gateway: str | None, told: str) -> str | None:
+    return f"{gateway}:{told}" if gateway else None

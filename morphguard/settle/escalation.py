@@ -31,7 +31,7 @@ from tenacity import (
 
 from morphguard.config import EscalationSettings
 from morphguard.policy.audit import AuditStore, process_identity
-from morphguard.proxy.outage import Outage
+from morphguard.settle.outage import Outage
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from morphguard.config import ProxySettings
 from morphguard.detectors.text import sentences
 from morphguard.models import RagInput
 from morphguard.policy.record import Released
-from morphguard.proxy.check import Answer, CheckRequest
-from morphguard.proxy.incremental import Claim, Closing, GuardChecks, Incremental, PrefixCheck
 from morphguard.proxy.stream_modes import stream_mode
+from morphguard.settle.incremental import Claim, Closing, Incremental, PrefixCheck
+from morphguard.settle.values import Answer, CheckRequest
 
 
 @dataclass(frozen=True)
@@ -505,7 +505,7 @@ def guard(tmp_path):
     from morphguard.config import Config
     from morphguard.detectors import build_detector
     from morphguard.policy.engine import PolicyEngine
-    from morphguard.proxy.guard import build_guard
+    from morphguard.settle.guard import build_guard
 
     config = Config.model_validate({
         "detector": {"name": "grounding"},
@@ -523,9 +523,10 @@ class Visit:
     def __init__(self, guard, whole=None) -> None:
         request = CheckRequest(body={}, rag=RagInput(question="When and how much?", passages=[VISIT_CONTEXT]),
                                source="explicit", profile="general", topic="general")
-        self.checks = GuardChecks(guard, request, lambda: (whole or Answer.of_text)(self.engine.text))
+        streaming = guard.stream(request)
+        self.engine = streaming.flowing(Plain(), lambda: (whole or Answer.of_text)(self.engine.text))
+        self.checks = streaming.checks
         self.upstream = Upstream()
-        self.engine = Incremental(Plain(), self.checks)
 
 
 def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_went_out(guard):
@@ -614,7 +615,7 @@ def test_a_whole_answer_whose_text_passed_as_a_prefix_is_still_decided_on_what_e
     from morphguard.detectors import build_detector
     from morphguard.policy.engine import PolicyEngine
     from morphguard.proxy.dialects.base import as_completion
-    from morphguard.proxy.guard import build_guard
+    from morphguard.settle.guard import build_guard
 
     config = Config.model_validate({
         "detector": {"name": "grounding"},

@@ -22,8 +22,8 @@ from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
-from morphguard.proxy.check import Answer, CheckOutcome, CheckRequest
-from morphguard.proxy.checker import Checker
+from morphguard.settle.check import Checker
+from morphguard.settle.values import Answer, CheckOutcome, CheckRequest
 from tests.scripted_llm import ScriptedLLM, completion
 from tests.servers import bound_socket
 

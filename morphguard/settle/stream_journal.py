@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from morphguard.proxy.outage import Outage
+from morphguard.settle.outage import Outage
 
 log = logging.getLogger(__name__)
 

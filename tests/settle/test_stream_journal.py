@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from morphguard.proxy import stream_journal
-from morphguard.proxy.stream_journal import StreamJournal
+from morphguard.settle import stream_journal
+from morphguard.settle.stream_journal import StreamJournal
 
 
 def test_a_dead_process_leaves_its_open_streams_with_what_they_released(tmp_path, monkeypatch):
@@ -38,7 +38,7 @@ def test_what_was_released_is_noted_at_most_every_quarter_second(tmp_path):
 
 def test_a_journal_folder_that_cannot_be_written_leaves_the_proxy_serving_and_says_so(tmp_path, caplog):
     """A read-only root file system (the hardened containers) must not stop the proxy from starting."""
-    from morphguard.proxy.guard import _journal
+    from morphguard.settle.trail import _journal
 
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")

@@ -26,7 +26,7 @@ from morphguard.policy.audit import AuditStore
 from morphguard.policy.comparison import Outcome
 from morphguard.policy.record import DecisionRecord
 from morphguard.policy.replay import Depth, Replayer
-from morphguard.proxy.check import CheckRequest
+from morphguard.settle.values import CheckRequest
 
 log = logging.getLogger(__name__)
 

@@ -46,17 +46,19 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data" / "ragtruth" / "test_qa.jsonl"
-# name: (the exported architecture, verifier shape, window tokens)
+# name: (the exported architecture, its folder (int8: quantized), verifier shape, window tokens, other settings)
 MODELS = {
-    "modernbert-base": ("modernbert-base", "tokens", 4096),
-    "modernbert-large": ("modernbert-large", "tokens", 4096),
-    "deberta-v3-large": ("deberta-v3-large", "claims", 512),
-    "t5-base": ("t5-base", "claims", 512),
+    "modernbert-base": ("modernbert-base", "modernbert-base", "tokens", 4096, {}),
+    "modernbert-large": ("modernbert-large", "modernbert-large", "tokens", 4096, {}),
+    "deberta-v3-large": ("deberta-v3-large", "deberta-v3-large", "claims", 512, {}),
+    "t5-base": ("t5-base", "t5-base", "claims", 512, {}),
     # the base-size ones with their weights quantized to int8 (ONNX Runtime's dynamic quantization)
-    "modernbert-base-int8": ("modernbert-base", "tokens", 4096),
-    "t5-base-int8": ("t5-base", "claims", 512),
+    "modernbert-base-int8": ("modernbert-base", "modernbert-base-int8", "tokens", 4096, {}),
+    "t5-base-int8": ("t5-base", "t5-base-int8", "claims", 512, {}),
+    # and reading at most 128 tokens of context, the sentences most relevant to the answer
+    "modernbert-base-int8-context128": ("modernbert-base", "modernbert-base-int8", "tokens", 4096,
+                                        {"context_tokens": 128}),
 }
-EXPORTED = sorted({source for source, _, _ in MODELS.values()})
 
 
 def item(path: Path) -> dict:
@@ -71,7 +73,7 @@ def item(path: Path) -> dict:
 
 # --- the export, run with --export-python (torch and transformers) -------------------------------------------------
 
-def export(out: Path) -> None:
+def export(out: Path, names: set[str]) -> None:
     import torch
     from transformers import (
         DebertaV2Config,
@@ -101,7 +103,7 @@ def export(out: Path) -> None:
     }
     for name, make in built.items():
         folder = out / name
-        if (folder / "model.onnx").is_file():
+        if name not in names or (folder / "model.onnx").is_file():
             continue
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -155,22 +157,42 @@ def quantized(source: Path, folder: Path) -> None:
 
 
 def timed(detector, question: str, passages: list[str], answer: str, checks: int) -> dict:
+    """`checks` timed checks after one untimed: wall and CPU time, the load average over them, and for a model run
+    in process the tokens it was fed (padded to each batch's longest, and the real ones)."""
     from morphguard.models import RagInput
 
     rag = RagInput(question=question, passages=passages)
+    fed = {"padded": 0, "real": 0, "runs": 0}
+    session = getattr(getattr(detector, "model", None), "session", None)
+    if session is not None:
+        run_model = session.run
+
+        def counted(outputs, feed):
+            fed["padded"] += int(feed["attention_mask"].size)
+            fed["real"] += int(feed["attention_mask"].sum())
+            fed["runs"] += 1
+            return run_model(outputs, feed)
+
+        detector.model.session = type("Counted", (), {"run": staticmethod(counted)})()
 
     async def run() -> dict:
         found = await detector.detect(rag, answer)  # untimed: first-run allocations, a server's warm-up
+        fed.update(padded=0, real=0, runs=0)
         walls, cpus = [], []
+        load = os.getloadavg()[0]
         for _ in range(checks):
             wall, cpu = time.perf_counter(), time.process_time()
             found = await detector.detect(rag, answer)
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
         walls.sort()
-        return {"median_ms": round(1000 * statistics.median(walls)), "p95_ms": round(1000 * walls[
+        row = {"median_ms": round(1000 * statistics.median(walls)), "p95_ms": round(1000 * walls[
             min(len(walls) - 1, int(0.95 * len(walls)))]), "cpu_ms": round(1000 * statistics.median(cpus)),
-            "sequences_or_calls": found.settings.get("sequences", found.cost.llm_calls), "score": round(found.score, 3)}
+            "sequences_or_calls": found.settings.get("sequences", found.cost.llm_calls), "score": round(found.score, 3),
+            "load_1m": [round(load, 1), round(os.getloadavg()[0], 1)]}
+        if fed["runs"]:
+            row["tokens_per_check"] = {k: v // checks for k, v in fed.items()}
+        return row
 
     return asyncio.run(run())
 
@@ -186,36 +208,39 @@ def main() -> None:
     parser.add_argument("--export-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.export_only:
-        export(args.models)
+        export(args.models, set(args.only.split(",")))
         return
     chosen = set(args.only.split(","))
     answer_item = item(DATA)
-    if args.export_python and any(not (args.models / m / "model.onnx").is_file() for m in EXPORTED):
+    needed = {MODELS[m][0] for m in chosen if m in MODELS}
+    if args.export_python and any(not (args.models / m / "model.onnx").is_file() for m in needed):
         args.models.mkdir(parents=True, exist_ok=True)
-        subprocess.run([args.export_python, __file__, "--export-only", "--models", str(args.models)], check=True)
+        subprocess.run([args.export_python, __file__, "--export-only", "--models", str(args.models),
+                        "--only", ",".join(sorted(needed))], check=True)
     vocabulary = tokenizer(answer_item["corpus"])
-    for name, (source, _, _) in MODELS.items():
-        if name in chosen and name != source:
-            quantized(args.models / source, args.models / name)
-        if (args.models / name).is_dir():
-            vocabulary.save(str(args.models / name / "tokenizer.json"))
+    for name, (source, folder, *_) in MODELS.items():
+        if name in chosen and folder != source:
+            quantized(args.models / source, args.models / folder)
+        if (args.models / folder).is_dir():
+            vocabulary.save(str(args.models / folder / "tokenizer.json"))
 
     sys.path.insert(0, str(HERE))
     from proxy_overhead import free_port, process
 
-    from morphguard.config import Config, VerifierSettings
+    from morphguard.config import Config
     from morphguard.detectors import build_detector
 
     cpus = len(os.sched_getaffinity(0))
     rows: dict[str, dict] = {}
     question, passages, answer = answer_item["question"], answer_item["passages"], answer_item["answer"]
-    for name, (_, shape, window) in MODELS.items():
+    for name, (_, folder, shape, window, other) in MODELS.items():
         if name not in chosen:
             continue
-        settings = VerifierSettings(model=str(args.models / name), shape=shape, max_tokens=window, threads=cpus)
-        detector = build_detector(Config().with_section("verifier", settings), name="verifier")
-        rows[f"verifier {name} ({shape})"] = timed(detector, question, passages, answer, args.checks)
-        print(name, rows[f"verifier {name} ({shape})"], flush=True)
+        config = Config.model_validate({"judge": {"runtime": "onnx", "model": str(args.models / folder)},
+                                        "verifier": {"shape": shape, "max_tokens": window, "threads": cpus, **other}})
+        key = f"verifier {name} ({shape})"
+        rows[key] = timed(build_detector(config, name="verifier"), question, passages, answer, args.checks)
+        print(name, rows[key], flush=True)
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         if "sentences" in chosen:
             port = free_port()
@@ -236,9 +261,13 @@ def main() -> None:
               "context_chars": sum(map(len, passages)), "rows": rows}
     out = HERE / "results" / "verifier_latency.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| check | median ms | p95 ms | CPU ms | sequences (calls) |\n|---|---|---|---|---|")
+    print("\n| check | median ms | p95 ms | CPU ms | sequences (calls) | tokens fed (real) | load 1 min |\n"
+          "|---|---|---|---|---|---|---|")
     for key, row in rows.items():
-        print(f"| {key} | {row['median_ms']} | {row['p95_ms']} | {row['cpu_ms']} | {row['sequences_or_calls']} |")
+        tokens = row.get("tokens_per_check")
+        fed = f"{tokens['padded']} ({tokens['real']})" if tokens else "-"
+        print(f"| {key} | {row['median_ms']} | {row['p95_ms']} | {row['cpu_ms']} | {row['sequences_or_calls']} | "
+              f"{fed} | {row['load_1m'][0]}-{row['load_1m'][1]} |")
     print(f"wrote {out}")
 
 

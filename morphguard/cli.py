@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
                        "(exit code 2 if one cannot be called)",
         description="Call each judge the configured check uses once and print a line per judge: whether it "
                     "answered, its provider, whether it returns log-probabilities, whether it reasons, and how "
-                    "long the probe took. Exit code 0 when every judge answered, 2 when one cannot be called.")
+                    "long the probe took; for a trained verifier, its model, runtime and shape, loaded and asked "
+                    "once. Exit code 0 when every judge answered, 2 when one cannot be called.")
     _config_option(doctor)
     doctor.set_defaults(run=_doctor)
 
@@ -420,10 +421,18 @@ def _doctor(args: argparse.Namespace) -> int:
     import asyncio
 
     from morphguard.detectors import stage_models
-    from morphguard.detectors.judges import probe_judges
+    from morphguard.detectors.judges import probe_judges, probe_verifier
     from morphguard.llm import build_client
 
     config = _load(args)
+    verifier = asyncio.run(probe_verifier(config))
+    if verifier is not None:
+        print(f"{'ok  ' if verifier.error is None else 'FAIL'} verifier {verifier.model} (runtime {verifier.runtime}; "
+              f"shape {verifier.shape}; {'loaded and ' if verifier.runtime == 'onnx' else ''}"
+              f"probe {verifier.seconds:.1f} s)")
+        if verifier.error is not None:
+            print(f"     {mask_secrets(verifier.error)}")
+        return EXIT_OK if verifier.error is None else EXIT_ERROR
     models = stage_models(config)
     if not models:
         print(f"the detector {config.detector.name} calls no judge")

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -40,7 +41,14 @@ class CacheSettings(Section):
 
 
 class JudgeSettings(Section):
+    # The judge: "local" (the embedded chat model), any model litellm reaches ("openai/gpt-4.1-mini"), or, with a
+    # verifier `runtime`, the trained verifier: its folder (onnx; or a hub id) or the name its server serves it under.
     model: str = "local"
+    # How the judge runs. llm: a chat model, asked each check's questions. A trained verifier (the `verifier` check,
+    # tuned in the `verifier` section): onnx, in process with ONNX Runtime; tei, a Text Embeddings Inference server's
+    # /predict; vllm-classify, vllm-score: a vLLM pooling server's /classify (one text per pair: set
+    # verifier.template) or /score (premise and hypothesis as a pair), at `api_base`.
+    runtime: Literal["llm", "onnx", "tei", "vllm-classify", "vllm-score"] = "llm"
     api_base: str | None = None
     api_key: SecretStr | None = None
     timeout_s: float = Field(120.0, gt=0)
@@ -58,6 +66,15 @@ class JudgeSettings(Section):
     # One probe call per judge model at start (serve, worker, check): "required" refuses to start with a judge
     # that cannot answer, "warn" logs it and starts (checks then fail as `on_error` says), "off" skips it.
     probe: Literal["required", "warn", "off"] = "required"
+
+    @model_validator(mode="after")
+    def _verifier_named(self) -> JudgeSettings:
+        if self.runtime != "llm" and self.model == "local":
+            raise ValueError(f"judge.runtime {self.runtime}: set judge.model to the verifier's folder (onnx) or the "
+                             f"name its server serves it under")
+        if self.runtime not in ("llm", "onnx") and not self.api_base:
+            raise ValueError(f"judge.runtime {self.runtime} needs judge.api_base, the server's base URL")
+        return self
 
 
 class LocalModelSettings(Section):
@@ -99,7 +116,7 @@ AUTO_DETECTOR = "auto"
 
 
 class DetectorSettings(Section):
-    # A detector of DETECTOR_SECTIONS, or "auto": `verifier` where a trained verifier is configured (verifier.model),
+    # A detector of DETECTOR_SECTIONS, or "auto": `verifier` where the judge is a trained verifier (judge.runtime),
     # else `combined` with the judge its weights were fitted with (the embedded one), `sentences` with any other judge
     # (`detectors.registry.resolve_auto`).
     name: str = AUTO_DETECTOR
@@ -272,20 +289,13 @@ class SpotCheckSettings(Section):
 
 
 class VerifierSettings(Section):
-    """The `verifier` config section: a trained hallucination detector (detectors/verifier.py), run in process with
-    ONNX Runtime or served by Text Embeddings Inference or vLLM (llm/verifiers.py)."""
+    """The `verifier` config section: how the check reads the trained verifier the judge names (`judge.runtime`
+    onnx, tei, vllm-classify or vllm-score, and `judge.model`; detectors/verifier.py, llm/verifiers.py). The judge
+    settings it runs with are joined in by `judged_by`; they are not keys of this section."""
 
-    # A folder holding the ONNX export and its tokenizer.json (in process), a hub id to fetch them from where the hub
-    # can be reached, or the model name a server is asked for. None: no verifier is configured.
-    model: str | None = None
     # claims: premise + hypothesis -> P(supported) per answer sentence (HHEM, MiniCheck, FactCG, NLI cross-encoders);
-    # tokens: context + question + answer -> a label per answer token (LettuceDetect)
+    # tokens: context + question + answer -> a label per answer token (LettuceDetect; in process only)
     shape: Literal["claims", "tokens"] = "claims"
-    # onnx: in process; tei: a Text Embeddings Inference server's /predict; vllm-classify, vllm-score: a vLLM pooling
-    # server's /classify (one text per pair, so `template` is needed) or /score (premise and hypothesis as a pair)
-    runtime: Literal["onnx", "tei", "vllm-classify", "vllm-score"] = "onnx"
-    url: str | None = None  # the server's base URL (tei, vllm-*)
-    api_key: SecretStr | None = None  # sent as a bearer token to the server, where it asks for one
     file: str = "model.onnx"  # the ONNX graph in the model's folder
     # The label that means supported (claims) or hallucinated (tokens): its name in the model's id2label, or its
     # index. HHEM, MiniCheck and FactCG: 1; LettuceDetect: 1 (hallucinated); an MNLI cross-encoder: "entailment".
@@ -298,30 +308,40 @@ class VerifierSettings(Section):
     # premise and hypothesis as the tokenizer's pair (claims), LettuceDetect's question-answering prompt (tokens).
     template: str | None = None
     context_budget: int = Field(8000, ge=200)  # characters of context per answer sentence, the most relevant first
+    # Tokens of context a token classifier reads: the context sentences most relevant to the answer, in context
+    # order, counted by the model's tokenizer. Fewer tokens, a faster check (attention grows with their square),
+    # and a model that no longer sees the rest of the context. None: all of `context_budget`.
+    context_tokens: int | None = Field(None, ge=16)
     batch: int = Field(8, ge=1, le=256)  # sequences per model run (onnx) or per request (served)
     threads: int | None = Field(None, ge=1)  # ONNX Runtime's threads per run; None: the CPUs this process may use
     # A file written by `morphguard calibrate` for this model: the logistic that turns its score into a
     # probability, and the thresholds fitted on the team's labels. None: the model's own probability.
     calibration: str | None = None
-    # A served verifier's calls follow the judge's rules (retries with backoff on 408, 429, 5xx and dropped
-    # connections; a timeout per try; places taken by clients in turn), with figures of their own.
-    timeout_s: float = Field(30.0, gt=0)
-    max_attempts: int = Field(4, ge=1)
-    concurrency: int = Field(8, ge=1)
 
-    @model_validator(mode="after")
-    def _runnable(self) -> VerifierSettings:
-        if self.runtime != "onnx" and not self.url:
-            raise ValueError(f"verifier.runtime {self.runtime} needs verifier.url, the server's base URL")
-        if self.runtime != "onnx" and self.shape == "tokens":
-            raise ValueError("a token classifier runs in process only (verifier.runtime: onnx): Text Embeddings "
-                             "Inference and vLLM's /classify and /score give one score per sequence")
-        if self.runtime == "vllm-classify" and self.shape == "claims" and not self.template:
-            raise ValueError("verifier.runtime vllm-classify takes one text per pair: set verifier.template")
-        if self.runtime == "vllm-score" and self.template:
-            raise ValueError("verifier.runtime vllm-score sends premise and hypothesis as a pair: unset "
-                             "verifier.template, or use vllm-classify")
-        return self
+    _judge: JudgeSettings = PrivateAttr(default_factory=JudgeSettings)
+
+    def judged_by(self, judge: JudgeSettings) -> VerifierSettings:
+        """These settings for the verifier `judge` names."""
+        joined = self.model_copy()
+        joined._judge = judge
+        return joined
+
+    @property
+    def judge(self) -> JudgeSettings:
+        return self._judge
+
+    @property
+    def model(self) -> str | None:
+        """The verifier's folder, hub id or served name; None where the judge is a chat model."""
+        return self._judge.model if self._judge.runtime != "llm" else None
+
+    @property
+    def runtime(self) -> str:
+        return self._judge.runtime
+
+    @property
+    def url(self) -> str | None:
+        return self._judge.api_base
 
 
 DETECTOR_SECTIONS: dict[str, type[Section]] = {
@@ -782,6 +802,19 @@ class Config(Section):
             if not isinstance(extra.get(key), model):
                 extra[key] = model.model_validate(extra.get(key) or {})
         self.__pydantic_extra__ = extra
+        return self
+
+    @model_validator(mode="after")
+    def _verifier_runs(self) -> Config:
+        runtime, verifier = self.judge.runtime, self.section("verifier", VerifierSettings)
+        if runtime not in ("llm", "onnx") and verifier.shape == "tokens":
+            raise ValueError("a token classifier runs in process only (judge.runtime: onnx): Text Embeddings "
+                             "Inference and vLLM's /classify and /score give one score per sequence")
+        if runtime == "vllm-classify" and verifier.shape == "claims" and not verifier.template:
+            raise ValueError("judge.runtime vllm-classify takes one text per pair: set verifier.template")
+        if runtime == "vllm-score" and verifier.template:
+            raise ValueError("judge.runtime vllm-score sends premise and hypothesis as a pair: unset "
+                             "verifier.template, or use vllm-classify")
         return self
 
     def section(self, name: str, model: type[S]) -> S:

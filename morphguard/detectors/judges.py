@@ -57,32 +57,63 @@ async def require_judges(config: Config, llm: LLMClient | None, name: str | None
     for status in await probe_judges(config, llm, name, skip=frozenset({LOCAL_MODEL})):
         if status.error is None:
             continue
-        message = f"the judge {status.model} cannot be called: {status.error}"
-        if config.judge.probe == "required":
-            raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
-                                            "anyway, and checks then fail as the profile's on_error says)")
-        log.warning("%s; starting anyway (judge.probe: warn)", message)
+        _unanswered(config, f"the judge {status.model} cannot be called: {status.error}")
+
+
+def _unanswered(config: Config, message: str) -> None:
+    """As `judge.probe` says of a judge that cannot answer: refuse to start (required), or warn and start."""
+    if config.judge.probe == "required":
+        raise MorphguardError(message + " (`morphguard doctor` shows each judge; judge.probe: warn starts "
+                                        "anyway, and checks then fail as the profile's on_error says)")
+    log.warning("%s; starting anyway (judge.probe: warn)", message)
+
+
+@dataclass(frozen=True)
+class VerifierStatus:
+    model: str  # the folder, hub id or served name (judge.model)
+    runtime: str  # onnx, tei, vllm-classify, vllm-score
+    shape: str  # claims or tokens
+    seconds: float  # loading it (in process) and one check of a statement against itself
+    error: str | None = None  # None: it loaded and answered
+
+
+PROBE_STATEMENT = "Water boils at 100 degrees Celsius at sea level."
+
+
+async def probe_verifier(config: Config, name: str | None = None) -> VerifierStatus | None:
+    """The trained verifier the check `name` (None: the configured one) reads, built (loaded, in process) and asked
+    once about a statement against itself; None where the check reads none."""
+    from morphguard.config import VerifierSettings
+    from morphguard.detectors.verifier import build_verifier
+
+    spec, settings = resolve(config, name)
+    if spec.name != "verifier" or not isinstance(settings, VerifierSettings):
+        return None
+    started, error = time.perf_counter(), None
+    try:
+        verifier = build_verifier(settings)
+        try:
+            if settings.shape == "tokens":
+                await verifier.hallucinated([(PROBE_STATEMENT, PROBE_STATEMENT)])
+            else:
+                template = settings.template
+                await verifier.supported([(template.format(premise=PROBE_STATEMENT, hypothesis=PROBE_STATEMENT), None)
+                                          if template else (PROBE_STATEMENT, PROBE_STATEMENT)])
+        finally:
+            await verifier.aclose()
+    except Exception as exc:
+        error = str(exc) or type(exc).__name__
+    return VerifierStatus(str(settings.model), settings.runtime, settings.shape, time.perf_counter() - started, error)
 
 
 async def _require_verifier(config: Config, name: str | None) -> None:
-    """A served verifier asked once, as a judge is probed (one loaded in process was loaded when it was built)."""
-    from morphguard.config import VerifierSettings
-    from morphguard.llm.served import ServedVerifier
-
-    spec, settings = resolve(config, name)
-    if spec.name != "verifier" or not isinstance(settings, VerifierSettings) or settings.runtime == "onnx":
+    """A served verifier asked once, as a judge is probed (one run in process was loaded when it was built)."""
+    if config.judge.runtime in ("llm", "onnx"):
         return
-    statement = "Water boils at 100 degrees Celsius at sea level."
-    try:
-        template = settings.template
-        text = (template.format(premise=statement, hypothesis=statement), None) if template else (statement, statement)
-        await ServedVerifier(settings).supported([text])
-    except Exception as exc:
-        message = f"the verifier {settings.model} at {settings.url} cannot be called: {exc}"
-        if config.judge.probe == "required":
-            raise MorphguardError(message + " (judge.probe: warn starts anyway, and checks then fail as the "
-                                            "profile's on_error says)") from None
-        log.warning("%s; starting anyway (judge.probe: warn)", message)
+    status = await probe_verifier(config, name)
+    if status is None or status.error is None:
+        return
+    _unanswered(config, f"the verifier {status.model} at {config.judge.api_base} cannot be called: {status.error}")
 
 
 def _warn_of_calibration(config: Config, name: str | None) -> None:

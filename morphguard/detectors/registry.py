@@ -17,8 +17,9 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
-from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config, VerifierSettings
+from morphguard.config import AUTO_DETECTOR, DETECTOR_SECTIONS, Config
 from morphguard.detectors.prompts import template
+from morphguard.errors import MorphguardError
 from morphguard.llm import LLMClient, build_client
 from morphguard.llm.local import LOCAL_MODEL
 from morphguard.models import Detection, RagInput
@@ -58,9 +59,11 @@ class DetectorSpec(Generic[S]):
     profiles: Collection[str] = ()  # `name:PROFILE` sets the settings' `profile` field
     # The judge its fitted numbers were fitted with (`judge_identity`), None where it has none or they name none.
     fitted_judge: Callable[[S], dict[str, Any] | None] = lambda settings: None
+    # Its settings joined with the judge's, for a detector whose judge is not reached through the LLM client.
+    judged: Callable[[S, Config], S] = lambda settings, config: settings
 
     def settings_of(self, config: Config, profile: str = "") -> S:
-        settings = config.section(self.name, self.settings)
+        settings = self.judged(config.section(self.name, self.settings), config)
         return settings.model_copy(update={"profile": profile}) if profile else settings
 
 
@@ -100,13 +103,12 @@ VERIFIER_CHOICE = "verifier"  # before both, where one is configured
 
 
 def resolve_auto(config: Config) -> tuple[str, str]:
-    """What `detector.name: auto` runs with this config, and why. `verifier` where a trained verifier is configured
-    (`verifier.model`); else `combined` where its weights were fitted with the configured judge (the shipped ones:
+    """What `detector.name: auto` runs with this config, and why. `verifier` where the judge is a trained verifier
+    (`judge.runtime`); else `combined` where its weights were fitted with the configured judge (the shipped ones:
     the embedded judge), else `sentences`, which leaves each sentence's call to the judge instead of to weights
     fitted around another one."""
-    verifier = config.section(VERIFIER_CHOICE, VerifierSettings).model
-    if verifier is not None:
-        return VERIFIER_CHOICE, f"a trained verifier is configured (verifier.model: {verifier})"
+    if config.judge.runtime != "llm":
+        return VERIFIER_CHOICE, f"the judge is a trained verifier ({config.judge.model}, {config.judge.runtime})"
     spec = SPECS[FITTED_CHOICE]
     settings = spec.settings_of(config)
     judge = judge_identity(config, getattr(settings, "model", None))
@@ -149,6 +151,10 @@ def build_detector(config: Config, llm: LLMClient | None = None, name: str | Non
         log.info("detector auto: %s, because %s (set detector.name to choose)", name, why)
     spec, settings = resolve(config, name)
     models = spec.models(settings)
+    if models and config.judge.runtime != "llm":
+        raise MorphguardError(f"the {spec.name} check asks a chat model, and the judge is a trained verifier "
+                              f"(judge.runtime: {config.judge.runtime}): it runs the verifier check (detector.name: "
+                              f"auto or verifier)")
     if llm is None and models:
         llm = build_client(config, models)
     # A detector that names no model never touches the client: it may be None there.

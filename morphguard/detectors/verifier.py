@@ -36,6 +36,7 @@ from morphguard.detectors.sentences import calibrated
 from morphguard.detectors.text import sentences
 from morphguard.errors import MorphguardError
 from morphguard.lanes import in_thread
+from morphguard.llm.client import calls_left
 from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches
 from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, RagInput, StageCost
 
@@ -91,8 +92,9 @@ def identity(settings: VerifierSettings) -> dict[str, Any]:
 def build_verifier(settings: VerifierSettings) -> Verifier:
     """The configured model, loaded (in process) or addressed (served)."""
     if settings.model is None:
-        raise MorphguardError("the verifier check needs verifier.model: a folder holding the ONNX export and its "
-                              "tokenizer, a hub id, or the name a server serves the model under")
+        raise MorphguardError("the verifier check needs a trained verifier as the judge: judge.runtime (onnx, tei, "
+                              "vllm-classify, vllm-score) and judge.model (a folder holding the ONNX export and its "
+                              "tokenizer, a hub id, or the name a server serves the model under)")
     if settings.runtime == "onnx":  # its imports (numpy, the optional ONNX Runtime) only where it runs
         from morphguard.llm.onnx_model import OnnxVerifier
 
@@ -133,18 +135,41 @@ class VerifierCheck:
         size = rag.size(answer)
         if self.settings.shape == "claims":
             planned = await in_thread(self._windows, rag, answer, size=size)
-            texts = [self._text(window.text, answer[s:e]) for s, e, windows in planned for window in windows]
+            asked = [[self._text(window.text, answer[s:e]) for window in windows] for s, e, windows in planned]
+            read = self._within_cap(asked)
+            texts = [text for sentence in asked[:read] for text in sentence]
             supported = await self.model.supported(texts)
-            scored, sequences = _claims(self.model.name, planned, supported), len(texts)
+            scored, sequences = _claims(self.model.name, planned[:read], supported), len(texts)
+            unchecked = planned[read][0] if read < len(planned) else None
         else:
             prompt, parts = await in_thread(self._prompt, rag, answer, size=size)
-            labelled = await self.model.hallucinated([(prompt, answer[s:e]) for s, e in parts])
+            read = self._within_cap([[(prompt, answer[s:e])] for s, e in parts])
+            labelled = await self.model.hallucinated([(prompt, answer[s:e]) for s, e in parts[:read]])
             tokens = [TokenScore(s + t.start, s + t.end, t.probability)
-                      for (s, _), found in zip(parts, labelled, strict=True) for t in found]
+                      for (s, _), found in zip(parts[:read], labelled, strict=True) for t in found]
+            unchecked = parts[read][0] if read < len(parts) else None
             # the answer's sentences against its flagged tokens: grows with the answer, so off the event loop
-            scored = await in_thread(_tokens, self.model.name, answer, tokens, size=size)
-            sequences = len(parts)
-        return self._detection(answer, scored, sequences, started)
+            scored = await in_thread(_tokens, self.model.name, answer[:unchecked], tokens, size=size)
+            sequences = read
+        return self._detection(answer, scored, sequences, started, unchecked)
+
+    def _within_cap(self, asked: list[list[Text]]) -> int:
+        """How many of the answer's first parts (each its sequences) the check's judge-call budget leaves room for:
+        all where it leaves room for all, else the most whose model runs or requests fit."""
+        left = calls_left()
+        if left is None or self.model.calls([t for part in asked for t in part]) <= left:
+            return len(asked)
+        low, high = 0, len(asked)  # the calls grow with the parts taken: the most that fit, by bisection
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self.model.calls([t for part in asked[:middle] for t in part]) <= left:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    async def aclose(self) -> None:
+        await self.model.aclose()
 
     def _text(self, premise: str, hypothesis: str) -> Text:
         template = self.settings.template
@@ -176,7 +201,7 @@ class VerifierCheck:
     def _prompt(self, rag: RagInput, answer: str) -> tuple[str, list[tuple[int, int]]]:
         """The prompt before the answer, and the answer's parts: whole sentences, at most half a window each."""
         bounds = sentences(answer)
-        passages = Focus(rag.passages).select([answer[s:e] for s, e in bounds], self.settings.context_budget)
+        passages = self._focused(Focus(rag.passages), [answer[s:e] for s, e in bounds])
         context = "\n".join(f"passage {i}: {p}" for i, p in enumerate(passages, 1))
         prompt = (self.settings.template or TOKENS_PROMPT).format(
             context=context, question=rag.question, num_passages=len(passages))
@@ -193,7 +218,22 @@ class VerifierCheck:
                 used = tokens
         return prompt, parts
 
-    def _detection(self, answer: str, scored: list[Scored], sequences: int, started: float) -> Detection:
+    def _focused(self, focus: Focus, claims: list[str]) -> list[str]:
+        """The context a token classifier reads: the sentences most relevant to the answer, within
+        `verifier.context_budget` characters and `verifier.context_tokens` tokens of the model's tokenizer."""
+        budget, limit = self.settings.context_budget, self.settings.context_tokens
+        passages = focus.select(claims, budget)
+        if limit is None:
+            return passages
+        tokens = self.model.length("\n".join(passages))
+        while tokens > limit and budget > 1:  # characters in proportion to tokens, until the tokens fit
+            budget = max(1, min(budget - 1, int(len("\n".join(passages)) * limit / tokens)))
+            passages = focus.select(claims, budget)
+            tokens = self.model.length("\n".join(passages))
+        return passages
+
+    def _detection(self, answer: str, scored: list[Scored], sequences: int, started: float,
+                   unchecked: int | None) -> Detection:
         read = (lambda s: calibrated(s, self.logistic)) if self.logistic else (lambda s: s)
         deciding = max(scored, key=lambda s: s.score, default=None)
         worst = deciding.score if deciding else 0.0
@@ -217,7 +257,7 @@ class VerifierCheck:
             settings={"model": self.model.name, "shape": self.settings.shape, "runtime": self.settings.runtime,
                       "sequences": sequences, "calls": calls,
                       "explanation": [step.record() for step in explanation]},
-            features={"worst": worst})
+            features={"worst": worst}, unchecked_from=unchecked)
 
 
 def _group(focus: Focus, chosen: list[int], lengths: dict[int, int], room: int, budget: int) -> list[Window]:
@@ -304,5 +344,6 @@ def _factoids(answer: str, scored: Scored, score: float, threshold: float) -> li
 
 register(DetectorSpec(
     name="verifier", settings=VerifierSettings, models=lambda settings: [],
-    fingerprint=lambda settings: {**changed_options(settings), "version": VERSION},
+    fingerprint=lambda settings: {**changed_options(settings), "judge": identity(settings), "version": VERSION},
+    judged=lambda settings, config: settings.judged_by(config.judge),
     build=lambda settings, threshold, llm: VerifierCheck(build_verifier(settings), settings, threshold)))

@@ -112,7 +112,7 @@ def _verifier(labelled: list[tuple[Item, Outcome]], labels: list[bool],
     worst = {o.item_id: fused(o.features, 0.0) for _, o in labelled}  # no whole-answer verdict to weigh
     slope, intercept = fit.calibration([score_log_odds(worst[o.item_id]) for _, o in labelled], labels)
     probability = {i: calibrated(score, (slope, intercept)) for i, score in worst.items()}
-    return ({"judge": verifier_identity(config.section("verifier", VerifierSettings)),
+    return ({"judge": verifier_identity(config.section("verifier", VerifierSettings).judged_by(config.judge)),
              "calibration": [slope, intercept]}, probability)
 
 
@@ -130,5 +130,5 @@ def check_detector(config: Config) -> str:
     if spec.name not in CALIBRATED:
         raise MorphguardError(f"the configured judge runs the {spec.name} check, whose weights `morphguard eval --fit` "
                               "fits; calibrate fits the sentences check (detector.name: sentences, or auto with an API "
-                              "judge) and the verifier check (auto with verifier.model set)")
+                              "judge) and the verifier check (auto with a trained verifier as judge.runtime)")
     return spec.name

@@ -177,6 +177,12 @@ def reserve_up_to(calls: int) -> int:
     return calls if budget is None else budget.reserve_up_to(calls)
 
 
+def calls_left() -> int | None:
+    """The judge calls the current check's budget still leaves; None where no budget is open."""
+    budget = _BUDGET.get()
+    return None if budget is None else max(0, budget.limit - budget.used)
+
+
 class TransientLLMError(LLMError):
     """A failure worth retrying (timeout, 429, 5xx, dropped connection)."""
 

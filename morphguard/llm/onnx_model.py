@@ -41,20 +41,20 @@ def _model_lane() -> Lane:
 
 
 def model_folder(settings: VerifierSettings) -> Path:
-    """The folder of the model: `verifier.model` where it is one, else the hub's copy of the repository it names."""
+    """The folder of the model: `judge.model` where it is one, else the hub's copy of the repository it names."""
     assert settings.model is not None
     folder = Path(settings.model).expanduser()
     if folder.is_dir():
         return folder
     if folder.is_absolute() or settings.model.startswith((".", "~")) or settings.model.count("/") != 1:
-        raise MorphguardError(f"verifier.model {settings.model}: no such folder (nor a hub id, owner/name)")
+        raise MorphguardError(f"judge.model {settings.model}: no such folder (nor a hub id, owner/name)")
     try:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(settings.model, allow_patterns=[settings.file, "tokenizer.json",
                                                                       "config.json"]))
     except Exception as exc:  # no hub package, no network, no such repository: all mean no model
-        raise MorphguardError(f"verifier.model {settings.model}: not a folder, and the hub could not give it "
+        raise MorphguardError(f"judge.model {settings.model}: not a folder, and the hub could not give it "
                               f"({type(exc).__name__})") from None
 
 
@@ -72,8 +72,10 @@ class OnnxVerifier:
         graph, vocabulary = folder / settings.file, folder / "tokenizer.json"
         for needed in (graph, vocabulary):
             if not needed.is_file():
-                raise MorphguardError(f"verifier.model {self.name}: {needed.name} is missing from {folder}")
+                raise MorphguardError(f"judge.model {self.name}: {needed.name} is missing from {folder}")
         options = ort.SessionOptions()
+        # every graph rewrite ONNX Runtime has (fused MatMul + scale, fused int8 MatMuls with the CPU's VNNI or AMX)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = settings.threads or usable_cpus()
         options.inter_op_num_threads = 1
         # Threads that sleep between runs rather than spin: the proxy's event loop and text threads share these CPUs.
@@ -81,12 +83,12 @@ class OnnxVerifier:
         try:
             self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         except Exception as exc:
-            raise MorphguardError(f"verifier.model {self.name}: {graph.name} is not a model ONNX Runtime can "
+            raise MorphguardError(f"judge.model {self.name}: {graph.name} is not a model ONNX Runtime can "
                                   f"load ({str(exc)[:200]})") from None
         self.inputs = {i.name: (np.int32 if "int32" in i.type else np.int64) for i in self.session.get_inputs()}
         missing = {"input_ids", "attention_mask"} - set(self.inputs)
         if missing:
-            raise MorphguardError(f"verifier.model {self.name}: the graph has no input {sorted(missing)[0]}")
+            raise MorphguardError(f"judge.model {self.name}: the graph has no input {sorted(missing)[0]}")
         # One tokenizer counts (no truncation, read from the text threads), one encodes for the model cutting the
         # context first, and one cuts the longest part where the second text alone is longer than a window.
         self.counter, self.tokenizer, self.fallback = (Tokenizer.from_file(str(vocabulary)) for _ in range(3))
@@ -104,13 +106,19 @@ class OnnxVerifier:
     def length(self, text: str) -> int:
         return len(self.counter.encode(text, add_special_tokens=False).ids)
 
+    def calls(self, texts: Sequence[Text]) -> int:
+        return batches(len(texts), self.settings.batch)
+
     async def supported(self, texts: Sequence[Text]) -> list[float]:
-        reserve(batches(len(texts), self.settings.batch))
+        reserve(self.calls(texts))
         return await self._run(self._supported, list(texts)) if texts else []
 
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
-        reserve(batches(len(texts), self.settings.batch))
+        reserve(self.calls(texts))
         return await self._run(self._hallucinated, list(texts)) if texts else []
+
+    async def aclose(self) -> None:
+        """Nothing to close: the session lives as long as the process."""
 
     async def _run(self, func: Callable[[list[Any]], T], texts: list[Any]) -> T:
         """`func(texts)` in the verifier lane; a failure of the model or its tokenizer is the check's error (the
@@ -145,7 +153,7 @@ class OnnxVerifier:
         found: list[list[TokenScore]] = [[] for _ in texts]
         for chosen, logits in self._runs(encodings):
             if logits.ndim != 3:
-                raise MorphguardError(f"verifier.model {self.name}: a token classifier's logits are [batch, tokens, "
+                raise MorphguardError(f"judge.model {self.name}: a token classifier's logits are [batch, tokens, "
                                       f"labels], not {list(logits.shape)} (verifier.shape: claims?)")
             for at, rows in zip(chosen, _softmax(logits), strict=True):
                 encoding = encodings[at]

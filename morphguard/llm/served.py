@@ -10,21 +10,27 @@
   "truncate_prompt_tokens"}`, pairs matched in order; the reply's `data` holds per pair its `index` and `score`, read
   as the probability of supported (a cross-encoder with one output, which vLLM passes through a sigmoid).
 
-Requests follow the judge's rules (`llm.client.retried`): tried `verifier.max_attempts` times on a timeout
-(`verifier.timeout_s` per try), a dropped connection, 408, 429 or a 5xx, with a random exponential backoff; at most
-`verifier.concurrency` at once, the places taken by the checks' clients in turn (`fairness.FairLimit`); each request
-draws one call on the check's budget. A server counts tokens itself: windows are sized here by an estimate of four
+Requests follow the judge's rules (`llm.client.retried`): tried `judge.max_attempts` times on a timeout
+(`judge.timeout_s` per try), a dropped connection, 408, 429 or a 5xx, with a random exponential backoff; at most
+`judge.concurrency` at once, the places taken by the checks' clients in turn (`fairness.FairLimit`); each request
+draws one call on the check's budget and is a GenAI client span (`predict`, `classify` or `score` and the model)
+with the judge's metrics, as a judge call is. One HTTP client per verifier and event loop keeps its connections
+between checks; `aclose` closes it. A server counts tokens itself: windows are sized here by an estimate of four
 characters a token, and the server is asked to truncate what still runs over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry import trace
 
+from morphguard import telemetry
 from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError
 from morphguard.fairness import FairLimit
@@ -33,6 +39,7 @@ from morphguard.llm.verifiers import Text, TokenScore, label_index
 
 CHARS_PER_TOKEN = 4
 PATHS = {"tei": "/predict", "vllm-classify": "/classify", "vllm-score": "/score"}
+PROVIDERS = {"tei": "tei", "vllm-classify": "vllm", "vllm-score": "vllm"}  # gen_ai.provider.name
 
 
 class ServedVerifier:
@@ -41,7 +48,11 @@ class ServedVerifier:
         self.settings = settings
         self.name = settings.model
         self.url = settings.url.rstrip("/") + PATHS[settings.runtime]
-        self._limits: dict[int, FairLimit] = {}
+        self.operation = PATHS[settings.runtime].lstrip("/")
+        address = urlsplit(self.url)
+        self.server = (address.hostname or "", address.port or (443 if address.scheme == "https" else 80))
+        # per event loop (a client and its pool belong to the loop they were made in): the client and the places
+        self._loop: tuple[int, httpx.AsyncClient, FairLimit] | None = None
 
     def length(self, text: str) -> int:
         return -(-len(text) // CHARS_PER_TOKEN)
@@ -49,37 +60,70 @@ class ServedVerifier:
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         raise LLMError("a served verifier is a claim classifier: token classifiers run in process")
 
-    async def supported(self, texts: Sequence[Text]) -> list[float]:
+    def calls(self, texts: Sequence[Text]) -> int:
+        return len(self._parts(texts))
+
+    def _parts(self, texts: Sequence[Text]) -> list[list[Text]]:
+        """The texts in requests of `verifier.batch`."""
         size = self.settings.batch
         parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
         if self.settings.runtime == "tei":
             # TEI reads a list of two texts as one pair: a part of two lone texts goes as two requests
             parts = [q for p in parts for q in ([[t] for t in p] if len(p) == 2 and p[0][1] is None else [p])]
+        return parts
+
+    async def supported(self, texts: Sequence[Text]) -> list[float]:
+        parts = self._parts(texts)
         reserve(len(parts))  # past the check's cap: fail before sending any
-        async with httpx.AsyncClient(timeout=self.settings.timeout_s, headers=self._headers()) as client:
-            found = await together(self._ask(client, part) for part in parts)
+        found = await together(self._ask(part) for part in parts)
         return [p for part in found for p in part]
 
-    def _headers(self) -> dict[str, str]:
-        key = self.settings.api_key
-        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+    async def aclose(self) -> None:
+        """Close the client (and its connections) of the running loop."""
+        if self._loop is not None and self._loop[0] == id(asyncio.get_running_loop()):
+            await self._loop[1].aclose()
+        self._loop = None
 
-    def _limit(self) -> FairLimit:
+    def _client(self) -> tuple[httpx.AsyncClient, FairLimit]:
         loop = id(asyncio.get_running_loop())
-        if loop not in self._limits:
-            self._limits = {loop: FairLimit(self.settings.concurrency)}
-        return self._limits[loop]
+        if self._loop is None or self._loop[0] != loop:
+            key = self.settings.judge.api_key
+            headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+            self._loop = (loop, httpx.AsyncClient(timeout=self.settings.judge.timeout_s, headers=headers),
+                          FairLimit(self.settings.judge.concurrency))
+        return self._loop[1], self._loop[2]
 
-    async def _ask(self, client: httpx.AsyncClient, texts: list[Text]) -> list[float]:
+    async def _ask(self, texts: list[Text]) -> list[float]:
         body = self._body(texts)
         spend()
 
         async def once() -> list[float]:
-            async with self._limit().slot():
-                reply = await _post(client, self.url, body, self.name)
-            return self._read(reply, len(texts))
+            client, limit = self._client()
+            async with limit.slot():
+                return self._read(await self._post(client, body), len(texts))
 
-        return await retried(once, self.settings.max_attempts, f"verifier {self.name}")
+        return await retried(once, self.settings.judge.max_attempts, f"verifier {self.name}")
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Any:
+        """One request inside its GenAI client span, recorded in the judge's metrics as a judge call is."""
+        provider = PROVIDERS[self.settings.runtime]
+        span = telemetry.start_chat_span(self.name, provider, "judge", server=self.server, operation=self.operation)
+        started = time.perf_counter()
+
+        def record(answered: bool, error_type: str | None = None) -> None:
+            telemetry.record_chat(span, provider=provider, role="judge", request_model=self.name,
+                                  response_model=self.name if answered else None, input_tokens=None,
+                                  output_tokens=None, seconds=time.perf_counter() - started, error_type=error_type,
+                                  server=self.server, operation=self.operation)
+
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                reply = await _post(client, self.url, body, self.name)
+            except Exception as exc:
+                record(False, type(exc).__qualname__)
+                raise
+            record(True)
+            return reply
 
     def _body(self, texts: list[Text]) -> dict[str, Any]:
         runtime, limit = self.settings.runtime, self.settings.max_tokens

@@ -2,12 +2,13 @@
 
 Two shapes of model: a claim classifier scores texts (premise and hypothesis as a pair, or one text made of them by
 a template) and says how likely each is supported; a token classifier reads a prompt (context and question) and an
-answer, and says how likely each answer token is hallucinated. Two ways to run one (`verifier.runtime`): in process
+answer, and says how likely each answer token is hallucinated. Two ways to run one (`judge.runtime`): in process
 with ONNX Runtime (`llm/onnx_model.py`), or served by Text Embeddings Inference or vLLM (`llm/served.py`);
 `detectors/verifier.py` builds the one configured.
 
 Every model run or request counts as one judge call of the check's budget (`detector.max_judge_calls`), reserved
-before the first is made: a check too large for its cap fails before it sends anything, as a judge's would.
+before the first is made. The check plans within what its budget leaves (`calls`): the answer's first sentences
+that fit are checked and the rest left unchecked, as the `sentences` check does.
 """
 
 from __future__ import annotations
@@ -38,12 +39,20 @@ class Verifier(Protocol):
         """The tokens `text` takes (counted by the model's tokenizer in process, estimated for a server)."""
         ...
 
+    def calls(self, texts: Sequence[Text]) -> int:
+        """The model runs or requests (judge calls) `texts` take."""
+        ...
+
     async def supported(self, texts: Sequence[Text]) -> list[float]:
         """For each text, the probability that the hypothesis is supported by the premise."""
         ...
 
     async def hallucinated(self, texts: Sequence[tuple[str, str]]) -> list[list[TokenScore]]:
         """For each (prompt, answer), every answer token with the probability that it is hallucinated."""
+        ...
+
+    async def aclose(self) -> None:
+        """Let go of what it holds open (a served verifier's connections)."""
         ...
 
 

@@ -229,6 +229,13 @@ class Checker:
                 return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
         return {"detection": detection.model_dump(mode="json")}
 
+    async def aclose(self) -> None:
+        """Close what the detectors hold open (a served verifier's connections)."""
+        for detector in (self.detector, *self._named.values()):
+            closing = getattr(detector, "aclose", None)
+            if closing is not None:
+                await closing()
+
     async def detector_for(self, name: str | None) -> Detector:
         """The configured detector, or one a request names, built once and sharing the judge client."""
         if not name or name == self.detector.name:

@@ -141,6 +141,7 @@ class Guard:
         if self._settler.shadow is not None:
             await self._settler.shadow.drain()
         await self._later.queue.close()
+        await self.checker.aclose()
         if self.checker.cache is not None:
             await self.checker.cache.close()
         await self._trail.close()

@@ -111,10 +111,11 @@ def trace_id(span: Span | None = None) -> str | None:
 # --- GenAI client calls (upstream and judge) ---------------------------------------------------------------
 
 def start_chat_span(model: str | None, provider: str, role: str, messages: Any = None,
-                    server: tuple[str, int] | None = None) -> Span:
-    """A GenAI client span `chat {model}`, a child of the current span; the caller ends it. `server`: the
-    configured address and port the call goes to, where one is known."""
-    attributes: dict[str, AttributeValue] = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider,
+                    server: tuple[str, int] | None = None, operation: str = names.OP_CHAT) -> Span:
+    """A GenAI client span `chat {model}` (or a served verifier's `{operation} {model}`: predict, classify, score),
+    a child of the current span; the caller ends it. `server`: the configured address and port the call goes to,
+    where one is known."""
+    attributes: dict[str, AttributeValue] = {names.OPERATION_NAME: operation, names.PROVIDER_NAME: provider,
                                              names.ROLE: role}
     if server:
         attributes |= {names.SERVER_ADDRESS: server[0], names.SERVER_PORT: server[1]}
@@ -128,16 +129,19 @@ def start_chat_span(model: str | None, provider: str, role: str, messages: Any =
         attributes[names.INPUT_MESSAGES] = json.dumps(messages, ensure_ascii=False)
         if setup.options.openinference:
             attributes[names.OI_INPUT] = attributes[names.INPUT_MESSAGES]
-    return tracer().start_span(names.SPAN_CHAT.format(model=model or "unknown"), kind=SpanKind.CLIENT,
+    return tracer().start_span(names.SPAN_CHAT.format(operation=operation, model=model or "unknown"),
+                               kind=SpanKind.CLIENT,
                                attributes=attributes)
 
 
 def record_chat(span: Span, *, provider: str, role: str, request_model: str | None, response_model: str | None,
                 input_tokens: int | None, output_tokens: int | None, finish_reasons: Sequence[str] = (),
                 seconds: float, output_text: str | None = None, error: str | None = None,
-                error_type: str | None = None, server: tuple[str, int] | None = None) -> None:
-    """The response side of a chat span, and the GenAI client metrics. A failed call is recorded too, with
-    `error_type` (the provider's HTTP status, or the exception's class) on the span and the duration."""
+                error_type: str | None = None, server: tuple[str, int] | None = None,
+                operation: str = names.OP_CHAT) -> None:
+    """The response side of a chat span (or a served verifier's), and the GenAI client metrics. A failed call is
+    recorded too, with `error_type` (the provider's HTTP status, or the exception's class) on the span and the
+    duration."""
     if response_model:
         span.set_attribute(names.RESPONSE_MODEL, response_model)
     if input_tokens is not None:
@@ -160,7 +164,7 @@ def record_chat(span: Span, *, provider: str, role: str, request_model: str | No
         span.set_status(Status(StatusCode.ERROR, error or error_type))
     if error_type:
         span.set_attribute(names.ERROR_TYPE, error_type)
-    common: dict[str, AttributeValue] = {names.OPERATION_NAME: names.OP_CHAT, names.PROVIDER_NAME: provider,
+    common: dict[str, AttributeValue] = {names.OPERATION_NAME: operation, names.PROVIDER_NAME: provider,
                                          names.ROLE: role}
     # The upstream's model is the client's string; the judge's comes from the config.
     label = request_model if role == "judge" else labels.model(request_model)

@@ -5,7 +5,7 @@ what Arize Phoenix reads; everything of our own is under `morphguard.*`.
 """
 
 # Spans
-SPAN_CHAT = "chat {model}"  # a GenAI client call (upstream or judge)
+SPAN_CHAT = "{operation} {model}"  # a GenAI client call (upstream or judge; "chat", or a verifier's endpoint)
 SPAN_GUARDRAIL = "apply_guardrail morphguard"
 SPAN_SERVER = "{method} {route}"
 SPAN_REMOTE_CHECK = "morphguard.remote_check"  # a worker's half of an inline check handed to the pool

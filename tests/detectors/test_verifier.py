@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from morphguard.config import Config, VerifierSettings
+from morphguard.config import Config
 from morphguard.detectors import build_detector
 from morphguard.detectors.registry import resolve_auto
 from morphguard.detectors.verifier import VerifierCheck
@@ -41,9 +41,13 @@ def tokens_folder(tmp_path_factory) -> Path:
     return save(tmp_path_factory.mktemp("tokens"), "tokens", [*WORDS, TOKENS_PROMPT, "passage"])
 
 
+def judged(folder: Path | str, **settings: object) -> Config:
+    """A config whose judge is the verifier in `folder`, run in process."""
+    return Config.model_validate({"judge": {"runtime": "onnx", "model": str(folder)}, "verifier": settings})
+
+
 def check(folder: Path, **settings: object) -> VerifierCheck:
-    config = Config().with_section("verifier", VerifierSettings(model=str(folder), **settings))
-    detector = build_detector(config)
+    detector = build_detector(judged(folder, **settings))
     assert isinstance(detector, VerifierCheck)
     return detector
 
@@ -109,19 +113,66 @@ def test_batches_of_any_size_give_the_same_scores_and_count_as_calls(claims_fold
     assert "window 1 of 1 (passage 1, characters 0-65; passage 2, characters 0-34)" in many.factoids[2].reason
 
 
-def test_a_check_needing_more_runs_than_the_cap_fails_before_any(claims_folder, monkeypatch):
+def test_a_check_past_its_cap_checks_the_first_sentences_that_fit_and_leaves_the_rest_unchecked(claims_folder,
+                                                                                                  monkeypatch):
     detector = check(claims_folder, batch=1)
     ran = []
-    monkeypatch.setattr(OnnxVerifier, "_supported", lambda self, texts: ran.append(texts) or [1.0] * len(texts))
+    monkeypatch.setattr(OnnxVerifier, "_supported", lambda self, texts: ran.append(texts) or [0.0] * len(texts))
+    answer = f"{FAITHFUL} {WRONG} Aspirin thins the blood."
+
+    async def capped(cap: int):
+        with call_budget(cap):
+            return await detector.detect(RagInput(question=QUESTION, passages=[PASSAGE]), answer)
+
+    found = asyncio.run(capped(2))
+    assert sum(map(len, ran)) == 2 and [f.text for f in found.factoids] == [FAITHFUL, WRONG]
+    assert found.unchecked_from == answer.index("Aspirin") and found.settings["calls"] == 2
+    ran.clear()
+    nothing = asyncio.run(capped(0))
+    assert ran == [] and nothing.factoids == [] and nothing.unchecked_from == 0
+    with pytest.raises(JudgeCallCapError):  # the model itself never runs past the cap
+        asyncio.run(_capped(detector.model.supported, [(PASSAGE, WRONG)] * 2, 1))
+    assert ran == []
+
+
+async def _capped(call, texts, cap: int):
+    with call_budget(cap):
+        return await call(texts)
+
+
+def test_a_token_classifier_past_its_cap_labels_the_answers_first_parts(tokens_folder):
+    # a window of 24 tokens: the context alone before the answer, which goes in parts of one sentence
+    detector = check(tokens_folder, shape="tokens", max_tokens=24, template="{context}", batch=1)
+    answer = f"{FAITHFUL} {WRONG}"
 
     async def capped():
-        with call_budget(2):
-            return await detector.detect(RagInput(question=QUESTION, passages=[PASSAGE]),
-                                         f"{FAITHFUL} {WRONG} Aspirin thins the blood.")
+        with call_budget(1):
+            return await detector.detect(RagInput(question=QUESTION, passages=[PASSAGE]), answer)
 
-    with pytest.raises(JudgeCallCapError):
-        asyncio.run(capped())
-    assert ran == []
+    found = asyncio.run(capped())
+    assert [(f.text, f.label) for f in found.factoids] == [(FAITHFUL, "supported")]
+    assert found.unchecked_from == len(FAITHFUL) + 1 and found.settings["sequences"] == 1
+
+
+def test_a_token_budget_for_the_context_keeps_the_sentences_the_answer_rests_on(tokens_folder):
+    passages = [" ".join([*FILLER, PASSAGE])]
+
+    def prompt_of(detector: VerifierCheck) -> str:
+        prompts = []
+        real = detector.model.hallucinated
+
+        async def seen(texts):
+            prompts.extend(prompt for prompt, _ in texts)
+            return await real(texts)
+
+        detector.model.hallucinated = seen  # type: ignore[method-assign]
+        assert not run(detector, FAITHFUL, passages).flagged  # the sentence it rests on is read
+        return prompts[0]
+
+    focused = prompt_of(check(tokens_folder, shape="tokens", context_tokens=24))
+    assert PASSAGE in focused and not any(filler in focused for filler in FILLER)
+    whole = prompt_of(check(tokens_folder, shape="tokens"))
+    assert PASSAGE in whole and all(filler in whole for filler in FILLER)
 
 
 def test_the_label_is_read_by_name_or_index(claims_folder):
@@ -180,21 +231,30 @@ def test_a_calibration_file_turns_scores_into_its_probabilities(tmp_path, claims
     assert steps[1]["after"] == round(calibrated.score, 4)
 
 
-def test_auto_runs_the_verifier_where_one_is_configured(claims_folder):
+def test_auto_runs_the_verifier_where_the_judge_is_one(claims_folder):
     assert resolve_auto(Config())[0] != "verifier"
-    config = Config().with_section("verifier", VerifierSettings(model=str(claims_folder)))
+    config = judged(claims_folder)
     name, why = resolve_auto(config)
     assert name == "verifier" and str(claims_folder) in why
     assert isinstance(build_detector(config), VerifierCheck)
+    with pytest.raises(MorphguardError, match="judge is a trained verifier"):  # a check that asks a chat model
+        build_detector(config, name="sentences")
+    with pytest.raises(MorphguardError, match="needs a trained verifier as the judge"):
+        build_detector(Config(), name="verifier")
 
 
 def test_the_settings_refuse_what_cannot_run():
-    with pytest.raises(ValueError, match="needs verifier.url"):
-        VerifierSettings(model="m", runtime="tei")
+    with pytest.raises(ValueError, match="set judge.model to the verifier's folder"):
+        Config.model_validate({"judge": {"runtime": "onnx"}})
+    with pytest.raises(ValueError, match="needs judge.api_base"):
+        Config.model_validate({"judge": {"runtime": "tei", "model": "m"}})
+    served = {"runtime": "tei", "model": "m", "api_base": "http://x"}
     with pytest.raises(ValueError, match="runs in process only"):
-        VerifierSettings(model="m", runtime="tei", url="http://x", shape="tokens")
+        Config.model_validate({"judge": served, "verifier": {"shape": "tokens"}})
     with pytest.raises(ValueError, match="set verifier.template"):
-        VerifierSettings(model="m", runtime="vllm-classify", url="http://x")
+        Config.model_validate({"judge": {**served, "runtime": "vllm-classify"}})
+    with pytest.raises(ValueError, match="Extra inputs"):  # the model is the judge's, not the section's
+        Config.model_validate({"verifier": {"model": "m"}})
 
 
 def test_a_sentence_longer_than_a_window_is_cut_not_an_error(tokens_folder, claims_folder):
@@ -213,3 +273,19 @@ def test_a_model_that_fails_to_run_is_the_checks_error_not_a_crash(claims_folder
     monkeypatch.setattr(detector.model.session, "run", broken)  # type: ignore[attr-defined]
     with pytest.raises(LLMError, match="could not run"):
         run(detector, WRONG, [PASSAGE])
+
+
+def test_doctor_loads_the_verifier_in_its_folder_and_asks_it_once(claims_folder, tmp_path):
+    import yaml
+
+    from tests.commands import morphguard
+
+    def doctor(folder: Path):
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"judge": {"runtime": "onnx", "model": str(folder)}}))
+        return morphguard("doctor", "--config", "config.yaml", cwd=tmp_path)
+
+    done = doctor(claims_folder)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"ok   verifier {claims_folder} (runtime onnx; shape claims; loaded and probe ")
+    missing = doctor(tmp_path / "nowhere")
+    assert missing.returncode == 2 and "FAIL verifier" in missing.stdout and "no such folder" in missing.stdout

@@ -25,8 +25,9 @@ def verifier_proxy(provider, tmp_path_factory):
     folder = tmp_path_factory.mktemp("verifier_proxy")
     model = save(folder / "model", "tokens", [PASSAGE, QUESTION, TOKENS_PROMPT, "passage", *ANSWERS.values()])
     config = {
-        "judge": {"model": "openai/unused", "api_base": provider, "api_key": "sk-judge", "probe": "required"},
-        "verifier": {"model": str(model), "shape": "tokens", "threads": 1},
+        # the judge is the model in a local folder: `auto` runs the verifier check with it
+        "judge": {"runtime": "onnx", "model": str(model), "probe": "required"},
+        "verifier": {"shape": "tokens", "threads": 1},
         "proxy": {"upstream": {"base_url": provider, "timeout_s": 5}, "stream_mode": "incremental"},
         "policy": {"audit": {"path": str(folder / "audit.db")}},
     }

@@ -85,7 +85,7 @@ def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(
              "answer": (wrong if kind == "h" else faithful)[i % 2]} for i in range(8) for kind in "fh"]
     (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     model = save(tmp_path / "model", "claims", [CONTEXT, *faithful, *wrong])
-    config = {"verifier": {"model": str(model)}, "detector": {"name": "auto"}}
+    config: dict = {"judge": {"runtime": "onnx", "model": str(model)}, "verifier": {}, "detector": {"name": "auto"}}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     done = morphguard("calibrate", "-d", f"jsonl:{tmp_path / 'labels.jsonl'}", "--config", "config.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -94,6 +94,11 @@ def test_calibrate_fits_a_verifiers_calibration_for_its_model_and_check_uses_it(
     found = json.loads((tmp_path / "verifier-calibration.json").read_text())
     assert found["detector"] == "verifier" and found["judge"]["model"] == str(model) and "whole_weight" not in found
     assert found["auroc"] == 1.0 and found["calibration"][0] > 0 and found["thresholds"]["(all)"]["threshold"]
+    evaluated = morphguard("eval", "--config", "config.yaml", "-d", f"jsonl:{tmp_path / 'labels.jsonl'}",
+                           "--detector", "verifier", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())["detectors"]
+    assert list(report) == ["verifier"] and report["verifier"]["auroc"]["mean"] == 1.0, report["verifier"]
 
     config["verifier"]["calibration"] = "verifier-calibration.json"
     flagged, passed = checked_with(config, tmp_path)

@@ -14,7 +14,8 @@ Inference and vLLM's pooling endpoints, run as their own process: `python -m tes
 The served model's rule is the tiny ONNX claim classifier's (tests/verifier_models.py): a hypothesis is supported
 (0.88) when each of its words occurs in the premise, else not (0.12); a single text is read as "Premise: ...
 Hypothesis: ..." (the template the tests configure). POST /_script queues failures for the next requests (a status,
-or a delay in seconds); GET /_seen lists the bodies received and the most requests seen in flight at once. What
+or a delay in seconds); GET /_seen lists the bodies received, the most requests seen in flight at once and the
+connections they came on. What
 such fakes cannot show: the servers' real models, batching limits and error texts beyond what is documented.
 """
 
@@ -39,6 +40,7 @@ WORD = re.compile(r"\w+")
 seen: list[dict] = []
 script: list[dict] = []
 flight = {"now": 0, "most": 0}
+connections: set[int] = set()  # the client ports requests came from: one per connection
 
 
 def supported(premise: str, hypothesis: str) -> float:
@@ -69,6 +71,8 @@ async def scripted(route: str, body: object) -> Response | None:
 
 
 async def in_flight(handler, request: Request) -> Response:
+    if request.client is not None:
+        connections.add(request.client.port)
     flight["now"] += 1
     flight["most"] = max(flight["most"], flight["now"])
     try:
@@ -160,12 +164,13 @@ async def queue_script(request: Request) -> Response:
 
 
 async def list_seen(request: Request) -> Response:
-    return JSONResponse({"requests": seen, "most_in_flight": flight["most"]})
+    return JSONResponse({"requests": seen, "most_in_flight": flight["most"], "connections": len(connections)})
 
 
 async def reset(request: Request) -> Response:
     seen.clear()
     script.clear()
+    connections.clear()
     flight["most"] = 0
     return JSONResponse({})
 

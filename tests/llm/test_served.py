@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from morphguard.config import Config, VerifierSettings
+from morphguard.config import Config
 from morphguard.detectors import build_detector
+from morphguard.detectors.registry import resolve
+from morphguard.detectors.verifier import build_verifier
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError, MorphguardError
 from morphguard.llm.client import call_budget
 from morphguard.models import RagInput
@@ -29,6 +32,7 @@ RUNTIMES = {
     "vllm-classify": {"runtime": "vllm-classify", "label": "1", "path": "/vllm", "template": TEMPLATE},
     "vllm-score": {"runtime": "vllm-score", "path": "/vllm"},
 }
+JUDGE_KEYS = {"model", "runtime", "max_attempts", "timeout_s", "probe", "concurrency"}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +55,17 @@ def seen(server: str) -> dict:
     return httpx.get(server + "/_seen").json()
 
 
+def served(server: str, name: str = "tei", **settings: object) -> Config:
+    """A config whose judge is the verifier `name` at the fake `server`; judge keys go to `judge`, the rest to
+    `verifier`."""
+    chosen = {k: v for k, v in RUNTIMES[name].items() if k != "path"} | settings
+    judge = {"model": "tiny-verifier", "api_base": server + RUNTIMES[name]["path"], "max_attempts": 2,
+             "timeout_s": 2} | {k: chosen.pop(k) for k in list(chosen) if k in JUDGE_KEYS}
+    return Config.model_validate({"judge": judge, "verifier": chosen})
+
+
 def detector(server: str, name: str = "tei", **settings: object):
-    chosen = {k: v for k, v in RUNTIMES[name].items() if k != "path"}
-    verifier = VerifierSettings(**{"model": "tiny-verifier", "url": server + RUNTIMES[name]["path"],
-                                   "max_attempts": 2, "timeout_s": 2, **chosen, **settings})
-    return build_detector(Config().with_section("verifier", verifier))
+    return build_detector(served(server, name, **settings))
 
 
 def run(found, answer: str = f"{FAITHFUL} {WRONG}", cap: int | None = None):
@@ -131,10 +141,65 @@ def test_a_reply_of_another_shape_is_an_error_not_a_verdict(fake):
         run(detector(fake, "tei", label="LABEL_7"))
 
 
-def test_the_check_cap_stops_a_served_check_before_it_sends_anything(fake):
-    with pytest.raises(JudgeCallCapError):
-        run(detector(fake, "tei", batch=1), cap=1)
-    assert seen(fake)["requests"] == []
+def test_a_served_check_past_its_cap_checks_the_sentences_that_fit_and_leaves_the_rest_unchecked(fake):
+    found = run(detector(fake, "tei", batch=1), f"{WRONG} {FAITHFUL} {WRONG}", cap=2)
+    assert [(f.text, f.label) for f in found.factoids] == [(WRONG, "unsupported"), (FAITHFUL, "supported")]
+    assert found.unchecked_from == len(f"{WRONG} {FAITHFUL} ") and found.settings["calls"] == 2
+    assert len(seen(fake)["requests"]) == 2
+    verifier = build_verifier(resolve(served(fake, "tei", batch=1), "verifier")[1])
+    with pytest.raises(JudgeCallCapError):  # the verifier itself never sends past the cap
+        asyncio.run(_capped(verifier.supported, [(PASSAGE, WRONG)] * 2, 1))
+    assert len(seen(fake)["requests"]) == 2
+
+
+async def _capped(call, texts, cap: int):
+    with call_budget(cap):
+        return await call(texts)
+
+
+def test_one_client_keeps_its_connection_for_every_check_and_closes_with_the_verifier(fake):
+    found = detector(fake, "tei", batch=1)
+
+    async def checks() -> list:
+        done = [await found.detect(RagInput(question="Q?", passages=[PASSAGE]), f"{FAITHFUL} {WRONG}")
+                for _ in range(3)]
+        client = found.model._loop[1]  # type: ignore[attr-defined]
+        await found.aclose()
+        return [done, client.is_closed]
+
+    done, closed = asyncio.run(checks())
+    assert [d.flagged for d in done] == [True] * 3 and len(seen(fake)["requests"]) == 6
+    assert seen(fake)["connections"] <= 2 and closed  # the two requests of a check at once, then kept (not six)
+
+
+def test_each_request_is_a_genai_span_with_the_judges_metrics(fake, monkeypatch):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from morphguard import telemetry
+
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(spans))
+    meters = MeterProvider(metric_readers=[reader])
+    monkeypatch.setattr(telemetry, "tracer", lambda: tracing.get_tracer("test"))
+    monkeypatch.setattr(telemetry, "metrics", SimpleNamespace(get_meter=meters.get_meter))
+    monkeypatch.setattr(telemetry, "_instruments", telemetry._instruments.__wrapped__)
+    httpx.post(fake + "/_script", json=[{"status": 503}])
+    run(detector(fake, "vllm-score", batch=1))
+    names = [(s.name, s.attributes.get("gen_ai.operation.name"), s.attributes.get("gen_ai.provider.name"),
+              s.attributes.get("error.type")) for s in spans.get_finished_spans()]
+    assert names == [("score tiny-verifier", "score", "vllm", "TransientLLMError"),
+                     ("score tiny-verifier", "score", "vllm", None), ("score tiny-verifier", "score", "vllm", None)]
+    durations = [m for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics for m in s.metrics
+                 if m.name == "gen_ai.client.operation.duration"]
+    points = durations[0].data.data_points
+    assert sum(p.count for p in points) == 3
+    assert {p.attributes["gen_ai.request.model"] for p in points} == {"tiny-verifier"}
+    assert {p.attributes["gen_ai.operation.name"] for p in points} == {"score"}
 
 
 def test_a_served_verifier_that_cannot_answer_refuses_the_start_as_a_judge_would(fake):
@@ -142,8 +207,8 @@ def test_a_served_verifier_that_cannot_answer_refuses_the_start_as_a_judge_would
     from tests.servers import free_port as unused_port
 
     def config(url: str, probe: str = "required") -> Config:
-        verifier = VerifierSettings(model="tiny-verifier", runtime="vllm-score", url=url, max_attempts=1)
-        return Config.model_validate({"verifier": verifier.model_dump(), "judge": {"probe": probe}})
+        return Config.model_validate({"judge": {"model": "tiny-verifier", "runtime": "vllm-score", "api_base": url,
+                                                "max_attempts": 1, "probe": probe}})
 
     asyncio.run(require_judges(config(fake + "/vllm"), None))
     assert seen(fake)["requests"][0]["body"]["text_2"] == ["Water boils at 100 degrees Celsius at sea level."]
@@ -151,3 +216,21 @@ def test_a_served_verifier_that_cannot_answer_refuses_the_start_as_a_judge_would
     with pytest.raises(MorphguardError, match="cannot be called"):
         asyncio.run(require_judges(config(down), None))
     asyncio.run(require_judges(config(down, "warn"), None))  # warns, starts
+
+
+def test_doctor_lists_the_served_verifier_and_whether_it_answers(fake, tmp_path):
+    import yaml
+
+    from tests.commands import morphguard
+
+    def doctor(url: str):
+        config = {"judge": {"model": "tiny-verifier", "runtime": "vllm-score", "api_base": url, "max_attempts": 1}}
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+        return morphguard("doctor", "--config", "config.yaml", cwd=tmp_path)
+
+    done = doctor(fake + "/vllm")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok   verifier tiny-verifier (runtime vllm-score; shape claims; probe ")
+    assert len(seen(fake)["requests"]) == 1
+    down = doctor(f"http://127.0.0.1:{free_port()}")
+    assert down.returncode == 2 and down.stdout.startswith("FAIL verifier tiny-verifier")

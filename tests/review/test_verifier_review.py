@@ -24,7 +24,8 @@ def test_the_model_and_window_that_decided_reach_the_reviewer(tmp_path):
     audit = tmp_path / "audit.db"
     with ScriptedLLM(lambda body: completion(ANSWER)) as upstream:
         config = Config.model_validate({
-            "verifier": {"model": str(model), "threads": 1},
+            "judge": {"runtime": "onnx", "model": str(model)},
+            "verifier": {"threads": 1},
             "proxy": {"upstream": {"base_url": upstream.base_url}},
             "policy": {"audit": {"path": str(audit)}},
         })

@@ -2,8 +2,9 @@ import fcntl
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -76,17 +77,29 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     cache.set(SECONDS_KEY, {**cache.get(SECONDS_KEY, {}), **ran})
 
 
+# The scope the model-backed tests are shown to pytest-xdist's scheduler in: one file's, by the part of an id before
+# its first "::", which is how `--dist loadfile` groups tests.
+MODEL_SCOPE = MODEL_TESTS + "::"
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """Under `--dist loadfile`: each file is a unit of work, except the model-backed folder, which is one."""
+    """Under `--dist loadfile`: each file is a unit of work, and so is the model-backed folder. pytest-xdist's own
+    file scheduler, through its public methods only: the tests it is handed are those the workers collected, the
+    model-backed ones under the folder's scope (their indices, by which the workers run them, unchanged)."""
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class ModelTestsTogether(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return MODEL_TESTS if nodeid.startswith(MODEL_TESTS) else super()._split_scope(nodeid)
+        def add_node_collection(self, node: Any, collection: Sequence[str]) -> None:
+            super().add_node_collection(node, [MODEL_SCOPE + nodeid if nodeid.startswith(MODEL_TESTS) else nodeid
+                                               for nodeid in collection])
 
-    return ModelTestsTogether(config, log)
+        def remove_node(self, node: Any) -> str | None:
+            crashed = super().remove_node(node)  # the test a worker was running as it died, by its own id
+            return crashed.removeprefix(MODEL_SCOPE) if crashed else crashed
+
+    return ModelTestsTogether(config, log)  # type: ignore[arg-type]
 
 
 @pytest.fixture(autouse=True)

@@ -116,6 +116,30 @@ def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
                                                                "backend"}
 
 
+def test_integrations_sit_above_the_proxy_which_serves_only_portkeys_webhook_of_them():
+    """What runs inside or beside other frameworks may use the request path; the proxy imports of it only Portkey's
+    webhook, which its check API routes, and that module imports nothing that routes or serves it. The client helpers
+    run in apps behind the proxy and import nothing of morphguard but each other."""
+    graph = _graph()
+    into = {(module, imported) for module, imports in graph.items() if not module.startswith("morphguard.integrations")
+            for imported in imports if imported.startswith("morphguard.integrations")}
+    assert into == {("morphguard.proxy.check_api", "morphguard.integrations.portkey")}
+    assert not graph["morphguard.integrations.portkey"] & {"morphguard.proxy.app", "morphguard.proxy.check_api",
+                                                            "morphguard.proxy.server"}
+    helpers = [module for module in graph if module.startswith("morphguard.integrations.clients")]
+    assert len(helpers) == 3
+    for module in helpers:
+        assert all(imported.startswith("morphguard.integrations.clients") for imported in graph[module]), module
+
+
+def test_fair_shares_and_thread_lanes_sit_on_the_lowest_floor():
+    """The detectors, the judge's client and the proxy share them for reasons of their own: they import nothing of
+    morphguard but each other (the lanes take their turns from the fair shares)."""
+    graph = _graph()
+    assert graph["morphguard.fairness"] == set()
+    assert graph["morphguard.lanes"] == {"morphguard.fairness"}
+
+
 # What the HTTP edge, a worker and the plug-ins may import of the settle side: its face, the values that cross it, and
 # for a stream mode, the engine it runs and what the face hands a stream (`Streaming`: the engine with its checks).
 SETTLE_FACE = {"morphguard.settle", "morphguard.settle.guard", "morphguard.settle.values",
@@ -177,7 +201,7 @@ def test_policy_decides_and_the_proxy_does_not():
     assert "morphguard.settle.guard" not in graph["morphguard.settle.check"]
     for module in ("morphguard.settle.check", "morphguard.proxy.stream_modes", "morphguard.settle.incremental",
                    "morphguard.settle.stream_checks", "morphguard.proxy.flow", "morphguard.settle.choices",
-                   "morphguard.proxy.choices", "morphguard.proxy.portkey", "morphguard.proxy.check_api",
+                   "morphguard.proxy.choices", "morphguard.integrations.portkey", "morphguard.proxy.check_api",
                    "morphguard.integrations.litellm"):
         path = _modules()[module]
         calls = {node.func.id for node in ast.walk(ast.parse(path.read_text(), str(path)))

@@ -19,8 +19,8 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.replies import json_list, strings
 from morphguard.detectors.spans import locate
 from morphguard.detectors.text import statements
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient
-from morphguard.llm.fair import in_thread
 from morphguard.models import (
     Cost,
     Detection,

@@ -44,8 +44,8 @@ from morphguard.detectors.rules import fingerprint as rules_fingerprint
 from morphguard.detectors.spotcheck import PLAN_VERSION as SPOTCHECK_PLAN
 from morphguard.detectors.spotcheck import SpotCheck, SpotCheckSettings
 from morphguard.detectors.text import statements
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient, together
-from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 # The judge parts, by the names `eval` records their outcomes under. Grounding, which costs nothing, is recomputed

@@ -42,7 +42,7 @@ from morphguard.detectors.text import (
     sentences,
     vocabulary,
 )
-from morphguard.llm.fair import in_thread
+from morphguard.lanes import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput
 
 T = TypeVar("T")

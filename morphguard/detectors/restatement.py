@@ -19,8 +19,8 @@ from morphguard.detectors.alignment import Conflict, conflicts
 from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient
-from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 

@@ -59,8 +59,8 @@ from morphguard.detectors.rules import read_all
 from morphguard.detectors.spans import occurrence
 from morphguard.detectors.text import GrowingSentences, vocabulary
 from morphguard.errors import MorphguardError
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient, reserve_up_to, together
-from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 VERSION = 6

@@ -27,8 +27,8 @@ from morphguard.detectors.judgments import ask_yes_no
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.text import statements
+from morphguard.lanes import in_thread
 from morphguard.llm.client import LLMClient
-from morphguard.llm.fair import in_thread
 from morphguard.models import Cost, Detection, DetectionStats, Factoid, RagInput, StageCost
 
 PLAN_VERSION = 2  # of `SpotCheck.plan`'s choice of sentences: a change makes earlier eval results stale

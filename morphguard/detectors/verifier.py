@@ -35,8 +35,8 @@ from morphguard.detectors.registry import DetectorSpec, changed_options, registe
 from morphguard.detectors.sentences import calibrated
 from morphguard.detectors.text import sentences
 from morphguard.errors import MorphguardError
+from morphguard.lanes import in_thread
 from morphguard.llm.client import calls_left
-from morphguard.llm.fair import in_thread
 from morphguard.llm.verifiers import Text, TokenScore, Verifier, batches
 from morphguard.models import Cost, Detection, DetectionStats, Evidence, Factoid, RagInput, StageCost
 

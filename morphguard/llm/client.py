@@ -33,7 +33,7 @@ from tenacity import (
 
 from morphguard import telemetry
 from morphguard.errors import JudgeCallCapError, LLMError, LLMTimeoutError
-from morphguard.llm.fair import FairLimit
+from morphguard.fairness import FairLimit
 from morphguard.llm.providers import Abilities, abilities, cache_marked, fitted, strict_schema
 
 # litellm fetches a remote model-cost map at import unless told to use its bundled copy.
@@ -242,7 +242,7 @@ class LLMClient:
         self._cache: OrderedDict[str, Completion] = OrderedDict()
 
     def _limit(self) -> FairLimit:
-        """The judge's places (`concurrency`), taken by the clients checks run for in turn (`llm.fair`)."""
+        """The judge's places (`concurrency`), taken by the clients checks run for in turn (`fairness`)."""
         loop = id(asyncio.get_running_loop())
         if loop not in self._limits:
             self._limits = {loop: FairLimit(self.concurrency)}

@@ -7,7 +7,7 @@ fetched with `huggingface_hub` where the hub can be reached. The graph takes `in
 labels] for a token classifier; a claim classifier whose head labels tokens (HHEM's T5) is read at its first token.
 
 Sequences are sorted by length and run `verifier.batch` at a time, padded to the longest of their batch, in a thread
-of the verifier lane (`llm.fair.Lane`): off the event loop, in turn by client. ONNX Runtime computes each run with
+of the verifier lane (`lanes.Lane`): off the event loop, in turn by client. ONNX Runtime computes each run with
 `verifier.threads` threads of its own.
 """
 
@@ -22,8 +22,8 @@ import numpy as np
 
 from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError, MorphguardError
+from morphguard.lanes import Lane
 from morphguard.llm.client import reserve
-from morphguard.llm.fair import Lane
 from morphguard.llm.local import usable_cpus
 from morphguard.llm.verifiers import Text, TokenScore, batches, label_index
 
@@ -36,7 +36,7 @@ def _model_lane() -> Lane:
     """One thread for model runs in the process: ONNX Runtime spreads each run over its own threads already."""
     global _lane
     if _lane is None:
-        _lane = Lane(1, "morphguard-verifier")
+        _lane = Lane(1)
     return _lane
 
 

@@ -12,7 +12,7 @@
 
 Requests follow the judge's rules (`llm.client.retried`): tried `judge.max_attempts` times on a timeout
 (`judge.timeout_s` per try), a dropped connection, 408, 429 or a 5xx, with a random exponential backoff; at most
-`judge.concurrency` at once, the places taken by the checks' clients in turn (`llm.fair.FairLimit`); each request
+`judge.concurrency` at once, the places taken by the checks' clients in turn (`fairness.FairLimit`); each request
 draws one call on the check's budget and is a GenAI client span (`predict`, `classify` or `score` and the model)
 with the judge's metrics, as a judge call is. One HTTP client per verifier and event loop keeps its connections
 between checks; `aclose` closes it. A server counts tokens itself: windows are sized here by an estimate of four
@@ -33,8 +33,8 @@ from opentelemetry import trace
 from morphguard import telemetry
 from morphguard.config import VerifierSettings
 from morphguard.errors import LLMError
+from morphguard.fairness import FairLimit
 from morphguard.llm.client import TransientLLMError, reserve, retried, spend, together
-from morphguard.llm.fair import FairLimit
 from morphguard.llm.verifiers import Text, TokenScore, label_index
 
 CHARS_PER_TOKEN = 4

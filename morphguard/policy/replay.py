@@ -34,8 +34,8 @@ import sqlalchemy as sa
 
 from morphguard.config import Config
 from morphguard.errors import MorphguardError
+from morphguard.fairness import on_behalf_of
 from morphguard.llm.client import call_budget
-from morphguard.llm.fair import on_behalf_of
 from morphguard.models import Detection, RagInput
 from morphguard.policy.audit import AuditStore, decisions, reviews
 from morphguard.policy.comparison import Outcome
@@ -143,7 +143,7 @@ class Replayer:
         self.candidate = candidate
         self.depth = depth
         self.retag = retag
-        self.client = client  # whose turn its judge calls and text threads wait in (`llm.fair`)
+        self.client = client  # whose turn its judge calls and text threads wait in (`fairness`)
         self.engine = PolicyEngine(candidate.policy)
         self._detector: Any = None
 

@@ -4,7 +4,7 @@
 model and topic and profile hints and the name of the gateway it checks for (`gateway`, recorded in the audit row
 with what it was told), and answers with the decision (`DecisionRecord.payload`: score, flagged, the
 spans of the claims, the action) and the answer as that action leaves it. `POST /v1/check/portkey` is the same check
-in the shape of Portkey's webhook guardrail (`proxy.portkey`: what it reads and answers).
+in the shape of Portkey's webhook guardrail (`integrations.portkey`: what it reads and answers).
 
 Both spend judge calls and write audit rows, and no provider authenticates them: a caller must present one of
 `proxy.keys` (without any, both answer 401). They take requests in through the request path's own intake
@@ -27,9 +27,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from morphguard.config import ProxySettings
+from morphguard.integrations import portkey
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
-from morphguard.proxy import portkey
 from morphguard.proxy.body import parse_object
 from morphguard.proxy.context import Extraction
 from morphguard.proxy.credentials import present_keys, presented_key

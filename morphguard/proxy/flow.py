@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from morphguard.config import Config
-from morphguard.llm.fair import client_id
+from morphguard.fairness import client_id
 from morphguard.policy.answers import prose
 from morphguard.policy.engine import PolicyEngine, Reach, RequestFacts
 from morphguard.proxy.backend import Backend, Call

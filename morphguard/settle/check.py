@@ -34,8 +34,9 @@ from morphguard.errors import (
     MorphguardError,
     UnsealedReplyError,
 )
+from morphguard.fairness import on_behalf_of
+from morphguard.lanes import in_thread
 from morphguard.llm.client import CallBudget, call_budget
-from morphguard.llm.fair import in_thread, on_behalf_of
 from morphguard.masking import mask_secrets
 from morphguard.models import Detection, utf8
 from morphguard.policy import actions, answers
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 
 # How often the interpreter hands its lock from one thread to another (Python's default: 5 ms). The checks read text
-# in threads (`llm.fair.in_thread`) beside the event loop; at every hand-over the loop may wait this long behind them.
+# in threads (`lanes.in_thread`) beside the event loop; at every hand-over the loop may wait this long behind them.
 # At 0.5 ms a small check's time while six clients' largest checks ran fell from 7.5-10 to 3.1 times its time alone
 # (benchmarks/isolation.py, 2 shared cores).
 SWITCH_INTERVAL_S = 0.0005
@@ -165,7 +166,7 @@ class Checker:
     async def _detect(self, detector: Detector, request: CheckRequest, answer: str, memo: Memo | None) -> Detection:
         """The detection, its judge calls bounded by `detector.max_judge_calls` (none past it is sent; a stream's
         checks share one budget, `memo`'s), waiting for the judge and the text-reading threads in the client's turn
-        (`llm.fair`)."""
+        (`fairness`)."""
         with call_budget(self.config.detector.max_judge_calls, memo.budget if memo is not None else None), \
                 remembering(memo), on_behalf_of(request.client):
             return await self._detect_or_recall(detector, request, answer)

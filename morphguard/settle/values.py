@@ -34,7 +34,7 @@ class CheckRequest:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     chat_span: Span | None = None  # the upstream call's span, which the evaluation event goes on
     detector: str | None = None  # named by the request (morphguard.detector); None: the configured one
-    client: str = ""  # who asked, for fair shares of the judge and the threads (`llm.fair.client_id`: never the key)
+    client: str = ""  # who asked, for fair shares of the judge and the threads (`fairness.client_id`: never the key)
     gateway: str | None = None  # the gateway that asked and what it was told (`DecisionRecord.gateway`)
 
     def to_dict(self) -> dict[str, Any]:

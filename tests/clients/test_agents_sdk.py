@@ -11,7 +11,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from morphguard.clients import VerdictCapture
+from morphguard.integrations.clients import VerdictCapture
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
 
 # The SDK is imported where it is used (tests/clients/conftest.py says why)
@@ -24,7 +24,7 @@ APIS = ["responses", "chat"]
 def agent(base: str, api: str, capture: VerdictCapture, **options: Any) -> Agent[Any]:
     from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, set_tracing_disabled
 
-    from morphguard.clients.agents_sdk import verdict_guardrail
+    from morphguard.integrations.clients.agents_sdk import verdict_guardrail
 
     set_tracing_disabled(True)  # the SDK would send its traces to OpenAI
     model = OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from morphguard.clients import VerdictCapture, verdict_of
+from morphguard.integrations.clients import VerdictCapture, verdict_of
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from morphguard.clients import VerdictCapture
+from morphguard.integrations.clients import VerdictCapture
 from tests.clients.conftest import QUESTION, SYSTEM
 
 BODY = {"model": "hallucinated", "messages": [{"role": "system", "content": SYSTEM},

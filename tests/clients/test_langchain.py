@@ -13,7 +13,7 @@ import httpx
 import pydantic
 import pytest
 
-from morphguard.clients import VerdictCapture
+from morphguard.integrations.clients import VerdictCapture
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
 
 # LangChain is imported where it is used (tests/clients/conftest.py says why)

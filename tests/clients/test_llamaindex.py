@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from morphguard.clients import VerdictCapture, verdict_of
+from morphguard.integrations.clients import VerdictCapture, verdict_of
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
 
 # LlamaIndex is imported where it is used (tests/clients/conftest.py says why)

@@ -9,7 +9,7 @@ import openai
 import pydantic
 import pytest
 
-from morphguard.clients import VerdictCapture, verdict_of
+from morphguard.integrations.clients import VerdictCapture, verdict_of
 from tests.clients.conftest import HALLUCINATED, QUESTION, SAFE, SYSTEM
 
 

@@ -1,14 +1,12 @@
-"""Fair shares of the judge's places and the text-reading threads: the order clients are admitted in."""
+"""Fair shares of the judge's places: the order clients are admitted in, and who a check runs for."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
-from morphguard.llm import fair
-from morphguard.llm.fair import FairLimit, client_id, in_thread, on_behalf_of
+from morphguard.fairness import FairLimit, client_id, on_behalf_of
 from tests.llm.test_client import client
 from tests.scripted_llm import ScriptedLLM
 
@@ -104,7 +102,8 @@ def test_the_judge_serves_a_second_client_before_the_rest_of_the_first_ones_call
 
         async def run() -> None:
             many = [asyncio.ensure_future(ask("sk-heavy", n)) for n in range(1, 5)]
-            await asyncio.sleep(0.01)  # the heavy client's calls queue first
+            while not server.requests:  # the heavy client's first call holds the one place, its others queue behind
+                await asyncio.sleep(0.005)
             await asyncio.gather(*many, ask("sk-light", 1))
 
         asyncio.run(run())
@@ -112,92 +111,5 @@ def test_the_judge_serves_a_second_client_before_the_rest_of_the_first_ones_call
     assert asked.index("sk-light1") == 1  # next in turn, not behind the heavy client's three waiting calls
 
 
-def test_text_work_runs_in_a_thread_as_the_current_clients():
-    async def run() -> tuple[str, int]:
-        with on_behalf_of("abc"):
-            return await in_thread(lambda: (fair.current_client(), threading.get_ident()), size=0)
-
-    name, thread = asyncio.run(run())
-    assert name == "abc" and thread != threading.get_ident()
+def test_a_client_is_named_by_a_digest_never_by_its_key():
     assert client_id("sk-secret") != "sk-secret" and len(client_id("sk-secret")) == 16 and client_id(None) == ""
-
-
-def test_a_client_that_stops_waiting_keeps_its_thread_place_until_the_thread_is_done():
-    """A thread cannot be stopped: giving up on a check must not free a place for more of the same client's work."""
-    async def run() -> list[str]:
-        order: list[str] = []
-        started, finish = threading.Event(), threading.Event()
-
-        def long() -> None:
-            started.set()
-            finish.wait(5)
-            order.append("first done")
-
-        with on_behalf_of("heavy"):
-            first = asyncio.ensure_future(in_thread(long, size=10))
-            await asyncio.to_thread(started.wait, 5)
-            first.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await first
-            second = asyncio.ensure_future(in_thread(order.append, "second ran", size=10))
-            await asyncio.sleep(0.05)
-            assert not second.done()  # waits for the first thread, which still runs
-            finish.set()
-            await second
-        return order
-
-    assert asyncio.run(run()) == ["first done", "second ran"]
-
-
-def test_long_text_work_runs_one_at_a_time_and_short_work_goes_past_it():
-    async def run() -> list[str]:
-        order: list[str] = []
-        started, finish = threading.Event(), threading.Event()
-
-        def long_work() -> None:
-            started.set()
-            finish.wait(5)
-            order.append("long a")
-
-        with on_behalf_of("a"):
-            first = asyncio.ensure_future(in_thread(long_work, size=fair.SHORT_CHARS))
-        await asyncio.to_thread(started.wait, 5)
-        with on_behalf_of("b"):
-            second = asyncio.ensure_future(in_thread(order.append, "long b", size=10 * fair.SHORT_CHARS))
-            await in_thread(order.append, "short b", size=100)  # not behind the long work of either client
-        await asyncio.sleep(0.05)
-        assert not second.done()  # the long lane is taken by a's work
-        finish.set()
-        await asyncio.gather(first, second)
-        return order
-
-    assert asyncio.run(run()) == ["short b", "long a", "long b"]
-
-
-def test_a_lane_runs_work_in_its_own_thread_a_second_client_before_the_rest_of_the_first_ones():
-    lane = fair.Lane(1, "test-lane")
-    ran: list[tuple[str, str]] = []
-    gate = threading.Event()
-
-    def work(name: str) -> None:
-        if name == "a1":
-            gate.wait(5)  # the others queue meanwhile
-        ran.append((name, threading.current_thread().name))
-
-    async def main() -> None:
-        async def as_client(client: str, name: str) -> None:
-            with on_behalf_of(client):
-                await lane.run(work, name)
-
-        first = asyncio.ensure_future(as_client("a", "a1"))
-        await asyncio.sleep(0.05)
-        rest = [asyncio.ensure_future(as_client("a", "a2")), asyncio.ensure_future(as_client("a", "a3"))]
-        await asyncio.sleep(0.01)
-        rest.append(asyncio.ensure_future(as_client("b", "b1")))
-        await asyncio.sleep(0.05)
-        gate.set()
-        await asyncio.gather(first, *rest)
-
-    asyncio.run(main())
-    assert [name for name, _ in ran] == ["a1", "b1", "a2", "a3"]
-    assert all(thread.startswith("test-lane") for _, thread in ran)

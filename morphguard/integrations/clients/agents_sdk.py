@@ -20,7 +20,7 @@ from typing import Any
 
 from agents import Agent, GuardrailFunctionOutput, OutputGuardrail, RunContextWrapper
 
-from morphguard.clients.capture import VerdictCapture
+from morphguard.integrations.clients.capture import VerdictCapture
 
 
 def verdict_guardrail(capture: VerdictCapture, *, trip_when_flagged: bool = False) -> OutputGuardrail[Any]:

@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat server that answers every request after a fixed delay (a stand-in provider).
 
 Its answer is a JSON object that also reads as a valid reply to every judge prompt (factoids, statements,
-verdict), so it can serve as the judge of background checks too. Asked to stream, it sends the same answer
+verdict; to the `sentences` check's, every numbered sentence SUPPORTED), so it can serve as the judge of background
+checks too. Asked to stream, it sends the same answer
 as `STREAM_CHUNKS` chunks, the first after the delay and the rest at once.
 `python benchmarks/fixed_upstream.py PORT MS`
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 
@@ -22,6 +24,21 @@ from starlette.routing import Route
 CONTENT = json.dumps({"factoids": ["The Eiffel Tower is in Paris."], "statements": ["The tower stands in Paris."],
                       "verdict": "YES", "unsupported": []})
 STREAM_CHUNKS = 20
+NUMBERED = re.compile(r"^(\d+)\. ", re.M)  # a sentence the `sentences` check asks about, in its prompt's <answer>
+
+
+def content(body: dict) -> str:
+    """CONTENT, with a verdict for each sentence a `sentences` prompt numbers."""
+    asked = body.get("messages") or [{}]
+    text = asked[-1].get("content")
+    if not isinstance(text, str):
+        text = "".join(part.get("text", "") for part in text or [] if isinstance(part, dict))
+    answer = text.partition("<answer>")[2].partition("</answer>")[0]
+    numbers = NUMBERED.findall(answer)
+    if not numbers:
+        return CONTENT
+    verdicts = [{"id": int(n), "verdict": "SUPPORTED", "phrases": []} for n in numbers]
+    return json.dumps({**json.loads(CONTENT), "sentences": verdicts, "answer": "SUPPORTED"})
 
 
 def chunks(model: str) -> list[bytes]:
@@ -45,7 +62,8 @@ def app(latency_s: float) -> Starlette:
         return JSONResponse({
             "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "bench"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": CONTENT}}],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content(body)}}],
             "usage": {"prompt_tokens": 42, "completion_tokens": 24, "total_tokens": 66},
         })
 

@@ -15,6 +15,7 @@ import copy
 import itertools
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Container
 from dataclasses import dataclass
@@ -29,12 +30,14 @@ from morphguard.detectors.text import (
     NEGATIONS,
     NEGATIVE_WORDS,
     TOKEN,
+    GrowingSentences,
     about_the_sources,
     content_keys,
     keys,
     number,
     pieces,
     sentences,
+    settled_pieces,
     words,
 )
 from morphguard.errors import CheckTooLargeError
@@ -298,13 +301,26 @@ class Context:
             for k in held:
                 self.frequency[k] += repeats[text]
                 self.holding.setdefault(k, []).append(i)
+        # read only for an answer that copies a sentence, and then once: shared with every `fresh` copy
+        self._sources: dict[int, _Source] = {}
+        self._negated: list[frozenset[str]] = []
 
-    def fresh(self) -> Context:
-        """This context with no comparison counted yet: the index is shared, the count (`MAX_COMPARED`) is a check's
-        own (the checks of one growing answer read one index)."""
+    def fresh(self, compared: int = 0) -> Context:
+        """This context with `compared` comparisons counted (none: a check's first): the index is shared, the count
+        (`MAX_COMPARED`) is a check's own (the checks of one growing answer read one index)."""
         counted = copy.copy(self)
-        counted.compared = 0
+        counted.compared = compared
         return counted
+
+    def source(self, i: int) -> _Source:
+        """The `i`-th context sentence as the comparison reads it."""
+        return self._sources.get(i) or self._sources.setdefault(i, _Source(self.texts[i]))
+
+    def negated(self) -> frozenset[str]:
+        """The keys of every word that a context sentence negates."""
+        if not self._negated:
+            self._negated.append(_negated(self.texts))
+        return self._negated[0]
 
     def copied(self, text: str) -> tuple[int, float] | None:
         """The context sentence `text` copies most of (its index), and the weighted share of `text`'s content it
@@ -353,40 +369,33 @@ def conflicts(answer: str, passages: list[str], min_copy: float = 0.4,
     context = Context(passages) if context is None else context.fresh()
     if not any(context.held):
         return []
-    texts, evidence, frequency = context.texts, context.evidence, context.frequency
-    negated: frozenset[str] | None = None  # read once, and only for an answer that copies a sentence
+    return [c for start, end in sentences(answer) for c in sentence_conflicts(answer, start, end, context, min_copy)]
 
-    def copied(text: str) -> tuple[int, float] | None:
-        match = context.copied(text)
-        return match if match is not None and match[1] >= min_copy else None
 
-    read: dict[int, _Source] = {}  # the context sentences compared so far
-    found: list[Conflict] = []
-    for start, end in sentences(answer):
-        marker = LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
-        sentence = answer[marker.end() if marker else start:end]
-        # what the sentence denies of the passages ("it does not say who may join") is no negated copy
-        kinds_read = set(KINDS) - ({"negation"} if _SPEAKS_OF_SOURCES.search(sentence) else set())
-        # A sentence too long to compare whole may join many context sentences: each run of it is aligned on its own.
-        parts = ([sentence] if len(TOKEN.findall(sentence)) <= DIFF_LIMIT
-                 else [sentence[a:b] for a, b in _runs(sentence)])
-        changed: dict[str, tuple[float, int]] = {}  # per kind, the closest copy that changes it
-        for text in parts:
-            try:
-                match = copied(text)
-            except CheckTooLargeError as exc:  # the sentences before this one were compared within the bound
-                raise CheckTooLargeError(str(exc), read=start) from None
-            if match is None:
-                continue
-            best, copy = match
-            negated = _negated(texts) if negated is None else negated
-            source = read.get(best) or read.setdefault(best, _Source(texts[best]))
-            for kind in _compare(source, text, negated, frequency) & kinds_read:
-                if kind not in changed or copy > changed[kind][0]:
-                    changed[kind] = (copy, best)
-        found += [Conflict(kind, start, end, changed[kind][0], evidence[changed[kind][1]])
-                  for kind in KINDS if kind in changed]
-    return found
+def sentence_conflicts(answer: str, start: int, end: int, context: Context, min_copy: float = 0.4) -> list[Conflict]:
+    """`conflicts` of the answer sentence `answer[start:end]`, read alone; the comparisons it makes are added to
+    `context.compared`, and past `MAX_COMPARED` it raises `CheckTooLargeError` (`read`: `start`)."""
+    marker = LIST_MARKER.match(answer, start, end)  # "5." numbers a list item; it states nothing
+    sentence = answer[marker.end() if marker else start:end]
+    # what the sentence denies of the passages ("it does not say who may join") is no negated copy
+    kinds_read = set(KINDS) - ({"negation"} if _SPEAKS_OF_SOURCES.search(sentence) else set())
+    # A sentence too long to compare whole may join many context sentences: each run of it is aligned on its own.
+    parts = ([sentence] if len(TOKEN.findall(sentence)) <= DIFF_LIMIT
+             else [sentence[a:b] for a, b in _runs(sentence)])
+    changed: dict[str, tuple[float, int]] = {}  # per kind, the closest copy that changes it
+    for text in parts:
+        try:
+            match = context.copied(text)
+        except CheckTooLargeError as exc:  # the sentences before this one were compared within the bound
+            raise CheckTooLargeError(str(exc), read=start) from None
+        if match is None or match[1] < min_copy:
+            continue
+        best, copy = match
+        for kind in _compare(context.source(best), text, context.negated(), context.frequency) & kinds_read:
+            if kind not in changed or copy > changed[kind][0]:
+                changed[kind] = (copy, best)
+    return [Conflict(kind, start, end, changed[kind][0], context.evidence[changed[kind][1]])
+            for kind in KINDS if kind in changed]
 
 
 def _compare(source: _Source, copied_text: str, negated: frozenset[str], known: Container[str]) -> set[str]:
@@ -455,9 +464,79 @@ def quotes_context(answer: str, passages: list[str], context: set[str] | None = 
     since whether it answers rightly depends on the question, and neither is a verdict set before a quote ("Yes.",
     "It is safe.", a claim that ends in a colon), which the check would otherwise never ask a judge about.
     `context`: `quotable(passages)`, read already."""
-    context = quotable(passages) if context is None else context
-    quoted = {text: _as_quoted(text) in context for text in pieces(answer)}
-    return any(quoted.values()) and all(is_quote or about_the_sources(text) for text, is_quote in quoted.items())
+    any_quote, all_claimed = _quoted(pieces(answer), quotable(passages) if context is None else context)
+    return any_quote and all_claimed
+
+
+def _quoted(texts: list[str], context: set[str], found: tuple[bool, bool] = (False, True)) -> tuple[bool, bool]:
+    """Whether any of `texts` quotes `context`, and whether each quotes it or talks about the sources (`found`: that
+    of the pieces before them)."""
+    any_quote, all_claimed = found
+    for text in texts:
+        is_quote = _as_quoted(text) in context
+        any_quote = any_quote or is_quote
+        all_claimed = all_claimed and (is_quote or about_the_sources(text))
+    return any_quote, all_claimed
+
+
+class Quoting:
+    """`quotes_context` of the checks of one growing answer: the pieces no appended text can change
+    (`settled_pieces`) are read once, and each check reads only those after them. An answer that does not extend the
+    last one read is read whole (and kept, unless it is shorter)."""
+
+    def __init__(self, context: set[str]) -> None:
+        self.context = context  # `quotable(passages)`
+        self._lock = threading.Lock()
+        self._answer = ""  # the answer read last
+        self._settled = 0  # where its settled pieces end
+        self._found = (False, True)  # of those pieces: whether any is a quote, whether each is one or about the sources
+
+    def quotes(self, answer: str) -> bool:
+        with self._lock:
+            if answer.startswith(self._answer):
+                at, found = self._settled, self._found
+            else:
+                at, found = 0, (False, True)
+            settled, end = settled_pieces(answer, at)
+            found = _quoted(settled, self.context, found)
+            if len(answer) >= len(self._answer):
+                self._answer, self._settled, self._found = answer, end, found
+        any_quote, all_claimed = _quoted(pieces(answer[end:]), self.context, found)
+        return any_quote and all_claimed
+
+
+class _Aligned:
+    """One answer sentence's changed copies (`sentence_conflicts`) and the comparisons they cost, once read."""
+
+    __slots__ = ("read",)
+
+    def __init__(self) -> None:
+        self.read: tuple[list[Conflict], int] | None = None
+
+
+class Aligning:
+    """`conflicts` of the checks of one growing answer: each sentence is aligned once, and the comparisons it cost are
+    kept, so that the bound (`MAX_COMPARED`) is counted over a check's sentences as a check alone counts it. A
+    sentence that would take the count past it is aligned again from the count before it, and raises where that
+    check would."""
+
+    def __init__(self, context: Context, min_copy: float = 0.4) -> None:
+        self.context = context
+        self.min_copy = min_copy
+        self._sentences: GrowingSentences[_Aligned] = GrowingSentences()
+
+    def conflicts(self, answer: str) -> list[Conflict]:
+        if not any(self.context.held):
+            return []
+        compared, found = 0, []
+        for (start, end), sentence in self._sentences.read(answer, lambda start, end: _Aligned()):
+            if sentence.read is None or compared + sentence.read[1] > MAX_COMPARED:
+                counted = self.context.fresh(compared)
+                sentence.read = (sentence_conflicts(answer, start, end, counted, self.min_copy),
+                                 counted.compared - compared)
+            compared += sentence.read[1]
+            found += sentence.read[0]
+        return found
 
 
 def _as_quoted(sentence: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from morphguard.config import GroundingSettings
 from morphguard.detectors.alignment import VERSION as ALIGNMENT_VERSION
-from morphguard.detectors.alignment import Conflict, Context, conflicts, quotable, quotes_context, strongest
+from morphguard.detectors.alignment import Aligning, Conflict, Context, Quoting, quotable, strongest
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.memo import current
 from morphguard.detectors.registry import DetectorSpec, register
@@ -122,6 +122,14 @@ class Kept:
         read = growing.read(answer, lambda start, end: (sentence_report(answer, start, end, known),
                                                         instructions(answer, start, end)))
         return [found for _, found in read]
+
+    def changed(self, rag: RagInput, answer: str) -> list[Conflict]:
+        """`alignment.conflicts` of the answer, each sentence aligned once (`alignment.Aligning`)."""
+        return self.context(rag, "aligned", lambda: Aligning(Context(rag.passages))).conflicts(answer)
+
+    def quotes(self, rag: RagInput, answer: str) -> bool:
+        """`alignment.quotes_context` of the answer, each of its settled pieces read once."""
+        return self.context(rag, "quoting", lambda: Quoting(quotable(rag.passages))).quotes(answer)
 
 
 def ungrounded(answer: str, passages: list[str], question: str = "",
@@ -222,8 +230,7 @@ class Grounding:
         # Records alone, not a record beside prose (`rules.Reading.facts`): one JSON passage slipped into a context
         # of prose must not change how the prose is read (nor, in `combined`, keep the judge from reading it).
         about_record = ruled.about_facts
-        changed = [] if about_record else conflicts(answer, rag.passages, context=kept.context(
-            rag, "aligned", lambda: Context(rag.passages)))
+        changed = [] if about_record else kept.changed(rag, answer)
         planted = [place for _, places in read for place in places]
         missing = [w for r in reports for w in r.unsupported]
         content = sum(r.content for r in reports)
@@ -263,8 +270,7 @@ class Grounding:
             "record_conflicts": float(len(misread)),
             "instruction": float(bool(planted)),
             # every stating sentence is a context sentence as written: the combined check asks no judge about it
-            "quoted": float(not about_record and not changed and quotes_context(
-                answer, rag.passages, kept.context(rag, "quotable", lambda: quotable(rag.passages)))),
+            "quoted": float(not about_record and not changed and kept.quotes(rag, answer)),
         }
         detection = Detection(
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,

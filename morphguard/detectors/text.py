@@ -332,7 +332,29 @@ _META = frozenset(
 
 def pieces(answer: str) -> list[str]:
     """The answer's sentences and list items, as written, without a list item's marker."""
-    return [text for piece in _BREAK.split(answer) if (text := _BULLET.sub("", piece).strip())]
+    return _pieces(_BREAK.split(answer))
+
+
+def _pieces(parts: list[str]) -> list[str]:
+    return [text for piece in parts if (text := _BULLET.sub("", piece).strip())]
+
+
+_NOT_SPACE = re.compile(r"\S")
+
+
+def settled_pieces(answer: str, at: int = 0) -> tuple[list[str], int]:
+    """The `pieces` of `answer` from `at` (0, or where this said the settled ones of a shorter `answer` end) that no
+    text appended to it can change, and where they end (`pieces` of the rest, from there, are the others). A break is
+    settled once the answer holds the two characters after the white space it stands in: what follows a break decides
+    it ("A. (B" breaks, "A. (b" does not)."""
+    parts, start = [], at
+    for match in _BREAK.finditer(answer, at):
+        after = _NOT_SPACE.search(answer, match.end())
+        if after is None or after.start() + 1 >= len(answer):
+            break
+        parts.append(answer[start:match.start()])
+        start = match.end()
+    return _pieces(parts), start
 
 
 def statements(answer: str, limit: int = 16) -> list[str]:

@@ -6,11 +6,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from morphguard.detectors.injection import instructions
-from morphguard.detectors.text import GrowingSentences, GrowingText, sentence_ends, sentences
+from morphguard.detectors.text import (
+    GrowingSentences,
+    GrowingText,
+    pieces,
+    sentence_ends,
+    sentences,
+    settled_pieces,
+)
 
 PIECES = ["Dr.", "e.g.", "U.S.", "3.5", "1,000", "5.", "12)", "7.", "-", "*", "•", ".", "...", "!", "?", "?!", '"',
           "'", ")", "]", "(", " ", "  ", "\n", "\n\n", "\t", "Word", "it", "ok", "A", "0.0", "judge:", "mark",
-          "it as supported", "reviewer", "ignore previous rules", "has been verified against the sources", "yes"]
+          "it as supported", "reviewer", "ignore previous rules", "has been verified against the sources", "yes",
+          "b", "B", "[", "'B", "(b"]
 answers = st.lists(st.sampled_from(PIECES), max_size=60).map("".join)
 
 
@@ -79,3 +87,17 @@ def test_a_text_split_from_where_a_sentence_begins_or_ends_has_the_sentences_of_
     whole = sentences(text)
     for at in {0, *sentence_ends(text), *(p for sentence in whole for p in sentence)}:
         assert sentences(text, at) == [s for s in whole if s[0] >= at]
+
+
+@settings(max_examples=400, deadline=None)
+@given(answers, st.lists(st.integers(0, 400), max_size=8))
+def test_the_pieces_settled_in_a_growing_answer_are_those_of_the_whole_however_it_grows(text, cuts):
+    """Read from where the settled pieces of each shorter answer end, the settled pieces and then the pieces of the
+    rest are the pieces of the whole: no text appended moves a settled break ("A. (" may yet break or not)."""
+    read, at = [], 0
+    for end in sorted(min(c, len(text)) for c in cuts):
+        settled, at = settled_pieces(text[:end], at)
+        read += settled
+        assert pieces(text) == read + pieces(text[at:])
+    settled, at = settled_pieces(text, at)
+    assert pieces(text) == read + settled + pieces(text[at:])

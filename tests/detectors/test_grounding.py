@@ -266,3 +266,30 @@ def test_a_growing_answers_checks_read_the_context_and_each_sentence_once(monkey
             check.read(rag, answer[:end])
     assert (read["vocabulary"], read["aligned"], read["quotable"]) == ([1], [1], [1])
     assert read["sentences"] == [answer[s:e] for s, e in sentences(answer)]  # each once ("e.g." ends one)
+
+
+def test_a_streams_checks_align_and_quote_its_answer_reading_each_sentence_about_once(monkeypatch):
+    """Over a stream's checks (one every few sentences, then the whole), the characters of the answer that alignment
+    compares with the context and that the quote test reads sum to about the answer's length, not to the sum of the
+    prefixes' lengths (the quote test also reads the context's sentences once, as long as the answer here)."""
+    from morphguard.config import GroundingSettings
+    from morphguard.detectors import alignment
+    from morphguard.detectors.grounding import Grounding
+    from morphguard.detectors.memo import Memo, remembering
+
+    said = [f"Station {i} of the {line} line opens at {5 + i % 3} in the morning." for i, line in
+            enumerate(["red", "blue", "green", "amber", "violet"] * 24)]
+    answer = " ".join(said)
+    rag = RagInput(question="When do the stations open?", passages=[answer])  # each sentence copies one
+    read = {"aligned": 0, "quoted": 0}
+    copied, as_quoted = alignment.Context.copied, alignment._as_quoted
+    monkeypatch.setattr(alignment.Context, "copied", lambda self, text: read.update(
+        aligned=read["aligned"] + len(text)) or copied(self, text))
+    monkeypatch.setattr(alignment, "_as_quoted", lambda text: read.update(
+        quoted=read["quoted"] + len(text)) or as_quoted(text))
+    check = Grounding(GroundingSettings())
+    ends = [answer.index(s) + len(s) for s in said]
+    with remembering(Memo()):
+        found = [check.read(rag, answer[:end])[0] for end in ends[3::4] + [len(answer)]]
+    assert all(f.features["quoted"] == 1.0 and not f.factoids for f in found)  # every check aligned and quoted
+    assert read["aligned"] <= 1.5 * len(answer) and read["quoted"] <= 2.5 * len(answer), (read, len(answer))

@@ -96,7 +96,10 @@ ADDRESS = frozenset("sure certainly happy glad hope i'd i'll i've here's unable"
 class Kept:
     """What grounding keeps of the checks of one growing answer (a stream's, `memo.Memo`): what it read of the context
     (read again only where a check reads other passages, cut to fit `max_text_chars`) and of each sentence of the
-    answer (its report and where it addresses its checker), so that each check reads only what the answer added."""
+    answer (its report, where it addresses its checker, its changed copies and whether it quotes the context), so
+    that each check reads only what the answer added. The registered rules still read each check's whole answer: on
+    a context of prose they read none of it, and on a record `records` points at a claim with up to 500 characters
+    around it (`claim_around`), which text appended later may change."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -4,7 +4,7 @@ judge and the `sentences` check with a 400 ms API judge, in one run.
 No trained weights can be downloaded here, and compute does not depend on them: the real architectures are built
 from their configurations with random weights (transformers, no download) and exported to ONNX, each with a tokenizer
 trained here on RAGTruth's own text (WordPiece, 30,000 words: about as many tokens per word as the real ones), then
-run through the verifier check as a user runs them (`verifier.runtime: onnx`, `threads` = the CPUs, `batch` 8):
+run through the verifier check as a user runs them (`judge.runtime: onnx`, `threads` = the CPUs, `batch` 8):
 
 - ModernBERT-base and -large as token classifiers, as LettuceDetect's base and large are (one window of up to 4,096
   tokens: context, question and answer);

@@ -2,8 +2,8 @@
 
 A check runs on behalf of a client (`on_behalf_of`: the checker opens it around the check, with a digest of who is
 asking, `client_id`: the request path names the client by the identity the proxy authenticated, else by where the
-request came from, never by a key it merely presents), and every judge call (`judge.concurrency`,
-`verifier.concurrency`) and blocking thread of the check (`lanes`) waits for its place in a `FairLimit` under that
+request came from, never by a key it merely presents), and every judge call (`judge.concurrency`, a
+served verifier's too) and blocking thread of the check (`lanes`) waits for its place in a `FairLimit` under that
 client's name. While places are taken, a freed one goes to the waiting client served longest ago (round robin), each
 client's own waiters first come first served: a client sending many large checks at once waits behind its own work,
 not in front of everyone else's.

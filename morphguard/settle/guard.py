@@ -39,7 +39,7 @@ class Guard:
     """What the edge asks of the settle side, and nothing else of it."""
 
     def __init__(self, settler: Settler, later: Later) -> None:
-        self.checker = settler.checker
+        self._checker = settler.checker
         self._settler = settler
         self._trail = settler.trail
         self._later = later
@@ -97,7 +97,7 @@ class Guard:
     @property
     def judge_base(self) -> str | None:
         """The embedded judge's address, where the check calls one."""
-        llm = getattr(self.checker.detector, "llm", None)
+        llm = getattr(self._checker.detector, "llm", None)
         local = getattr(llm, "routes", {}).get("local")
         return local.api_base if local is not None and local.api_base else None
 
@@ -141,9 +141,9 @@ class Guard:
         if self._settler.shadow is not None:
             await self._settler.shadow.drain()
         await self._later.queue.close()
-        await self.checker.aclose()
-        if self.checker.cache is not None:
-            await self.checker.cache.close()
+        await self._checker.aclose()
+        if self._checker.cache is not None:
+            await self._checker.cache.close()
         await self._trail.close()
 
     async def stop(self) -> None:

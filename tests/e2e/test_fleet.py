@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -49,7 +50,8 @@ def fleet_config(provider: str, redis_url: str, postgres_url: str, *, judge: str
                                             "topics": {}}},
                    "escalation": {"webhook_url": f"{base}/_webhook/{webhook}", "max_attempts": 100,
                                   "timeout_s": 1, "claim_timeout_s": 8},
-                   "audit": {"path": "unused.db"}},
+                   # unused beside store.url, but the stream journal lies beside it: a folder of the test's own
+                   "audit": {"path": str(Path(tempfile.mkdtemp(prefix="fleet-")) / "unused.db")}},
     }
 
 

@@ -40,31 +40,26 @@ IDS = re.compile(r"\b(chatcmpl|resp|msg|rs|fc|call|item|toolu|mg)[-_][A-Za-z0-9_
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[0-9a-f]{32}\b")
 
 
-def _config(provider: str, **proxy: Any) -> dict[str, Any]:
+def _policy() -> dict[str, Any]:
     profiles: dict[str, Any] = {name: {"threshold": 0.5, "action": action, "topics": {}}
                                 for name, action in TENANTS.items()}
     profiles["general"]["topics"] = {"medicines": {"threshold": 0.175, "action": "highlight"}}
     profiles["strict"]["safe_message"] = SAFE
     return {
-        "judge": {"model": "openai/judge", "api_base": provider, "api_key": "sk-judge", "max_attempts": 1},
-        "detector": {"name": "auto"},
-        "proxy": {"upstream": {"base_url": provider, "timeout_s": 5}, "keys": [KEY], **proxy},
-        "policy": {
-            "profiles": profiles,
-            "topics": {"medicines": {"keywords": ["ibuprofen"]}},
-            "routes": [{"profile": name, "headers": {"x-tenant": name}} for name in TENANTS if name != "general"],
-            "highlight": {"open": "[!", "close": "!]"},
-            "audit": {"store_text": "full"},
-        },
+        "profiles": profiles,
+        "topics": {"medicines": {"keywords": ["ibuprofen"]}},
+        "routes": [{"profile": name, "headers": {"x-tenant": name}} for name in TENANTS if name != "general"],
+        "highlight": {"open": "[!", "close": "!]"},
+        "audit": {"store_text": "full"},
     }
 
 
 @pytest.fixture(scope="module")
-def proxies(proxy_factory, provider) -> dict[str, str]:
-    """Three proxies of one policy: inline with the default stream mode, async, and buffering streams."""
+def proxies(proxy_factory) -> dict[str, str]:
+    """Three proxies of one policy, the scripted provider their upstream and judge: inline with the default stream
+    mode, async, and buffering streams."""
     def start(**proxy: Any) -> str:
-        config = _config(provider, **proxy)
-        return proxy_factory(policy=config["policy"], keys=config["proxy"]["keys"], **proxy)
+        return proxy_factory(policy=_policy(), keys=[KEY], upstream={"timeout_s": 5}, **proxy)
     return {"inline": start(), "async": start(mode="async"), "buffer": start(stream_mode="buffer")}
 
 

@@ -606,13 +606,13 @@ def test_the_guard_records_a_block_of_the_withheld_rest_and_the_verdict_of_what_
 
 def test_the_whole_answer_that_passed_as_a_prefix_keeps_that_verdict_without_a_second_check(guard):
     calls: list[str] = []
-    find = guard.checker.find
+    find = guard._checker.find
 
     async def counted(request: CheckRequest, answer: Answer, memo: Any = None) -> Any:
-        calls.append(guard.checker.answer_text(answer))
+        calls.append(guard._checker.answer_text(answer))
         return await find(request, answer, memo)
 
-    guard.checker.find = counted
+    guard._checker.find = counted
 
     async def run() -> None:
         visit = Visit(guard)

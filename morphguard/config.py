@@ -330,19 +330,6 @@ class VerifierSettings(Section):
     def judge(self) -> JudgeSettings:
         return self._judge
 
-    @property
-    def model(self) -> str | None:
-        """The verifier's folder, hub id or served name; None where the judge is a chat model."""
-        return self._judge.model if self._judge.runtime != "llm" else None
-
-    @property
-    def runtime(self) -> str:
-        return self._judge.runtime
-
-    @property
-    def url(self) -> str | None:
-        return self._judge.api_base
-
 
 DETECTOR_SECTIONS: dict[str, type[Section]] = {
     "claims": ClaimsSettings,

@@ -61,11 +61,13 @@ class Lane:
 
     def _limits(self) -> tuple[FairLimit, anyio.CapacityLimiter]:
         """The lane's limits for the running loop: one loop at a time in a process that serves; sync callers (each in
-        a loop of its own) run one after another."""
+        a loop of its own) run one after another. Read once: a loop in another thread may set its own meanwhile, and
+        a caller must never take that loop's limits (its waiters would be woken from a foreign thread)."""
         loop = asyncio.get_running_loop()
-        if self._of is None or self._of[0] is not loop:
-            self._of = (loop, FairLimit(self.threads, per_client=1), anyio.CapacityLimiter(self.threads))
-        return self._of[1], self._of[2]
+        of = self._of
+        if of is None or of[0] is not loop:
+            of = self._of = (loop, FairLimit(self.threads, per_client=1), anyio.CapacityLimiter(self.threads))
+        return of[1], of[2]
 
 
 async def _held(turns: FairLimit, tokens: anyio.CapacityLimiter, client: str, func: Callable[..., T],

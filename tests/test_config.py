@@ -47,6 +47,17 @@ def test_a_detector_section_is_read_by_the_detector():
     assert resolve(config, "metarag:paper")[1].profile == "paper"  # a profile named with the detector
 
 
+def test_the_verifier_check_reads_which_model_runs_how_and_where_from_the_judge_section_alone():
+    """`judge.model`, `judge.runtime` and `judge.api_base` name the verifier; the verifier section tunes how the
+    check reads it and keeps no second name for any of them."""
+    config = parse_config("judge:\n  model: acme/verifier\n  runtime: tei\n  api_base: http://127.0.0.1:9/\n"
+                          "detector:\n  name: verifier\n")
+    _, settings = resolve(config)
+    assert (settings.judge.model, settings.judge.runtime, settings.judge.api_base) == (
+        "acme/verifier", "tei", "http://127.0.0.1:9/")
+    assert not {"model", "runtime", "url"} & set(dir(settings))
+
+
 def test_an_unregistered_detector_name_is_refused_with_the_choices():
     with pytest.raises(ConfigError, match=r"cfg.yaml:2: detector.name: .*unknown detector 'metarog'.*metarag"):
         parse_config("detector:\n  name: metarog\n", source="cfg.yaml")

@@ -4,8 +4,11 @@ ends."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+from typing import Any
 
+import anyio
 import pytest
 
 from morphguard import lanes
@@ -131,3 +134,76 @@ def test_a_cancelled_caller_returns_at_once_and_its_place_stays_taken_until_its_
 
     asyncio.run(main())
     assert order == ["a's caller gone", "a's thread done", "b ran"]
+
+
+
+def test_two_event_loops_in_two_threads_each_take_only_their_own_loops_limits(monkeypatch):
+    """Sync callers each run a loop of their own, and two threads may call at once: every wait for a place must be
+    in the limits of the caller's own loop, whatever the other loop does to the lane meanwhile."""
+    foreign: list[str] = []
+
+    class Bound(lanes.FairLimit):  # notes a caller from a loop other than the one it was made in
+        def __init__(self, capacity: int, per_client: int | None = None) -> None:
+            super().__init__(capacity, per_client)
+            self.loop = asyncio.get_running_loop()
+
+        async def acquire(self, client: str) -> None:
+            if asyncio.get_running_loop() is not self.loop:
+                foreign.append(client)
+            await super().acquire(client)
+
+    monkeypatch.setattr(lanes, "FairLimit", Bound)
+    lane, start, failed = lanes.Lane(2), threading.Barrier(2), []
+
+    def hammer() -> None:
+        async def calls() -> None:
+            for _ in range(500):
+                await lane.run(int)
+
+        start.wait(5)
+        try:
+            asyncio.run(calls())
+        except Exception as exc:
+            failed.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the two threads switch as often as the interpreter lets them
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failed and not foreign
+
+
+def test_a_caller_takes_its_own_loops_limits_even_when_another_loop_sets_the_lanes_between_its_reads():
+    """The worst interleaving of two loops in two threads, made to happen every time: right after each read of the
+    lane's limits by this loop's caller, the other loop's caller sets its own. Both limits taken are still this
+    loop's."""
+    theirs = (asyncio.new_event_loop(), lanes.FairLimit(1, per_client=1), anyio.CapacityLimiter(1))
+
+    class Contended(lanes.Lane):
+        @property
+        def _of(self) -> Any:
+            read = self.__dict__["limits"]
+            self.__dict__["limits"] = theirs  # the other loop's caller, run between this read and the next
+            return read
+
+        @_of.setter
+        def _of(self, limits: Any) -> None:
+            self.__dict__["limits"] = limits
+
+    lane = Contended(1)
+
+    async def taken() -> tuple[Any, ...]:
+        assert await lane.run(int) == 0
+        return lane._limits()
+
+    try:
+        turns, tokens = asyncio.run(taken())
+    finally:
+        theirs[0].close()
+    assert turns is not theirs[1] and tokens is not theirs[2]

@@ -103,7 +103,8 @@ async def probe_verifier(config: Config, name: str | None = None) -> VerifierSta
             await verifier.aclose()
     except Exception as exc:
         error = str(exc) or type(exc).__name__
-    return VerifierStatus(str(settings.model), settings.runtime, settings.shape, time.perf_counter() - started, error)
+    judge = settings.judge
+    return VerifierStatus(judge.model, judge.runtime, settings.shape, time.perf_counter() - started, error)
 
 
 async def _require_verifier(config: Config, name: str | None) -> None:

@@ -15,6 +15,8 @@ verdicts) and the judge calls the stream has left, in the sealed job and reply (
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,6 +26,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from morphguard.llm.client import CallBudget
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -99,6 +102,14 @@ class Memo:
         calls = learnt.get("calls")
         if self.budget is not None and isinstance(calls, int):
             self.budget.used += max(0, calls)
+
+
+@functools.cache
+def ignored(detector: str) -> None:
+    """Say, once per process, that notes carried in for `detector` held entries it could not read (a fleet running
+    mixed versions): they are left out, and the checks ask the judge again where they would have read them."""
+    log.warning("notes of the %s check carried from another process held entries of an unknown shape: "
+                "left out (do the fleet's processes run different versions?)", detector)
 
 
 _MEMO: ContextVar[Memo | None] = ContextVar("morphguard_memo", default=None)

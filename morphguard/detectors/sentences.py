@@ -50,7 +50,7 @@ from morphguard.detectors.grounding import sentence_report
 from morphguard.detectors.injection import instructions
 from morphguard.detectors.judgments import label_probabilities
 from morphguard.detectors.logistic import log_odds, sigmoid
-from morphguard.detectors.memo import current
+from morphguard.detectors.memo import current, ignored
 from morphguard.detectors.prompts import as_data, numbered, render
 from morphguard.detectors.registry import DetectorSpec, changed_options, register
 from morphguard.detectors.replies import json_list, strings
@@ -111,18 +111,27 @@ class Asked:
                            if (lines, whole, phrases) not in before.wholes]}
 
     def take(self, found: dict[str, Any]) -> None:
-        """Add the verdicts another process's notes of the answer hold (their `carried`)."""
-        for entry in found.get("verdicts") or []:
+        """Add the verdicts another process's notes of the answer hold (their `carried`), leaving out what is not
+        of their shape (`memo.ignored`)."""
+        verdicts, wholes = found.get("verdicts") or [], found.get("wholes") or []
+        readable = isinstance(verdicts, list) and isinstance(wholes, list)
+        for entry in verdicts if isinstance(verdicts, list) else ():
             match entry:
                 case [str(line), float() | int() | None as score, list(phrases)]:
                     self.verdicts.setdefault(line, (score, [p for p in phrases if isinstance(p, str)]))
-        for entry in found.get("wholes") or []:
+                case _:
+                    readable = False
+        for entry in wholes if isinstance(wholes, list) else ():
             match entry:
                 case [list(lines), float() | int() as whole, list(phrases)]:
                     asked = (frozenset(line for line in lines if isinstance(line, str)), whole,
                              [p for p in phrases if isinstance(p, str)])
                     if asked not in self.wholes:
                         self.wholes.append(asked)
+                case _:
+                    readable = False
+        if not readable:
+            ignored("sentences")
 
     def add(self, lines: list[str], judged: Judged) -> None:
         verdicts, whole, phrases = judged

@@ -85,17 +85,20 @@ class Scored:
 
 
 def identity(settings: VerifierSettings) -> dict[str, Any]:
-    """What tells one verifier from another: its model, how it runs and where."""
-    return {"model": settings.model, "runtime": settings.runtime, "url": settings.url, "file": settings.file}
+    """What tells one verifier from another: its model (None where the judge is a chat model), how it runs and
+    where."""
+    judge = settings.judge
+    return {"model": judge.model if judge.runtime != "llm" else None, "runtime": judge.runtime, "url": judge.api_base,
+            "file": settings.file}
 
 
 def build_verifier(settings: VerifierSettings) -> Verifier:
     """The configured model, loaded (in process) or addressed (served)."""
-    if settings.model is None:
+    if settings.judge.runtime == "llm":
         raise MorphguardError("the verifier check needs a trained verifier as the judge: judge.runtime (onnx, tei, "
                               "vllm-classify, vllm-score) and judge.model (a folder holding the ONNX export and its "
                               "tokenizer, a hub id, or the name a server serves the model under)")
-    if settings.runtime == "onnx":  # its imports (numpy, the optional ONNX Runtime) only where it runs
+    if settings.judge.runtime == "onnx":  # its imports (numpy, the optional ONNX Runtime) only where it runs
         from morphguard.llm.onnx_model import OnnxVerifier
 
         return OnnxVerifier(settings)
@@ -254,7 +257,7 @@ class VerifierCheck:
             detector=self.name, score=score, threshold=self.threshold, flagged=score >= self.threshold,
             factoids=factoids, cost=Cost.of({"verify": stage} if calls else {}, seconds),
             stats=DetectionStats(factoids=len(scored)),
-            settings={"model": self.model.name, "shape": self.settings.shape, "runtime": self.settings.runtime,
+            settings={"model": self.model.name, "shape": self.settings.shape, "runtime": self.settings.judge.runtime,
                       "sequences": sequences, "calls": calls,
                       "explanation": [step.record() for step in explanation]},
             features={"worst": worst}, unchecked_from=unchecked)

@@ -42,19 +42,19 @@ def _model_lane() -> Lane:
 
 def model_folder(settings: VerifierSettings) -> Path:
     """The folder of the model: `judge.model` where it is one, else the hub's copy of the repository it names."""
-    assert settings.model is not None
-    folder = Path(settings.model).expanduser()
+    model = settings.judge.model
+    folder = Path(model).expanduser()
     if folder.is_dir():
         return folder
-    if folder.is_absolute() or settings.model.startswith((".", "~")) or settings.model.count("/") != 1:
-        raise MorphguardError(f"judge.model {settings.model}: no such folder (nor a hub id, owner/name)")
+    if folder.is_absolute() or model.startswith((".", "~")) or model.count("/") != 1:
+        raise MorphguardError(f"judge.model {model}: no such folder (nor a hub id, owner/name)")
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(settings.model, allow_patterns=[settings.file, "tokenizer.json",
+        return Path(snapshot_download(model, allow_patterns=[settings.file, "tokenizer.json",
                                                                       "config.json"]))
     except Exception as exc:  # no hub package, no network, no such repository: all mean no model
-        raise MorphguardError(f"judge.model {settings.model}: not a folder, and the hub could not give it "
+        raise MorphguardError(f"judge.model {model}: not a folder, and the hub could not give it "
                               f"({type(exc).__name__})") from None
 
 
@@ -68,7 +68,7 @@ class OnnxVerifier:
                                   "pip install 'morphguard[verifier]'") from None
         self.settings = settings
         folder = model_folder(settings)
-        self.name = settings.model or ""
+        self.name = settings.judge.model
         graph, vocabulary = folder / settings.file, folder / "tokenizer.json"
         for needed in (graph, vocabulary):
             if not needed.is_file():

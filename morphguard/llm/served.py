@@ -44,11 +44,12 @@ PROVIDERS = {"tei": "tei", "vllm-classify": "vllm", "vllm-score": "vllm"}  # gen
 
 class ServedVerifier:
     def __init__(self, settings: VerifierSettings) -> None:
-        assert settings.url is not None and settings.model is not None
+        judge = settings.judge
+        assert judge.api_base is not None
         self.settings = settings
-        self.name = settings.model
-        self.url = settings.url.rstrip("/") + PATHS[settings.runtime]
-        self.operation = PATHS[settings.runtime].lstrip("/")
+        self.name = judge.model
+        self.url = judge.api_base.rstrip("/") + PATHS[judge.runtime]
+        self.operation = PATHS[judge.runtime].lstrip("/")
         address = urlsplit(self.url)
         self.server = (address.hostname or "", address.port or (443 if address.scheme == "https" else 80))
         # per event loop (a client and its pool belong to the loop they were made in): the client and the places
@@ -67,7 +68,7 @@ class ServedVerifier:
         """The texts in requests of `verifier.batch`."""
         size = self.settings.batch
         parts = [list(texts[i:i + size]) for i in range(0, len(texts), size)]
-        if self.settings.runtime == "tei":
+        if self.settings.judge.runtime == "tei":
             # TEI reads a list of two texts as one pair: a part of two lone texts goes as two requests
             parts = [q for p in parts for q in ([[t] for t in p] if len(p) == 2 and p[0][1] is None else [p])]
         return parts
@@ -106,7 +107,7 @@ class ServedVerifier:
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Any:
         """One request inside its GenAI client span, recorded in the judge's metrics as a judge call is."""
-        provider = PROVIDERS[self.settings.runtime]
+        provider = PROVIDERS[self.settings.judge.runtime]
         span = telemetry.start_chat_span(self.name, provider, "judge", server=self.server, operation=self.operation)
         started = time.perf_counter()
 
@@ -126,7 +127,7 @@ class ServedVerifier:
             return reply
 
     def _body(self, texts: list[Text]) -> dict[str, Any]:
-        runtime, limit = self.settings.runtime, self.settings.max_tokens
+        runtime, limit = self.settings.judge.runtime, self.settings.max_tokens
         if runtime == "tei":
             inputs = [[a, b] if b is not None else a for a, b in texts]
             return {"inputs": inputs if len(inputs) > 1 else inputs[0], "truncate": True}
@@ -138,7 +139,7 @@ class ServedVerifier:
     def _read(self, reply: Any, count: int) -> list[float]:
         """P(supported) of each input, from the server's reply; LLMError where it is not the documented shape."""
         try:
-            if self.settings.runtime == "tei":
+            if self.settings.judge.runtime == "tei":
                 rows = reply if count > 1 else [reply]
                 if len(rows) != count:
                     raise ValueError(f"{len(rows)} predictions for {count} inputs")
@@ -146,7 +147,7 @@ class ServedVerifier:
             data = sorted(reply["data"], key=lambda d: int(d["index"]))
             if [int(d["index"]) for d in data] != list(range(count)):
                 raise ValueError(f"the indices {[d['index'] for d in data]} for {count} inputs")
-            if self.settings.runtime == "vllm-score":
+            if self.settings.judge.runtime == "vllm-score":
                 return [float(d["score"]) for d in data]
             return [float(d["probs"][label_index(self.settings.label, [str(i) for i in range(len(d["probs"]))])])
                     for d in data]

@@ -208,6 +208,8 @@ class Checker:
         reply = await self.pool.call(request.request_id, {"detect": job}, timeout_s)
         if reply is None:
             raise TimeoutError("no worker answered within the latency budget")
+        if memo is not None and isinstance(reply.get("memo"), dict):
+            memo.take(reply["memo"])  # a failed check's calls count against the stream's budget too
         error = reply.get("error")
         if error == "judge_timeout":
             raise LLMTimeoutError("the worker's judge timed out")
@@ -221,8 +223,6 @@ class Checker:
             raise UnsealedReplyError("replies came without the fleet key's seal, none from a worker of the fleet")
         if error:
             raise LLMError(f"the worker could not check: {error}")
-        if memo is not None and isinstance(reply.get("memo"), dict):
-            memo.take(reply["memo"])
         return Detection.model_validate(reply["detection"])
 
     async def detect_for_caller(self, entry: Entry) -> dict[str, Any]:
@@ -239,12 +239,14 @@ class Checker:
             try:
                 detector = await self.detector_for(request.detector)
                 detection = await asyncio.wait_for(self._detect(detector, request, job["answer"], memo), remaining)
+                reply: dict[str, Any] = {"detection": detection.model_dump(mode="json")}
             except (MorphguardError, TimeoutError) as exc:
                 _record_masked(exc)
+                reply = {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
                 if isinstance(exc, CheckTooLargeError) and exc.read is not None:
-                    return {"error": _reason(exc), "read": exc.read}
-                return {"error": "judge_timeout" if isinstance(exc, TimeoutError) else _reason(exc)}
-        return {"detection": detection.model_dump(mode="json"), **({"memo": memo.learnt()} if memo is not None else {})}
+                    reply["read"] = exc.read
+        # what the check learnt and the judge calls it made, failed or not: the stream's budget bounds them all
+        return reply if memo is None else {**reply, "memo": memo.learnt()}
 
     async def aclose(self) -> None:
         """Close what the detectors hold open (a served verifier's connections)."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections import deque
@@ -44,9 +45,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from morphguard.detectors.text import GrowingText, sentences
+from morphguard.masking import mask_secrets
 from morphguard.policy.record import Released
 
 E = TypeVar("E")
+log = logging.getLogger(__name__)
 _Hand = Callable[[Sequence[tuple[E, int | None]]], Awaitable[None]]  # events let out, each with where its text ends
 
 
@@ -226,7 +229,7 @@ class Incremental(Generic[E]):
             await working  # its error, if any, is the stream's
         finally:
             working.cancel()
-            with contextlib.suppress(BaseException):
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # raised above already, or cut short here
                 await working
             close = getattr(reader, "aclose", None)
             if close is not None:  # stop reading the upstream now, not when the reader is collected
@@ -262,6 +265,9 @@ class Incremental(Generic[E]):
                         await hand(self._release())
                 return check
         except BaseExceptionGroup as failed:  # an activity failed (the upstream broke, a check raised): its error
+            for also in failed.exceptions[1:]:  # others that failed as they were cancelled: said, not raised
+                log.warning("stream: %s also failed while the stream ended: %s", type(also).__name__,
+                            mask_secrets(str(also)))
             raise failed.exceptions[0] from None
 
     async def _read(self, reader: AsyncIterator[E], hand: _Hand[E]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 import time
@@ -20,11 +21,13 @@ from starlette.routing import Route
 
 from morphguard.config import Config
 from morphguard.detectors import build_detector
+from morphguard.detectors.memo import ignored
 from morphguard.models import RagInput
 from morphguard.policy.engine import PolicyEngine
 from morphguard.settle.check import Checker
 from morphguard.settle.values import Answer, CheckOutcome, CheckRequest
-from tests.scripted_llm import ScriptedLLM, completion
+from morphguard.store.queue import Entry
+from tests.scripted_llm import ScriptedLLM, completion, error
 from tests.servers import bound_socket
 
 RAG = RagInput(question="Where is Paris?", passages=["Paris is the capital of France. Lyon is in France too."])
@@ -174,3 +177,59 @@ def test_a_grounding_check_past_its_alignment_bound_reads_the_first_sentences_an
     caught = asyncio.run(decided(guard, hostile, invented + tail))
     assert (caught.decision.flagged, caught.decision.reason) == (True, "read in part: check_too_large")
     assert caught.detection is not None and caught.detection.factoids[0].start == 0
+
+
+class Loopback:
+    """The fleet's hand-off in one process: a job goes as JSON to a worker's checker (`detect_for_caller`) and its
+    reply comes back as JSON, as through the queue, without the queue."""
+
+    def __init__(self, worker: Checker) -> None:
+        self.worker = worker
+
+    async def call(self, entry_id: str, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        payload = json.loads(json.dumps({**job, "deadline": time.time() + timeout_s}))
+        reply = await self.worker.detect_for_caller(Entry("1-0", entry_id, payload, 0, False, "reply"))
+        return json.loads(json.dumps(reply))
+
+
+def test_a_workers_failed_check_charges_the_streams_budget_and_brings_back_the_verdicts_it_got():
+    """A stream's check made by a worker whose judge fails at the third sentence: the three calls it made count
+    against the stream's budget, and the two verdicts it got are not asked about again by the stream's next check."""
+    refusing = True
+
+    def judge(body: dict[str, Any]) -> Any:
+        return error(400, "refused") if refusing and "Nice" in body["messages"][-1]["content"] else verdicts(body)
+
+    with ScriptedLLM(judge) as server:
+        caller = checker(server.base_url, max_judge_calls=10, concurrency=1)
+        caller.pool = Loopback(checker(server.base_url, max_judge_calls=10, concurrency=1))
+
+        async def stream() -> tuple[Any, Any, int]:
+            nonlocal refusing
+            memo = caller.memo(request())
+            failed = await caller.find(request(), Answer.of_text(ANSWER), memo)
+            assert memo.budget is not None
+            charged = memo.budget.used
+            refusing = False
+            return failed, await caller.find(request(), Answer.of_text(ANSWER), memo), charged
+
+        failed, passed, charged = asyncio.run(stream())
+        assert failed.finding.failed == "judge_error" and passed.finding.detection is not None
+        assert charged == 3
+        assert ["Nice" in body["messages"][-1]["content"] for body in server.requests] == [False, False, True, True]
+
+
+def test_a_worker_reads_a_carried_memo_of_an_unknown_shape_as_none_and_still_replies(caplog):
+    """A job from a process of another version, its memo's verdicts not a list: the worker leaves them out (saying
+    so once), checks the answer and replies, rather than failing without a reply."""
+    memo = {"notes": {"sentences": {"verdicts": 7, "wholes": [["x"]]}}, "calls_left": 5}
+    job = {"request": request().to_dict(), "answer": ANSWER, "memo": memo}
+    ignored.cache_clear()  # said once per process: whatever said it before, this is the first time
+    with ScriptedLLM(verdicts) as server, caplog.at_level(logging.WARNING, "morphguard.detectors.memo"):
+        worker = checker(server.base_url, max_judge_calls=10)
+        entry = Entry("1-0", "r", {"detect": job, "deadline": time.time() + 30}, 0, False, "reply")
+        reply = asyncio.run(worker.detect_for_caller(entry))
+        again = asyncio.run(worker.detect_for_caller(entry))
+    assert "detection" in reply and "detection" in again
+    assert reply["memo"]["calls"] == 3  # each sentence asked: nothing read from the malformed notes
+    assert len([r for r in caplog.records if "unknown shape" in r.getMessage()]) == 1

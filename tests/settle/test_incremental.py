@@ -4,6 +4,7 @@ holds back, what it never lets out, what runs at once, and how it ends when the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ import pytest
 
 from morphguard.config import ProxySettings
 from morphguard.detectors.text import sentences
+from morphguard.masking import mask_presented
 from morphguard.models import RagInput
 from morphguard.policy.record import Released
 from morphguard.proxy.stream_modes import stream_mode
@@ -429,6 +431,56 @@ def test_an_upstream_error_mid_stream_is_raised_and_no_unchecked_text_leaves():
             await task
         assert text_of(out) == "One. "
         assert "prefix:One. Two." in judge.cancelled and judge.closed is None
+
+    asyncio.run(run())
+
+
+class Halt(BaseException):
+    """Not an error: a signal of the kind a process ends by (as KeyboardInterrupt and SystemExit are)."""
+
+
+class FailingOnCancel(Judge):
+    """A prefix check that never finishes, and raises `failure` when it is cancelled (a check's clean-up that fails)."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__()
+        self.failure = failure
+
+    async def prefix(self, text: str) -> PrefixCheck:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise self.failure from None
+        raise AssertionError("unreachable")
+
+
+def test_when_two_activities_fail_the_first_error_is_raised_and_the_other_logged_without_secrets(caplog):
+    async def run() -> None:
+        mask_presented(["sk-client-0123456789"])
+        judge, upstream = FailingOnCancel(RuntimeError("clean-up failed for sk-client-0123456789")), Upstream()
+        upstream.push(*deltas("One. ", "Two"))
+        task = asyncio.create_task(collect(Incremental(Plain(), judge), upstream))
+        await settle()
+        upstream.push(ConnectionResetError("dropped"))
+        with pytest.raises(ConnectionResetError):
+            await task
+
+    with caplog.at_level(logging.WARNING, "morphguard.settle.incremental"):
+        asyncio.run(run())
+    said = [r.getMessage() for r in caplog.records if r.name == "morphguard.settle.incremental"]
+    assert said == ["stream: RuntimeError also failed while the stream ended: clean-up failed for [masked]"]
+
+
+def test_a_signal_raised_while_the_work_winds_down_after_the_client_left_is_not_swallowed():
+    async def run() -> None:
+        upstream = Upstream()
+        stream = Incremental(Plain(), FailingOnCancel(Halt())).run(upstream.events())
+        upstream.push(*deltas("One. ", "Two"))
+        pulling = asyncio.ensure_future(anext(stream))
+        await settle()
+        pulling.cancel()  # the client goes; the check, cancelled, raises what is not an error
+        with pytest.raises(Halt):
+            await pulling
 
     asyncio.run(run())
 

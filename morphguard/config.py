@@ -310,7 +310,7 @@ class VerifierSettings(Section):
     context_budget: int = Field(8000, ge=200)  # characters of context per answer sentence, the most relevant first
     # Tokens of context a token classifier reads: the context sentences most relevant to the answer, in context
     # order, counted by the model's tokenizer. Fewer tokens, a faster check (attention grows with their square),
-    # and a model that no longer sees the rest of the context. None: all of `context_budget`.
+    # and a model that does not see the rest of the context. None: all of `context_budget`.
     context_tokens: int | None = Field(None, ge=16)
     batch: int = Field(8, ge=1, le=256)  # sequences per model run (onnx) or per request (served)
     threads: int | None = Field(None, ge=1)  # ONNX Runtime's threads per run; None: the CPUs this process may use

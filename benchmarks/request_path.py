@@ -42,7 +42,7 @@ import uvloop
 import morphguard
 from morphguard.config import Config
 from morphguard.proxy.app import create_app
-from morphguard.proxy.server import HttpProtocol
+from morphguard.server import HttpProtocol
 from tests.scripted_llm import ScriptedLLM
 
 ROOT = str(Path(morphguard.__file__).parent)

@@ -454,7 +454,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from morphguard.proxy.server import serve
+    from morphguard.server import serve
 
     path = _config_path(args)
     config = load_config(path)

@@ -24,7 +24,7 @@ from morphguard.config import Config
 from morphguard.errors import MorphguardError
 from morphguard.masking import mask_config_secrets
 from morphguard.proxy.probes import probe_app
-from morphguard.proxy.server import HttpProtocol
+from morphguard.server import HttpProtocol
 from morphguard.settle.guard import Guard, start
 
 log = logging.getLogger(__name__)

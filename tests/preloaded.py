@@ -6,7 +6,7 @@ from importlib import import_module
 
 from morphguard import folding
 
-for name in ("morphguard.cli", "morphguard.proxy.server", "morphguard.proxy.app", "morphguard.worker",
+for name in ("morphguard.cli", "morphguard.server", "morphguard.proxy.app", "morphguard.worker",
              "morphguard.detectors.registry",
              "morphguard.llm.client",  # before litellm: it sets how litellm loads its model table
              "litellm",  # imported by the judge client as it is built

@@ -84,7 +84,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_is_read_whole():
     graph = _graph()
-    assert "morphguard.proxy.app" in graph["morphguard.proxy.server"]  # a function-level import
+    assert "morphguard.proxy.app" in graph["morphguard.server"]  # a function-level import
     assert "morphguard.proxy.flow" in graph["morphguard.proxy.app"]
     assert "morphguard.store.queue" in graph["morphguard.store.redis_queue"]
 
@@ -116,16 +116,17 @@ def test_stream_modes_run_the_flows_steps_and_never_the_guards_parts():
                                                                "backend"}
 
 
-def test_integrations_sit_above_the_proxy_which_serves_only_portkeys_webhook_of_them():
-    """What runs inside or beside other frameworks may use the request path; the proxy imports of it only Portkey's
-    webhook, which its check API routes, and that module imports nothing that routes or serves it. The client helpers
-    run in apps behind the proxy and import nothing of morphguard but each other."""
+def test_integrations_sit_above_the_proxy_and_only_the_server_hands_it_their_webhooks():
+    """What runs inside or beside other frameworks may use the request path; nothing of the proxy or below imports
+    them: the served app is composed above both (`morphguard.server` hands the proxy Portkey's webhook). The client
+    helpers run in apps behind the proxy and import nothing of morphguard but each other."""
     graph = _graph()
-    into = {(module, imported) for module, imports in graph.items() if not module.startswith("morphguard.integrations")
-            for imported in imports if imported.startswith("morphguard.integrations")}
-    assert into == {("morphguard.proxy.check_api", "morphguard.integrations.portkey")}
+    into = {module for module, imports in graph.items() if not module.startswith("morphguard.integrations")
+            and any(imported.startswith("morphguard.integrations") for imported in imports)}
+    assert into == {"morphguard.server"}
+    assert "morphguard.integrations.portkey" in graph["morphguard.server"]
     assert not graph["morphguard.integrations.portkey"] & {"morphguard.proxy.app", "morphguard.proxy.check_api",
-                                                            "morphguard.proxy.server"}
+                                                            "morphguard.server"}
     helpers = [module for module in graph if module.startswith("morphguard.integrations.clients")]
     assert len(helpers) == 3
     for module in helpers:
@@ -145,7 +146,7 @@ def test_fair_shares_and_thread_lanes_sit_on_the_lowest_floor():
 SETTLE_FACE = {"morphguard.settle", "morphguard.settle.guard", "morphguard.settle.values",
                "morphguard.settle.incremental", "morphguard.settle.stream_checks"}
 # The face's parts, which no caller reads off it.
-_PARTS = {"checker", "_settler", "_trail", "_later", "_consumer"}
+_PARTS = {"checker", "_checker", "_settler", "_trail", "_later", "_consumer"}
 
 
 def _outside_settle() -> list[str]:

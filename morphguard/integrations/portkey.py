@@ -39,8 +39,9 @@ GATEWAY = "portkey"  # as the audit rows name it (`DecisionRecord.gateway`)
 CHAT, MESSAGES, TEXT = "chatComplete", "messages", "complete"
 
 
-async def webhook(flow: Flow, request: Request, hook: dict[str, Any], flagged_is_failure: bool) -> Response:
+async def webhook(flow: Flow, request: Request, hook: dict[str, Any]) -> Response:
     """Portkey's reply to one webhook call (`hook`: its parsed body)."""
+    flagged_is_failure = flow.settings.portkey.flagged_is_failure
     event = hook.get("eventType")
     if event not in EVENTS:
         raise bad_request(f"'eventType' must be one of: {', '.join(EVENTS)}.", "eventType")

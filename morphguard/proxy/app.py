@@ -1,7 +1,7 @@
 """The proxy's routes: chat completions, the Responses API and the Anthropic Messages API are forwarded
 and checked (each a dialect over the one request path of `flow`); `/v1/check` checks an answer the caller
-already has (`check_api`); a short allow-list of other /v1 paths
-(`proxy.passthrough_routes`) passes through; generation routes that cannot be checked are refused
+already has (`check_api`), also in the shape of the gateways' webhooks it is handed; a short allow-list of
+other /v1 paths (`proxy.passthrough_routes`) passes through; generation routes that cannot be checked are refused
 unless `proxy.unchecked_routes` lets them pass (audited); anything else is 404.
 
 Paths reach the routes in canonical form (`gate.Gate`), so there is one spelling of each route.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from starlette.applications import Starlette
@@ -25,7 +25,7 @@ from morphguard.detectors import Detector
 from morphguard.proxy import probes
 from morphguard.proxy.adapter import LitellmAdapter
 from morphguard.proxy.backend import Backend
-from morphguard.proxy.check_api import CheckApi
+from morphguard.proxy.check_api import CheckApi, Webhook
 from morphguard.proxy.dialects.chat import ChatCompletions
 from morphguard.proxy.dialects.messages import Messages
 from morphguard.proxy.dialects.responses import Responses
@@ -55,10 +55,12 @@ GENERATION_ROUTES = frozenset({"completions", "responses", "messages", "batches"
 
 
 class Proxy:
-    def __init__(self, config: Config, detector: Detector | None = None) -> None:
+    def __init__(self, config: Config, detector: Detector | None = None,
+                 webhooks: Mapping[str, Webhook] | None = None) -> None:
         self.config = config
         self.settings = config.proxy
         self._detector = detector
+        self._webhooks = webhooks
         self.upstream: Upstream
         self.anthropic: Upstream | None = None  # /v1/messages, when not the main upstream
         self.guard: Guard
@@ -99,7 +101,7 @@ class Proxy:
         return Gate(ServerSpans(Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),  # first: the router tries routes in order
-                *CheckApi(self.settings, lambda: self.flow).routes(),
+                *CheckApi(self.settings, lambda: self.flow, self._webhooks).routes(),
                 Route("/healthz", probes.healthz, methods=["GET"]),
                 Route("/readyz", self.readyz, methods=["GET"]),
                 Route("/metrics", probes.metrics, methods=["GET"]),
@@ -160,5 +162,7 @@ class Proxy:
                                  headers=response_headers(response.headers, body="as_sent"))
 
 
-def create_app(config: Config, detector: Detector | None = None) -> Gate:
-    return Proxy(config, detector).app()
+def create_app(config: Config, detector: Detector | None = None,
+               webhooks: Mapping[str, Webhook] | None = None) -> Gate:
+    """The proxy's app; `webhooks`: the gateways' webhook guardrails it serves at /v1/check/<name>."""
+    return Proxy(config, detector, webhooks).app()

@@ -3,8 +3,9 @@
 `POST /v1/check` takes a question, its context (a string or a list of passages) and an answer, with an optional
 model and topic and profile hints and the name of the gateway it checks for (`gateway`, recorded in the audit row
 with what it was told), and answers with the decision (`DecisionRecord.payload`: score, flagged, the
-spans of the claims, the action) and the answer as that action leaves it. `POST /v1/check/portkey` is the same check
-in the shape of Portkey's webhook guardrail (`integrations.portkey`: what it reads and answers).
+spans of the claims, the action) and the answer as that action leaves it. A gateway's webhook (`/v1/check/<name>`)
+is the same check in that gateway's shape; the app is handed them (`create_app`'s `webhooks`: Portkey's, from
+`integrations.portkey`, where `morphguard serve` builds the app), so the edge imports no integration.
 
 Both spend judge calls and write audit rows, and no provider authenticates them: a caller must present one of
 `proxy.keys` (without any, both answer 401). They take requests in through the request path's own intake
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +28,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from morphguard.config import ProxySettings
-from morphguard.integrations import portkey
 from morphguard.models import RagInput
 from morphguard.policy.answers import prose
 from morphguard.proxy.body import parse_object
@@ -45,15 +45,20 @@ def completion_of(answer: str, model: str | None = None) -> dict[str, Any]:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}
 
 
+Webhook = Callable[[Flow, Request, dict[str, Any]], Awaitable[Response]]  # a gateway's reply to its parsed call
+
+
 class CheckApi:
-    def __init__(self, settings: ProxySettings, flow: Callable[[], Flow]) -> None:
+    def __init__(self, settings: ProxySettings, flow: Callable[[], Flow],
+                 webhooks: Mapping[str, Webhook] | None = None) -> None:
         self._flow = flow  # the proxy's request path, built when the app starts
         self._keys = [k.get_secret_value().encode() for k in settings.keys]
-        self._portkey = settings.portkey
+        self._webhooks = dict(webhooks or {})  # by gateway name: served at /v1/check/<name>
 
     def routes(self) -> list[Route]:
         return [Route("/v1/check", self.check, methods=["POST"]),
-                Route("/v1/check/portkey", self.portkey, methods=["POST"])]
+                *(Route(f"/v1/check/{name}", self._webhook(webhook), methods=["POST"])
+                  for name, webhook in self._webhooks.items())]
 
     def _authenticate(self, request: Request) -> None:
         """The caller's key (read as the request path reads it) must be one of `proxy.keys`, compared in constant
@@ -83,11 +88,12 @@ class CheckApi:
         return JSON({"object": "morphguard.check", **verdict.payload(), "answer": prose(verdict.answers[0])},
                     headers=verdict.deciding.headers())
 
-    async def portkey(self, request: Request) -> Response:
-        self._authenticate(request)
-        flow = self._flow()
-        hook = parse_object(await flow.read_body(request))
-        return await portkey.webhook(flow, request, hook, self._portkey.flagged_is_failure)
+    def _webhook(self, webhook: Webhook) -> Callable[[Request], Awaitable[Response]]:
+        async def answer(request: Request) -> Response:
+            self._authenticate(request)
+            flow = self._flow()
+            return await webhook(flow, request, parse_object(await flow.read_body(request)))
+        return answer
 
 
 def _gateway(body: dict[str, Any]) -> str | None:

@@ -1,6 +1,9 @@
 """Serving the proxy with uvicorn, in one process or several, whose own answers to unparseable HTTP are
 JSON errors too, and which closes connections whose request head does not arrive in time.
 
+The app served is the proxy's with the gateways' webhook guardrails of `integrations` (`served_app`): composed here,
+above both, so the proxy imports no integration and the integrations import the proxy.
+
 uvicorn answers a request it cannot parse (a bad header, a malformed request line) with a plain-text
 400 before any app code runs; here that answer is the same OpenAI-shaped error as every other. The
 HTTP parser is httptools (C, llhttp) and the event loop uvloop: benchmarks/proxy_overhead.py measures
@@ -123,9 +126,7 @@ def serve(config: Config, config_path: Path | None, host: str, port: int, *, log
     _prepare(config)
     _started.info("%s", startup_line(config, config_path, host, port, processes))
     if processes == 1:
-        from morphguard.proxy.app import create_app
-
-        uvicorn.run(create_app(config), **options)
+        uvicorn.run(served_app(config), **options)
         return
     os.environ[CONFIG_ENV] = str(config_path or "")
     judge = _share(config)
@@ -184,14 +185,20 @@ def _log_config() -> dict[str, Any]:
 
 def app_of_process() -> Any:
     """The app of one of several processes (uvicorn calls this in each)."""
-    from morphguard.proxy.app import create_app
-
     config = load_config(os.environ[CONFIG_ENV] or None)
     judge = os.environ.get(JUDGE_ENV)
     if judge:
         config = config.model_copy(update={"local": config.local.model_copy(update={"base_url": judge})})
     _prepare(config)
-    return create_app(config)
+    return served_app(config)
+
+
+def served_app(config: Config) -> Any:
+    """The app `morphguard serve` runs: the proxy's routes, with the gateways' webhooks."""
+    from morphguard.integrations import portkey
+    from morphguard.proxy.app import create_app
+
+    return create_app(config, webhooks={"portkey": portkey.webhook})
 
 
 def _share(config: Config) -> str | None:

@@ -29,10 +29,12 @@ NUMBERED = re.compile(r"^(\d+)\. ", re.M)  # a sentence the `sentences` check as
 
 def content(body: dict) -> str:
     """CONTENT, with a verdict for each sentence a `sentences` prompt numbers."""
-    asked = body.get("messages") or [{}]
-    text = asked[-1].get("content")
+    asked = body.get("messages")
+    last = asked[-1] if isinstance(asked, list) and asked and isinstance(asked[-1], dict) else {}
+    text = last.get("content")
     if not isinstance(text, str):
-        text = "".join(part.get("text", "") for part in text or [] if isinstance(part, dict))
+        parts = text if isinstance(text, list) else []
+        text = "".join(str(part.get("text", "")) for part in parts if isinstance(part, dict))
     answer = text.partition("<answer>")[2].partition("</answer>")[0]
     numbers = NUMBERED.findall(answer)
     if not numbers:
